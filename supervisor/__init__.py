@@ -1,0 +1,1 @@
+"""inferd supervisor: frontends, repository, schedulers and instance supervision."""

@@ -1,0 +1,53 @@
+"""Protocol-neutral request and response types: what the frontends build and the core serves.
+
+Tensor bytes stay in their wire form (little-endian, row-major; BYTES as 4-byte length prefixed
+elements) from the frontend to the worker and back, so nothing is decoded twice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+
+
+@dataclass(slots=True)
+class Tensor:
+    name: str
+    datatype: str  # protocol name: "FP32", "BYTES", ...
+    shape: list[int]
+    data: Any  # bytes-like (bytes, memoryview, zmq.Frame buffer): raw wire-form bytes
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)  # binary_data, classification, ...
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""  # "" = the version policy's default
+    id: str = ""
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
+    parameters: dict[str, Any] = field(default_factory=dict)  # custom ones only, passed to the model
+    correlation_id: int | str = 0
+    flags: int = 0  # SEQUENCE_START | SEQUENCE_END
+    priority: int = 0
+    timeout_us: int = 0
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[Tensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)

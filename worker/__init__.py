@@ -1,0 +1,1 @@
+"""inferd worker: runs one model instance; started as `python -m inferd.worker`."""

@@ -1,0 +1,225 @@
+"""Typed messages between the supervisor and a worker, and their framing.
+
+A message travels as ZeroMQ frames: frame 0 is a JSON header `{"t": <type tag>, ...fields}`, the
+following frames carry inline tensor bytes referenced by index. Larger tensors live in POSIX shared
+memory and are referenced by (region, offset, nbytes). No pickle: every message is one of the
+dataclasses below, decoded by its tag into that class; unknown tags or fields are a protocol error.
+
+Runs on Python 3.9+ (worker environments), so no `match`, no slots=, no `X | Y` at runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+
+WIRE_VERSION = 1
+
+# Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
+INLINE_MAX_BYTES = 64 * 1024
+
+
+@dataclass
+class TensorRef:
+    """Where a tensor's bytes are: `loc` is "frame" (index into the message frames) or "shm"."""
+
+    name: str
+    datatype: str
+    shape: List[int]
+    loc: str = "frame"
+    frame: int = -1
+    region: str = ""
+    offset: int = 0
+    nbytes: int = 0
+
+
+@dataclass
+class WireError:
+    code: int  # ErrorCode value
+    message: str
+
+
+@dataclass
+class RequestItem:
+    """One inference request inside an Execute batch (its inputs, as the model will see them)."""
+
+    request_id: int  # supervisor-internal id, unique per worker connection
+    id: str  # the client's request id
+    inputs: List[TensorRef]
+    requested_outputs: List[str]
+    parameters: str = "{}"  # JSON object of custom request parameters (pb_utils request.parameters())
+    correlation_id: Any = 0  # int or str
+    flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START=1, _END=2
+    timeout_us: int = 0
+
+
+@dataclass
+class ResponseItem:
+    request_id: int
+    outputs: List[TensorRef] = field(default_factory=list)
+    error: Optional[WireError] = None
+    parameters: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---- worker -> supervisor -------------------------------------------------------------------
+
+
+@dataclass
+class Hello:
+    wire_version: int
+    pid: int
+    instance_name: str
+    python_version: str
+    numpy_version: str
+    zmq_version: str
+
+
+@dataclass
+class AutoCompleteResult:
+    config_json: str = ""
+    error: Optional[WireError] = None
+
+
+@dataclass
+class LoadResult:
+    error: Optional[WireError] = None
+    backend: str = ""  # backend that loaded the model
+
+
+@dataclass
+class ExecuteResult:
+    batch_id: int
+    responses: List[ResponseItem]
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+@dataclass
+class Log:
+    level: str  # INFO, WARNING, ERROR, VERBOSE
+    message: str
+
+
+@dataclass
+class Bye:
+    """Sent after finalize() on Shutdown, just before the worker exits 0."""
+
+    error: Optional[WireError] = None
+
+
+# ---- supervisor -> worker -------------------------------------------------------------------
+
+
+@dataclass
+class AutoComplete:
+    """Run the backend's auto-complete on a config (JSON, Triton rendering) and return it."""
+
+    model_name: str
+    model_dir: str  # <repo>/<model>
+    version: str
+    config_json: str
+    backend: str
+
+
+@dataclass
+class LoadModel:
+    model_name: str
+    model_dir: str
+    version: str
+    config_json: str  # normalised config, Triton JSON rendering (args['model_config'])
+    backend: str
+    instance_name: str  # <group>_<k>
+    instance_kind: str  # CPU / GPU / MODEL
+    device_id: int = 0
+
+
+@dataclass
+class Execute:
+    batch_id: int
+    requests: List[RequestItem]
+
+
+@dataclass
+class Cancel:
+    request_ids: List[int]
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+# ---- both ways ------------------------------------------------------------------------------
+
+
+@dataclass
+class Heartbeat:
+    seq: int = 0
+
+
+MESSAGE_TYPES: Dict[str, Type[Any]] = {
+    "hello": Hello,
+    "autocomplete_result": AutoCompleteResult,
+    "load_result": LoadResult,
+    "execute_result": ExecuteResult,
+    "log": Log,
+    "bye": Bye,
+    "autocomplete": AutoComplete,
+    "load_model": LoadModel,
+    "execute": Execute,
+    "cancel": Cancel,
+    "shutdown": Shutdown,
+    "heartbeat": Heartbeat,
+}
+TAGS: Dict[Type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
+
+
+class ProtocolError(Exception):
+    """A peer sent something that is not a valid message of this wire version."""
+
+
+def encode(message: Any, frames: Sequence[Any] = ()) -> List[Any]:
+    """Frames for `message`: a JSON header then the given data frames (buffers, sent zero-copy)."""
+    header = dataclasses.asdict(message)
+    header["t"] = TAGS[type(message)]
+    return [json.dumps(header, separators=(",", ":")).encode(), *frames]
+
+
+def decode(frames: Sequence[Any]) -> Tuple[Any, Sequence[Any]]:
+    """(message, data frames) from received frames; raises ProtocolError on anything malformed."""
+    if not frames:
+        raise ProtocolError("empty message")
+    first = frames[0]
+    raw = first.bytes if hasattr(first, "bytes") else bytes(first)
+    try:
+        header = json.loads(raw)
+        cls = MESSAGE_TYPES[header.pop("t")]
+        return _build(cls, header), frames[1:]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError("malformed message: %s" % exc) from None
+
+
+_NESTED = {
+    (RequestItem, "inputs"): TensorRef,
+    (ResponseItem, "outputs"): TensorRef,
+    (Execute, "requests"): RequestItem,
+    (ExecuteResult, "responses"): ResponseItem,
+}
+
+
+def _build(cls: Type[Any], data: Dict[str, Any]) -> Any:
+    kwargs = {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key, value in data.items():
+        if key not in names:
+            raise TypeError("unknown field %r for %s" % (key, cls.__name__))
+        item_cls = _NESTED.get((cls, key))
+        if item_cls is not None:
+            value = [_build(item_cls, v) for v in value]
+        elif key == "error" and value is not None:
+            value = WireError(**value)
+        kwargs[key] = value
+    return cls(**kwargs)
