@@ -140,6 +140,8 @@ class LoadModel:
 class Execute:
     batch_id: int
     requests: List[RequestItem]
+    # shm regions the supervisor has unlinked since the last Execute: unmap them if cached
+    forget_regions: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,101 @@
+"""The interface the frontends (HTTP, gRPC) call. One implementation: core.server.ServerDataPlane.
+
+Every method raises wire.errors.InferdError with a protocol-neutral code on failure; each frontend
+maps codes to its statuses in its own single table. Dict shapes are the Triton JSON shapes
+(reference/triton.md §1 and §7.2), so the HTTP frontend can serialize them as they are and the gRPC
+frontend converts them to protobuf messages.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .types import InferRequest, InferResponse
+
+
+class DataPlane(abc.ABC):
+    # ---- health and metadata ----
+    @abc.abstractmethod
+    def live(self) -> bool: ...
+
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """Server ready (with --strict-readiness: every loaded model ready). False while draining."""
+
+    @abc.abstractmethod
+    def server_metadata(self) -> dict[str, Any]:
+        """{"name": str, "version": str, "extensions": [str, ...]}"""
+
+    @abc.abstractmethod
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        """{"name", "versions": [str], "platform", "inputs": [{"name","datatype","shape"}], "outputs": [...]}"""
+
+    @abc.abstractmethod
+    def model_ready(self, name: str, version: str = "") -> bool:
+        """False when the version is not READY; raises INVALID_ARG for an unknown model."""
+
+    @abc.abstractmethod
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        """The normalised ModelConfig in Triton's JSON rendering (preserved field names, all fields)."""
+
+    @abc.abstractmethod
+    def model_is_decoupled(self, name: str, version: str = "") -> bool: ...
+
+    # ---- inference ----
+    @abc.abstractmethod
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one request (non-decoupled). Cancelling the awaiting task cancels the request."""
+
+    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """Responses of one request on a stream (decoupled models: any number). Default: one."""
+        yield await self.infer(request)
+
+    # ---- statistics ----
+    @abc.abstractmethod
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """{"model_stats": [...]} (reference/triton.md §7.2); "" name = every model."""
+
+    @abc.abstractmethod
+    def metrics_text(self) -> bytes:
+        """Prometheus text exposition for :8002/metrics."""
+
+    # ---- repository extension ----
+    @abc.abstractmethod
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """[{"name", "version"?, "state"?, "reason"?}, ...]"""
+
+    @abc.abstractmethod
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        """parameters: optional "config" (JSON text) and "file:<version>/<path>" (bytes) overrides."""
+
+    @abc.abstractmethod
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    # ---- settings (trace / logging extensions) ----
+    @abc.abstractmethod
+    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    # ---- system shared memory extension ----
+    @abc.abstractmethod
+    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        """kind "system" | "cuda"; entries as in Triton's JSON status."""
+
+    @abc.abstractmethod
+    def shm_register(self, kind: str, name: str, **fields: Any) -> None:
+        """system: key, offset, byte_size; cuda: raw_handle (bytes), device_id, byte_size."""
+
+    @abc.abstractmethod
+    def shm_unregister(self, kind: str, name: str = "") -> None: ...
+
+    @abc.abstractmethod
+    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
+        """Bytes of a registered region (input tensors given by shared_memory_region)."""
+
+    @abc.abstractmethod
+    def shm_write(self, region: str, offset: int, data: Any) -> None:
+        """Write an output into a registered region (outputs with shared_memory_region)."""
