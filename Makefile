@@ -1,0 +1,43 @@
+# inferd: two commands do all set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PORT_ARGS ?=
+REPO ?= examples
+
+.PHONY: run test lint protos bench venv clean test-all test-gpu
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+protos: $(VENV)/.installed
+	$(BIN)/python protos/generate.py
+
+run: venv protos
+	$(BIN)/inferd --model-repository $(REPO) $(PORT_ARGS)
+
+lint: venv protos
+	$(BIN)/ruff check .
+	$(BIN)/mypy supervisor worker
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+test-all: venv protos
+	$(BIN)/python -m pytest -q -m ''
+
+test-gpu: venv protos
+	$(BIN)/python -m pytest -q -m gpu tests/gpu
+
+bench: venv protos
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf $(VENV) supervisor/_gen build *.egg-info

@@ -1,0 +1,112 @@
+"""Composition root: builds the components in dependency order, starts them, and stops them in reverse.
+
+Signal handlers only set an event; shutdown is: readiness false and new requests refused, in-flight
+requests drained within --exit-timeout-secs, frontends closed, workers stopped, shared memory freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from inferd.worker.wire.errors import InferdError
+
+from . import stats as stats_mod
+from .config import ServerConfig
+from .core import loader
+from .core.models import ModelManager
+from .core.server import ServerDataPlane
+
+log = logging.getLogger("inferd")
+
+
+class App:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.stop_event: asyncio.Event | None = None
+        self.exit_code = 0
+        self._servers: list[Any] = []
+
+    async def run(self) -> int:
+        self.stop_event = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        runtime = await loader.Runtime.start(self.config)
+        registry = stats_mod.StatsRegistry()
+        manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime), registry)
+        dataplane = ServerDataPlane(
+            manager,
+            server_id=self.config.server_id,
+            control_mode=self.config.model_control_mode,
+            strict_readiness=self.config.strict_readiness,
+            stats_registry=registry,
+            metrics_renderer=loader.metrics_renderer(registry, manager, runtime),
+            shm=runtime.client_shm if self.config.allow_client_shm else None,
+        )
+        dataplane.inferd_status = lambda name="": loader.status_json(manager, name)  # type: ignore[attr-defined]
+        try:
+            await self._start_frontends(dataplane)
+            ok = await self._initial_load(manager)
+            if not ok and self.config.exit_on_error:
+                log.error("failed to load all models")
+                self.exit_code = 1
+                self.stop_event.set()
+            dataplane.started = True
+            if ok or not self.config.exit_on_error:
+                log.info("inferd ready")
+            await self.stop_event.wait()
+            log.info("shutting down: draining in-flight requests (up to %.0fs)", self.config.exit_timeout_secs)
+            dataplane.draining = True
+            await manager.shutdown(self.config.exit_timeout_secs)
+        finally:
+            await self._stop_frontends()
+            await runtime.close()
+        log.info("inferd stopped")
+        return self.exit_code
+
+    async def _initial_load(self, manager: ModelManager) -> bool:
+        cfg = self.config
+        if cfg.model_control_mode == "explicit":
+            names = list(loader.list_model_names(manager.settings)) if "*" in cfg.load_models else list(
+                cfg.load_models)
+        else:
+            names = list(loader.list_model_names(manager.settings))
+        limit = asyncio.Semaphore(4)
+
+        async def load(name: str) -> bool:
+            async with limit:
+                try:
+                    await manager.load(name)
+                    return True
+                except InferdError as exc:
+                    log.error("failed to load '%s': %s", name, exc.message)
+                    return False
+
+        results = await asyncio.gather(*(load(n) for n in names))
+        return all(results)
+
+    async def _start_frontends(self, dataplane: ServerDataPlane) -> None:
+        cfg = self.config
+        if cfg.allow_http:
+            from .http_api import frontend as http_frontend
+
+            self._servers.append(await http_frontend.start(dataplane, cfg))
+        if cfg.allow_grpc:
+            from .grpc_api import frontend as grpc_frontend
+
+            self._servers.append(await grpc_frontend.start(dataplane, cfg))
+        if cfg.allow_metrics:
+            from .http_api import frontend as http_frontend
+
+            self._servers.append(await http_frontend.start_metrics(dataplane, cfg))
+
+    async def _stop_frontends(self) -> None:
+        for server in reversed(self._servers):
+            try:
+                await server.stop()
+            except Exception:  # a frontend that fails to stop must not keep the others running
+                log.exception("error while stopping a frontend")
+        self._servers.clear()

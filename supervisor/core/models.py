@@ -1,0 +1,247 @@
+"""Loaded models: one ModelVersion per served (model, version), each with its instances and scheduler.
+
+The ModelManager owns load, reload and unload. A load builds the new versions completely (config,
+auto-complete, workers started and ready) before swapping them in, so the old ones keep serving
+until then; unload drains in-flight requests (bounded) before stopping workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from ..scheduler.default import DefaultScheduler
+from . import loader
+from .validate import IOSpec
+
+log = logging.getLogger("inferd.models")
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+
+
+@dataclass(eq=False)
+class ModelVersion:
+    name: str
+    version: int
+    config: dict[str, Any]  # normalised config, Triton JSON rendering
+    config_json: str
+    io: IOSpec
+    instances: list[Any]
+    scheduler: DefaultScheduler
+    stats: Any
+    decoupled: bool = False
+    metadata_base: dict[str, Any] = field(default_factory=dict)  # metadata without "versions"
+    state: str = LOADING
+    reason: str = ""
+    load_seconds: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY and any(i.ready for i in self.instances)
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """Everything the index says about one model name."""
+
+    name: str
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    # (version or None, state, reason) for versions that failed or were unloaded
+    records: dict[int | None, tuple[str, str]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loaded_once: bool = False
+
+
+class ModelManager:
+    def __init__(self, settings: loader.LoaderSettings, stats_registry: Any) -> None:
+        self.settings = settings
+        self.stats_registry = stats_registry
+        self.entries: dict[str, ModelEntry] = {}
+
+    # ---- queries ----
+    def entry(self, name: str) -> ModelEntry:
+        e = self.entries.get(name)
+        if e is None:
+            e = self.entries[name] = ModelEntry(name)
+        return e
+
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        """The version a request targets: "" = highest ready version (policy already applied at load)."""
+        e = self.entries.get(name)
+        if e is None or (not e.versions and not e.records):
+            raise InferdError(ErrorCode.INVALID_ARG, "Request for unknown model: '%s' is not found" % name)
+        if version:
+            try:
+                v = int(version)
+            except ValueError:
+                raise InferdError(ErrorCode.INVALID_ARG,
+                                  "invalid model version '%s' for model '%s'" % (version, name)) from None
+            mv = e.versions.get(v)
+            if mv is None:
+                raise InferdError(ErrorCode.NOT_FOUND,
+                                  "Request for unknown model: '%s' version %s is not found" % (name, version))
+            return mv
+        ready = [v for v, mv in e.versions.items() if mv.ready]
+        if ready:
+            return e.versions[max(ready)]
+        if e.versions:
+            return e.versions[max(e.versions)]
+        state, reason = next(iter(e.records.values()))
+        raise InferdError(ErrorCode.UNAVAILABLE, "Request for unavailable model: '%s' (%s)" % (name, reason or state))
+
+    def resolve_ready(self, name: str, version: str = "") -> ModelVersion:
+        mv = self.resolve(name, version)
+        if not mv.ready:
+            detail = mv.reason or "no ready instance"
+            raise InferdError(ErrorCode.UNAVAILABLE,
+                              "Request for unavailable model: '%s' version %d is not ready (%s)"
+                              % (name, mv.version, detail))
+        return mv
+
+    def loaded_versions(self) -> list[ModelVersion]:
+        return [mv for e in self.entries.values() for mv in e.versions.values()]
+
+    def all_ready(self) -> bool:
+        return all(mv.ready for mv in self.loaded_versions())
+
+    def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        names = set(loader.list_model_names(self.settings)) | set(self.entries)
+        out: list[dict[str, Any]] = []
+        for name in sorted(names):
+            e = self.entries.get(name)
+            rows: list[dict[str, Any]] = []
+            if e is not None:
+                for v, mv in sorted(e.versions.items()):
+                    state = mv.state if mv.state != READY or mv.ready else UNAVAILABLE
+                    reason = mv.reason if state != READY else ""
+                    if state == UNAVAILABLE and not reason:
+                        reason = "no ready instance"
+                    rows.append(_row(name, str(v), state, reason))
+                for v, (state, reason) in sorted(e.records.items(), key=lambda kv: kv[0] or 0):
+                    if v is None or v not in e.versions:
+                        rows.append(_row(name, "" if v is None else str(v), state, reason))
+            if not rows:
+                rows.append({"name": name})
+            out.extend(r for r in rows if not ready_only or r.get("state") == READY)
+        return out
+
+    # ---- control ----
+    async def load(self, name: str, config_override: str | None = None,
+                   files: dict[str, bytes] | None = None) -> None:
+        loader.check_model_name(name)
+        e = self.entry(name)
+        async with e.lock:
+            started = time.monotonic()
+            try:
+                plan = await loader.plan_load(self.settings, name, config_override, files)
+            except InferdError as exc:
+                e.records = {None: (UNAVAILABLE, exc.message)}
+                self._forget_if_empty(e)
+                raise
+            new_versions: dict[int, ModelVersion] = {}
+            errors: list[str] = []
+            results = await asyncio.gather(*(self._start_version(plan, v) for v in plan.versions),
+                                           return_exceptions=True)
+            for v, res in zip(plan.versions, results):
+                if isinstance(res, ModelVersion):
+                    new_versions[v] = res
+                else:
+                    errors.append(str(res.message if isinstance(res, InferdError) else res))
+                    e.records[v] = (UNAVAILABLE, errors[-1])
+            if errors:
+                for mv in new_versions.values():
+                    await self._stop_version(mv, drain_timeout=0)
+                # a failed reload keeps the old versions serving
+                if not e.versions:
+                    self._forget_if_empty(e)
+                raise InferdError(ErrorCode.INVALID_ARG,
+                                  "failed to load '%s': %s" % (name, "; ".join(errors)))
+            old = e.versions
+            e.versions = new_versions
+            e.records = {}
+            e.loaded_once = True
+            elapsed = time.monotonic() - started
+            for mv in new_versions.values():
+                mv.load_seconds = elapsed
+            for v, mv in old.items():
+                await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
+                if v not in new_versions:
+                    self.stats_registry.remove(name, str(v))
+            log.info("successfully loaded '%s' version(s) %s in %.2fs", name,
+                     ",".join(str(v) for v in sorted(new_versions)), elapsed)
+
+    async def unload(self, name: str) -> None:
+        loader.check_model_name(name)
+        e = self.entries.get(name)
+        if e is None:
+            if name in loader.list_model_names(self.settings):
+                return  # never loaded: nothing to do, as Triton
+            raise InferdError(ErrorCode.INVALID_ARG, "failed to unload '%s', no version is available" % name)
+        async with e.lock:
+            versions = e.versions
+            for mv in versions.values():
+                mv.state = UNLOADING
+            for v, mv in versions.items():
+                await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
+                self.stats_registry.remove(name, str(v))
+                e.records[v] = (UNAVAILABLE, "unloaded")
+            e.versions = {}
+            if not versions:
+                e.records = {None: (UNAVAILABLE, "unloaded")}
+            log.info("successfully unloaded '%s'", name)
+
+    async def shutdown(self, drain_timeout: float) -> None:
+        versions = self.loaded_versions()
+        for mv in versions:
+            mv.state = UNLOADING
+        await asyncio.gather(*(self._stop_version(mv, drain_timeout) for mv in versions),
+                             return_exceptions=True)
+
+    # ---- internals ----
+    def _forget_if_empty(self, e: ModelEntry) -> None:
+        pass  # failed entries stay, so the index shows the reason
+
+    async def _start_version(self, plan: loader.LoadPlan, version: int) -> ModelVersion:
+        config = plan.config
+        stats = self.stats_registry.get(plan.name, str(version))
+        instances = loader.make_instances(self.settings, plan, version)
+        io = IOSpec.from_config(config)
+        scheduler = DefaultScheduler(plan.name, instances, stats,
+                                     max_queue_size=self.settings.max_queue_size)
+        mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
+                          decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")))
+        for inst in instances:
+            inst.on_change = lambda inst=inst, mv=mv: mv.scheduler.instance_changed(inst)
+        try:
+            await asyncio.gather(*(inst.start() for inst in instances))
+        except BaseException:
+            await asyncio.gather(*(inst.stop() for inst in instances), return_exceptions=True)
+            raise
+        scheduler.start()
+        mv.state = READY
+        return mv
+
+    async def _stop_version(self, mv: ModelVersion, drain_timeout: float) -> None:
+        if drain_timeout > 0:
+            await mv.scheduler.drain(drain_timeout)
+        await mv.scheduler.close()
+        await asyncio.gather(*(inst.stop() for inst in mv.instances), return_exceptions=True)
+        mv.state = UNAVAILABLE
+        mv.reason = "unloaded"
+
+
+def _row(name: str, version: str, state: str, reason: str) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": name}
+    if version:
+        row["version"] = version
+    row["state"] = state
+    row["reason"] = reason
+    return row

@@ -1,0 +1,217 @@
+"""ServerDataPlane: the one DataPlane implementation, over the model manager and schedulers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import Any
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from .dataplane import DataPlane
+from .models import ModelManager
+from .types import InferRequest, InferResponse
+from .validate import validate_request
+
+log = logging.getLogger("inferd.core")
+
+SERVER_VERSION = "2.51.0"
+EXTENSIONS = [
+    "classification",
+    "sequence",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+    "trace",
+    "logging",
+]
+
+
+class ServerDataPlane(DataPlane):
+    def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
+                 stats_registry: Any, metrics_renderer: Any, shm: Any = None) -> None:
+        self.manager = manager
+        self.server_id = server_id
+        self.control_mode = control_mode
+        self.strict_readiness = strict_readiness
+        self.stats_registry = stats_registry
+        self.metrics_renderer = metrics_renderer
+        self.shm = shm
+        self.started = False  # set once start-up loading is done
+        self.draining = False
+        self._log_settings: dict[str, Any] = {
+            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_verbose_level": 0, "log_format": "default",
+        }
+        self._trace_settings: dict[str, Any] = {
+            "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
+            "trace_file": "", "trace_mode": "triton",
+        }
+
+    # ---- health and metadata ----
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self.started or self.draining:
+            return False
+        return self.manager.all_ready() if self.strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        mv = self.manager.resolve_ready(name, version)
+        versions = [str(mv.version)] if version else sorted(
+            (str(v) for v, m in self.manager.entries[name].versions.items() if m.ready), key=int)
+        meta = dict(mv.metadata_base)
+        meta["versions"] = versions
+        return meta
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            mv = self.manager.resolve(name, version)
+        except InferdError as exc:
+            if exc.code == ErrorCode.INVALID_ARG:
+                raise
+            return False
+        return mv.ready
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return self.manager.resolve(name, version).config
+
+    def model_is_decoupled(self, name: str, version: str = "") -> bool:
+        return self.manager.resolve(name, version).decoupled
+
+    # ---- inference ----
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if self.draining:
+            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        mv = self.manager.resolve_ready(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise InferdError(ErrorCode.UNSUPPORTED,
+                              "ModelInfer RPC doesn't support models with decoupled transaction policy")
+        try:
+            validate_request(mv.io, request)
+        except InferdError:
+            mv.stats.record_failure("OTHER", 0)
+            raise
+        future = mv.scheduler.submit(request)
+        try:
+            response = await future
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        response.model_name = mv.name
+        response.model_version = str(mv.version)
+        response.id = request.id
+        return response
+
+    # ---- statistics ----
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if name:
+            mv = self.manager.resolve(name, version)
+            if version:
+                return self.stats_registry.to_json(name, str(mv.version))
+        return self.stats_registry.to_json(name, version)
+
+    def metrics_text(self) -> bytes:
+        return self.metrics_renderer()
+
+    # ---- repository ----
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.manager.index(ready_only)
+
+    def _check_explicit(self) -> None:
+        if self.control_mode != "explicit":
+            raise InferdError(ErrorCode.UNAVAILABLE,
+                              "explicit model load / unload is not allowed if polling is enabled")
+
+    async def load_model(self, name: str, parameters: dict[str, Any]) -> None:
+        self._check_explicit()
+        config = parameters.get("config")
+        files: dict[str, bytes] = {}
+        for key, value in parameters.items():
+            if key.startswith("file:"):
+                if isinstance(value, str):
+                    try:
+                        value = base64.b64decode(value, validate=True)
+                    except ValueError:
+                        raise InferdError(ErrorCode.INVALID_ARG,
+                                          "file parameter '%s' is not valid base64" % key) from None
+                files[key[len("file:"):]] = bytes(value)
+            elif key != "config":
+                raise InferdError(ErrorCode.INVALID_ARG, "unexpected load parameter '%s'" % key)
+        if files and config is None:
+            raise InferdError(ErrorCode.INVALID_ARG,
+                              "failed to load '%s', failed to poll from override directory: 'config' parameter "
+                              "must be specified along with 'file:' parameters" % name)
+        if config is not None and not isinstance(config, str):
+            raise InferdError(ErrorCode.INVALID_ARG, "load parameter 'config' must be a string")
+        await self.manager.load(name, config, files or None)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_explicit()
+        await self.manager.unload(name)
+
+    # ---- settings ----
+    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
+        if update:
+            for key, value in update.items():
+                if key not in self._log_settings:
+                    raise InferdError(ErrorCode.INVALID_ARG, "Logging setting '%s' is not supported" % key)
+                if key == "log_file" and value != self._log_settings["log_file"]:
+                    raise InferdError(ErrorCode.UNSUPPORTED, "changing the log file over the API is not allowed")
+                if key == "log_verbose_level":
+                    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                        raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
+                    logging.getLogger("inferd").setLevel(logging.DEBUG if value > 0 else logging.INFO)
+                self._log_settings[key] = value
+        return dict(self._log_settings)
+
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
+        if model:
+            self.manager.resolve(model)
+        if update:
+            for key, value in update.items():
+                if key not in self._trace_settings:
+                    raise InferdError(ErrorCode.INVALID_ARG, "trace setting '%s' is not supported" % key)
+                if key == "trace_file":
+                    raise InferdError(ErrorCode.UNSUPPORTED, "changing the trace file over the API is not allowed")
+                if value is not None:
+                    self._trace_settings[key] = value
+        return dict(self._trace_settings)
+
+    # ---- shared memory ----
+    def _client_shm(self) -> Any:
+        if self.shm is None:
+            raise InferdError(ErrorCode.UNSUPPORTED,
+                              "Client shared memory is disabled. Start the server with "
+                              "'--allow-client-shm=true' to enable.")
+        return self.shm
+
+    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        if self.shm is None:
+            return []
+        return self.shm.status(kind, name)
+
+    def shm_register(self, kind: str, name: str, **fields: Any) -> None:
+        self._client_shm().register(kind, name, **fields)
+
+    def shm_unregister(self, kind: str, name: str = "") -> None:
+        if self.shm is None:
+            return
+        self.shm.unregister(kind, name)
+
+    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
+        return self._client_shm().read(region, offset, byte_size)
+
+    def shm_write(self, region: str, offset: int, data: Any) -> None:
+        self._client_shm().write(region, offset, data)

@@ -1,0 +1,138 @@
+"""Request checks against a model's config, done before anything reaches a worker.
+
+Messages follow Triton's wording (reference/triton.md §1.3) so clients and tests that match on
+them keep working.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.worker.wire import dtypes
+from inferd.worker.wire.errors import invalid_arg
+
+from .types import InferRequest
+
+_LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    datatype: str  # protocol name
+    dims: tuple[int, ...]
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    model_name: str
+    max_batch_size: int
+    inputs: dict[str, TensorSpec]
+    outputs: dict[str, TensorSpec]
+    # control inputs the scheduler injects (sequence batching), never sent by clients
+    injected: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> IOSpec:
+        def spec(entry: dict[str, Any], allow_optional: bool) -> TensorSpec:
+            dt = dtypes.BY_CONFIG_NAME.get(entry.get("data_type", ""))
+            return TensorSpec(entry["name"], dt.name if dt else "INVALID",
+                              tuple(int(d) for d in entry.get("dims", [])),
+                              bool(entry.get("optional", False)) if allow_optional else False)
+
+        return cls(
+            model_name=config.get("name", ""),
+            max_batch_size=int(config.get("max_batch_size", 0)),
+            inputs={i["name"]: spec(i, True) for i in config.get("input", [])},
+            outputs={o["name"]: spec(o, False) for o in config.get("output", [])},
+        )
+
+
+def _shape_matches(dims: tuple[int, ...], shape: list[int]) -> bool:
+    if len(dims) != len(shape):
+        return False
+    return all(d == -1 or d == s for d, s in zip(dims, shape))
+
+
+def bytes_element_count(data: Any, limit: int) -> int:
+    """Count BYTES elements by walking the length prefixes (no copies); -1 if the framing is bad."""
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" else data
+    total = len(view)
+    pos = 0
+    count = 0
+    while pos < total:
+        if pos + 4 > total or count > limit:
+            return -1
+        (n,) = _LEN.unpack_from(view, pos)
+        pos += 4 + n
+        count += 1
+    return count if pos == total else -1
+
+
+def validate_request(spec: IOSpec, request: InferRequest) -> None:
+    model = spec.model_name
+    seen: set[str] = set()
+    batch_size: int | None = None
+    for tensor in request.inputs:
+        if tensor.name in seen:
+            raise invalid_arg("input '%s' is specified more than once for model '%s'" % (tensor.name, model))
+        seen.add(tensor.name)
+        ts = spec.inputs.get(tensor.name)
+        if ts is None:
+            raise invalid_arg("unexpected inference input '%s' for model '%s'" % (tensor.name, model))
+        if tensor.datatype != ts.datatype:
+            raise invalid_arg("inference input '%s' data-type is '%s', but model '%s' expects '%s'"
+                              % (tensor.name, tensor.datatype, model, ts.datatype))
+        shape = list(tensor.shape)
+        if any(s < 0 for s in shape):
+            raise invalid_arg("input '%s' has a negative dimension %s" % (tensor.name, shape))
+        if spec.max_batch_size > 0:
+            if not shape:
+                raise invalid_arg("input '%s' for model '%s' needs a batch dimension" % (tensor.name, model))
+            item_shape = shape[1:]
+            if batch_size is None:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                raise invalid_arg("input '%s' batch size %d does not match %d of the other inputs for model '%s'"
+                                  % (tensor.name, shape[0], batch_size, model))
+        else:
+            item_shape = shape
+        if not _shape_matches(ts.dims, item_shape):
+            expected = ([-1] if spec.max_batch_size > 0 else []) + list(ts.dims)
+            raise invalid_arg("unexpected shape for input '%s' for model '%s'. Expected %s, got %s"
+                              % (tensor.name, model, _fmt(expected), _fmt(shape)))
+        count = dtypes.element_count(shape)
+        if tensor.datatype == "BYTES":
+            if bytes_element_count(tensor.data, count) != count:
+                raise invalid_arg("input '%s' for model '%s' expects %d BYTES elements with 4-byte length "
+                                  "prefixes; the data does not match" % (tensor.name, model, count))
+        else:
+            expected_bytes = count * dtypes.BY_NAME[tensor.datatype].itemsize
+            if len(memoryview(tensor.data).cast("B")) != expected_bytes:
+                raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
+                                  % (tensor.name, model, expected_bytes, memoryview(tensor.data).nbytes))
+    if batch_size is not None and batch_size > spec.max_batch_size:
+        raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (spec.max_batch_size, model))
+    missing = [n for n, ts in spec.inputs.items()
+               if n not in seen and not ts.optional and n not in spec.injected]
+    if missing:
+        raise invalid_arg("expected %d inputs but got %d inputs for model '%s'. Got input(s) %s, but missing "
+                          "required input(s) %s. Please provide all required input(s)."
+                          % (len([t for t in spec.inputs.values() if not t.optional]), len(seen), model,
+                             _names(sorted(seen)), _names(missing)))
+    for out in request.outputs:
+        if out.name not in spec.outputs:
+            raise invalid_arg("unexpected inference output '%s' for model '%s'" % (out.name, model))
+    if len({o.name for o in request.outputs}) != len(request.outputs):
+        raise invalid_arg("output requested more than once for model '%s'" % model)
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(str(s) for s in shape) + "]"
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join("'%s'" % n for n in names) + "]"

@@ -1,0 +1,199 @@
+"""The default scheduler: a bounded per-model queue, served by one runner per instance.
+
+A free instance takes the oldest request (so work goes to the least-busy ready instance), runs it and
+resolves the request's future. Requests wait only while at least one instance is ready; with none
+ready they fail at once with UNAVAILABLE, because readiness must tell the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from ..core.types import InferRequest, InferResponse
+from .base import Executor
+from .queue import WorkQueue
+
+log = logging.getLogger("inferd.scheduler")
+
+
+@dataclass(eq=False)
+class Pending:
+    request: InferRequest
+    future: asyncio.Future[InferResponse]
+    deadline_ns: int = 0  # 0 = no queue timeout
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class StatsSink:
+    """Receiver of per-request and per-batch figures (supervisor.stats.ModelStats fits)."""
+
+    def record_success(self, batch_items: int, request_ns: int, queue_ns: int, compute_input_ns: int,
+                       compute_infer_ns: int, compute_output_ns: int) -> None: ...
+
+    def record_failure(self, reason: str, request_ns: int) -> None: ...
+
+    def record_execution(self, batch_size: int, compute_input_ns: int, compute_infer_ns: int,
+                         compute_output_ns: int) -> None: ...
+
+
+class DefaultScheduler:
+    def __init__(self, model_name: str, executors: list[Executor], stats: StatsSink, max_queue_size: int,
+                 max_batch_requests: int = 1) -> None:
+        self.model_name = model_name
+        self.executors = executors
+        self.stats = stats
+        self.queue: WorkQueue[Pending] = WorkQueue(max_queue_size)
+        self.max_batch_requests = max_batch_requests
+        self.running = 0  # requests handed to instances and not yet answered
+        self._ready_events = {id(e): asyncio.Event() for e in executors}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        for ex in self.executors:
+            self.instance_changed(ex)
+            self._tasks.append(asyncio.create_task(self._runner(ex), name="runner-" + ex.name))
+
+    def instance_changed(self, executor: Executor) -> None:
+        """Called whenever an instance's readiness may have changed."""
+        event = self._ready_events.get(id(executor))
+        if event is None:
+            return
+        if executor.ready:
+            event.set()
+        else:
+            event.clear()
+            if not any(e.ready for e in self.executors):
+                self._fail_queued(ErrorCode.UNAVAILABLE,
+                                  "no ready instance of model '%s'" % self.model_name)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.queue)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests; wait (bounded) until queued and running ones are answered."""
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
+
+    async def close(self) -> None:
+        self._closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+
+    # ---- request path ----
+    def submit(self, request: InferRequest, default_timeout_us: int = 0) -> asyncio.Future[InferResponse]:
+        if self._closed:
+            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
+        if not any(e.ready for e in self.executors):
+            raise InferdError(ErrorCode.UNAVAILABLE,
+                              "no ready instance of model '%s'" % self.model_name)
+        if self.queue.full():
+            self.stats.record_failure("REJECTED", 0)
+            raise InferdError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
+        loop = asyncio.get_running_loop()
+        item = Pending(request, loop.create_future())
+        timeout_us = request.timeout_us or default_timeout_us
+        if timeout_us:
+            item.deadline_ns = request.arrival_ns + timeout_us * 1000
+            item.timer = loop.call_later(timeout_us / 1e6, self._expire, item)
+        self.queue.put(item)
+        self._idle.clear()
+        return item.future
+
+    def _expire(self, item: Pending) -> None:
+        if not item.future.done():
+            self.stats.record_failure("REJECTED", time.monotonic_ns() - item.request.arrival_ns)
+            item.future.set_exception(InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
+
+    def _fail_queued(self, code: ErrorCode, message: str) -> None:
+        for item in self.queue.drain():
+            if not item.future.done():
+                self.stats.record_failure("OTHER", time.monotonic_ns() - item.request.arrival_ns)
+                item.future.set_exception(InferdError(code, message))
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self.running == 0 and not len(self.queue):
+            self._idle.set()
+
+    def _take_batch(self) -> list[Pending]:
+        batch: list[Pending] = []
+        while len(batch) < self.max_batch_requests:
+            item = self.queue.pop_nowait()
+            if item is None:
+                break
+            if item.future.done():  # cancelled by the client or expired while queued
+                continue
+            if item.timer is not None:
+                item.timer.cancel()
+            batch.append(item)
+        return batch
+
+    async def _runner(self, executor: Executor) -> None:
+        ready = self._ready_events[id(executor)]
+        while True:
+            await ready.wait()
+            await self.queue.wait_nonempty()
+            if not executor.ready:
+                continue
+            batch = self._take_batch()
+            if not batch:
+                self._check_idle()
+                continue
+            self.running += len(batch)
+            try:
+                await self._execute(executor, batch)
+            finally:
+                self.running -= len(batch)
+                self._check_idle()
+
+    async def _execute(self, executor: Executor, batch: list[Pending]) -> None:
+        start = time.monotonic_ns()
+        try:
+            result = await executor.run_batch([p.request for p in batch])
+        except InferdError as exc:
+            responses: list[InferResponse | InferdError] = [exc] * len(batch)
+            result = None
+        except Exception as exc:  # a bug on our side: fail the batch, keep the runner alive
+            log.exception("instance %s failed a batch", executor.name)
+            responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
+            result = None
+        else:
+            responses = result.responses
+        end = time.monotonic_ns()
+        if result is not None:
+            self.stats.record_execution(len(batch), result.compute_input_ns, result.compute_infer_ns,
+                                        result.compute_output_ns)
+        for item, response in zip(batch, responses):
+            request_ns = end - item.request.arrival_ns
+            if isinstance(response, InferdError):
+                reason = "CANCELED" if response.code == ErrorCode.CANCELLED else "BACKEND"
+                self.stats.record_failure(reason, request_ns)
+                if not item.future.done():
+                    item.future.set_exception(response)
+            else:
+                if result is not None:
+                    self.stats.record_success(1, request_ns, start - item.request.arrival_ns,
+                                              result.compute_input_ns, result.compute_infer_ns,
+                                              result.compute_output_ns)
+                if not item.future.done():
+                    item.future.set_result(response)
