@@ -1,0 +1,244 @@
+"""Prometheus text exposition (format 0.0.4) for :8002/metrics, with Triton's metric names.
+
+The text is built at scrape time from the StatsRegistry — the very counters behind the statistics
+JSON, so both always agree (durations here are ``ns // 1000`` µs) — and the hot path pays nothing
+for metrics. It is written by hand rather than through prometheus_client: prometheus_client would
+rename every counter ``<name>_total``, which breaks Triton's names, and a hand-built scrape is about
+15x cheaper (100 model versions: ~0.6 ms against ~9 ms through a prometheus_client Collector).
+Label names are sorted, as prometheus-cpp does.
+
+Things the stats do not hold (pending queue lengths, instance states, shared memory) come from the
+``extra`` callback, called once per scrape and returning an ``ExtraMetrics`` snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+
+from .stats import FAILURE_REASONS, ModelStats, StatsRegistry
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+INSTANCE_STATES = ("starting", "ready", "draining", "stopped", "failed")
+
+
+@dataclass(slots=True)
+class InstanceMetrics:
+    """One model instance (worker process) as the instance manager sees it at scrape time."""
+
+    model: str
+    version: str
+    instance: str  # e.g. "simple_0"
+    state: str  # one of INSTANCE_STATES
+    restarts: int = 0  # restarts since the version loaded
+    inflight: int = 0  # requests sent to the worker and not yet answered
+
+
+@dataclass(slots=True)
+class ExtraMetrics:
+    pending: Mapping[tuple[str, str], int] = field(default_factory=dict)  # (model, version) -> queued
+    instances: Sequence[InstanceMetrics] = ()
+    shm_bytes_in_use: int | None = None  # supervisor-owned shared memory (pools + client regions)
+    shm_bytes_reserved: int | None = None
+
+
+ExtraFn = Callable[[], ExtraMetrics]
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or '"' in value or "\n" in value:
+        value = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def _fmt(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+class _Family:
+    """Lines of one metric family; written only when it has samples."""
+
+    __slots__ = ("name", "lines")
+
+    def __init__(self, name: str, kind: str, help_text: str) -> None:
+        self.name = name
+        self.lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+
+    def add(self, labels: str, value: float) -> None:
+        self.lines.append(f"{self.name}{{{labels}}} {_fmt(value)}")
+
+    def add_plain(self, value: float) -> None:
+        self.lines.append(f"{self.name} {_fmt(value)}")
+
+
+# (name, help, value getter) of the per-model counters, in Triton's order
+_MODEL_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.success_count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
+     lambda s: s.success_ns // 1000),
+    ("nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)",
+     lambda s: s.queue_ns // 1000),
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_input_ns // 1000),
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_infer_ns // 1000),
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     lambda s: s.compute_output_ns // 1000),
+)
+
+_CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit_count),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss_count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.cache_hit_ns // 1000),
+    ("nv_cache_miss_duration_per_model", "Total cache miss duration per model, in microseconds",
+     lambda s: s.cache_miss_ns // 1000),
+)
+
+
+class _CpuSampler:
+    """CPU utilisation between two scrapes (psutil keeps the previous reading), 0..1."""
+
+    __slots__ = ("_primed",)
+
+    def __init__(self) -> None:
+        self._primed = False
+
+    def utilization(self) -> float:
+        if not self._primed:
+            psutil.cpu_percent(interval=None)  # the first reading has no interval behind it
+            self._primed = True
+            return 0.0
+        return psutil.cpu_percent(interval=None) / 100.0
+
+
+_cpu = _CpuSampler()
+
+
+def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, str], int]) -> list[_Family]:
+    labels = [f'model="{_escape(s.name)}",version="{_escape(s.version)}"' for s in models]
+    families: list[_Family] = []
+
+    success_name, success_help, success_get = _MODEL_COUNTERS[0]
+    fam = _Family(success_name, "counter", success_help)
+    for s, lab in zip(models, labels, strict=True):
+        fam.add(lab, success_get(s))
+    families.append(fam)
+
+    fam = _Family("nv_inference_request_failure", "counter",
+                  "Number of failed inference requests, all batch sizes")
+    for s in models:
+        model, version = _escape(s.name), _escape(s.version)
+        for reason in FAILURE_REASONS:
+            fam.add(f'model="{model}",reason="{reason}",version="{version}"',
+                    s.fail_by_reason[reason])
+    families.append(fam)
+
+    for name, help_text, get in _MODEL_COUNTERS[1:]:
+        fam = _Family(name, "counter", help_text)
+        for s, lab in zip(models, labels, strict=True):
+            fam.add(lab, get(s))
+        families.append(fam)
+
+    fam = _Family("nv_inference_pending_request_count", "gauge",
+                  "Instantaneous number of pending requests awaiting execution per-model.")
+    for s, lab in zip(models, labels, strict=True):
+        fam.add(lab, pending.get((s.name, s.version), 0))
+    families.append(fam)
+
+    fam = _Family("nv_model_load_duration_secs", "gauge", "Model load time in seconds")
+    for s, lab in zip(models, labels, strict=True):
+        fam.add(lab, float(s.load_duration_s))
+    families.append(fam)
+
+    cached = [(s, lab) for s, lab in zip(models, labels, strict=True) if s.cache_enabled]
+    if cached:
+        for name, help_text, get in _CACHE_COUNTERS:
+            fam = _Family(name, "counter", help_text)
+            for s, lab in cached:
+                fam.add(lab, get(s))
+            families.append(fam)
+
+    fam = _Family("inferd_inference_request_items_total", "counter",
+                  "Batch items in successful inference requests (includes cached requests)")
+    for s, lab in zip(models, labels, strict=True):
+        fam.add(lab, s.success_items)
+    families.append(fam)
+    return families
+
+
+def _system_families() -> list[_Family]:
+    mem = psutil.virtual_memory()
+    fam_util = _Family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]")
+    fam_util.add_plain(_cpu.utilization())
+    fam_total = _Family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes")
+    fam_total.add_plain(int(mem.total))
+    fam_used = _Family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes")
+    fam_used.add_plain(int(mem.total - mem.available))
+    return [fam_util, fam_total, fam_used]
+
+
+def _instance_families(extra: ExtraMetrics) -> list[_Family]:
+    families: list[_Family] = []
+    instances = sorted(extra.instances, key=lambda i: (i.model, i.version, i.instance))
+    if instances:
+        restarts = _Family("inferd_instance_restarts_total", "counter",
+                           "Worker process restarts per model instance since the version loaded")
+        state = _Family("inferd_instance_state", "gauge",
+                        "Model instance state: 1 for the current state, 0 for the others")
+        inflight = _Family("inferd_instance_inflight_requests", "gauge",
+                           "Requests sent to the model instance and not yet answered")
+        for inst in instances:
+            head = f'instance="{_escape(inst.instance)}",model="{_escape(inst.model)}"'
+            version = f'version="{_escape(inst.version)}"'
+            restarts.add(f"{head},{version}", inst.restarts)
+            inflight.add(f"{head},{version}", inst.inflight)
+            known = inst.state in INSTANCE_STATES
+            for st in INSTANCE_STATES if known else (*INSTANCE_STATES, inst.state):
+                state.add(f'{head},state="{_escape(st)}",{version}', 1 if st == inst.state else 0)
+        families += [restarts, state, inflight]
+    if extra.shm_bytes_in_use is not None:
+        fam = _Family("inferd_shm_bytes_in_use", "gauge", "Shared memory bytes in use for tensors")
+        fam.add_plain(extra.shm_bytes_in_use)
+        families.append(fam)
+    if extra.shm_bytes_reserved is not None:
+        fam = _Family("inferd_shm_bytes_reserved", "gauge", "Shared memory bytes reserved by the pools")
+        fam.add_plain(extra.shm_bytes_reserved)
+        families.append(fam)
+    return families
+
+
+def render_metrics(stats: StatsRegistry, extra: ExtraFn | None = None, system: bool = True) -> bytes:
+    """The whole /metrics body. extra: called once, returns pending counts, instances and shm use."""
+    snapshot = extra() if extra is not None else ExtraMetrics()
+    models = stats.all()
+    families: list[_Family] = []
+    if models:
+        families += _model_families(models, snapshot.pending)
+    if system:
+        families += _system_families()
+    families += _instance_families(snapshot)
+    lines: list[str] = []
+    for fam in families:
+        lines += fam.lines
+    lines.append("")
+    return "\n".join(lines).encode()
+
