@@ -1,0 +1,352 @@
+"""ModelInferRequest -> core InferRequest and core InferResponse -> ModelInferResponse.
+
+Tensor bytes stay in wire form: `raw_input_contents[i]` is already a bytes object and is passed on
+as is. Every size the client declares is checked against the bytes it actually sent before
+anything is allocated from it (reference/reliability.md D6).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from inferd.supervisor._gen import grpc_service_pb2 as pb
+from inferd.worker.wire.dtypes import BY_NAME
+from inferd.worker.wire.errors import invalid_arg
+
+from ..core.dataplane import DataPlane
+from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, RequestedOutput, Tensor
+
+MAX_TENSORS = 1024  # inputs or requested outputs per request (D8)
+MAX_PARAMETERS = 256
+MAX_CORRELATION_ID_CHARS = 128  # Triton's limit for string sequence ids
+
+_LEN = struct.Struct("<I")
+_INT64_MAX = 2**63 - 1
+
+# datatype -> (InferTensorContents field, dtype of that field's values); FP16/BF16 have none
+_CONTENTS: dict[str, tuple[str, np.dtype | None]] = {
+    "BOOL": ("bool_contents", np.dtype(np.bool_)),
+    "INT8": ("int_contents", np.dtype("<i4")),
+    "INT16": ("int_contents", np.dtype("<i4")),
+    "INT32": ("int_contents", np.dtype("<i4")),
+    "INT64": ("int64_contents", np.dtype("<i8")),
+    "UINT8": ("uint_contents", np.dtype("<u4")),
+    "UINT16": ("uint_contents", np.dtype("<u4")),
+    "UINT32": ("uint_contents", np.dtype("<u4")),
+    "UINT64": ("uint64_contents", np.dtype("<u8")),
+    "FP32": ("fp32_contents", np.dtype("<f4")),
+    "FP64": ("fp64_contents", np.dtype("<f8")),
+    "BYTES": ("bytes_contents", None),
+}
+
+PARSE_ERROR = "failed to parse the request message"
+
+
+class BadRequest:
+    """What the deserializer returns for bytes that do not decode; handlers answer INVALID_ARGUMENT."""
+
+    __slots__ = ()
+
+
+BAD = BadRequest()
+
+
+def deserializer(cls: Any) -> Callable[[bytes], Any]:
+    from_string = cls.FromString
+
+    def decode(data: bytes) -> Any:
+        try:
+            return from_string(data)
+        except Exception:  # DecodeError, RecursionError on deep nesting, ...: never echo parser internals
+            return BAD
+
+    return decode
+
+
+# shm output name -> (region, offset, byte_size)
+ShmOutputs = dict[str, tuple[str, int, int]]
+
+
+def param_value(p: pb.InferParameter, what: str) -> Any:
+    which = p.WhichOneof("parameter_choice")
+    if which is None:
+        raise invalid_arg(f"parameter '{what}' has no value")
+    return getattr(p, which)
+
+
+def _int_param(p: pb.InferParameter, what: str) -> int:
+    which = p.WhichOneof("parameter_choice")
+    if which not in ("int64_param", "uint64_param"):
+        raise invalid_arg(f"invalid value type for '{what}' parameter, expected int64_param")
+    return int(getattr(p, which))
+
+
+def _request_parameters(params: Any, req: InferRequest) -> None:
+    if len(params) > MAX_PARAMETERS:
+        raise invalid_arg(f"too many request parameters ({len(params)} > {MAX_PARAMETERS})")
+    custom = req.parameters
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        if key == "sequence_id":
+            if which == "int64_param":
+                req.correlation_id = p.int64_param
+            elif which == "string_param":
+                if len(p.string_param) > MAX_CORRELATION_ID_CHARS:
+                    raise invalid_arg(
+                        f"string sequence_id must be at most {MAX_CORRELATION_ID_CHARS} characters"
+                    )
+                req.correlation_id = p.string_param
+            else:
+                raise invalid_arg(
+                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param"
+                )
+        elif key == "sequence_start" or key == "sequence_end":
+            if which != "bool_param":
+                raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param")
+            if p.bool_param:
+                req.flags |= SEQUENCE_START if key == "sequence_start" else SEQUENCE_END
+        elif key == "priority":
+            if which == "int64_param" and p.int64_param >= 0:
+                req.priority = p.int64_param
+            elif which == "uint64_param":
+                req.priority = p.uint64_param
+            else:
+                raise invalid_arg(
+                    "invalid value for 'priority' parameter, expected non-negative int64_param or uint64"
+                )
+        elif key == "timeout":
+            if which != "int64_param" or p.int64_param < 0:
+                raise invalid_arg("invalid value for 'timeout' parameter, expected non-negative int64_param")
+            req.timeout_us = p.int64_param
+        elif key == "triton_enable_empty_final_response":
+            if which != "bool_param":
+                raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param")
+        elif key.startswith("triton_"):
+            raise invalid_arg(
+                f"parameter keys starting with 'triton_' are reserved and cannot be specified: '{key}'"
+            )
+        elif which is None:
+            raise invalid_arg(f"parameter '{key}' has no value")
+        else:
+            custom[key] = getattr(p, which)
+
+
+def _shape_and_count(name: str, shape: Any) -> tuple[list[int], int]:
+    dims = list(shape)
+    count = 1
+    for d in dims:
+        if d < 0:
+            raise invalid_arg(f"input '{name}' has a negative dimension in shape {dims}")
+        count *= d  # Python ints: a huge product cannot overflow, it just fails the size check
+    return dims, count
+
+
+def check_bytes_framing(buf: Any, count: int, name: str) -> None:
+    """A BYTES buffer must hold exactly `count` length-prefixed elements, no more, no less."""
+    total = len(buf)
+    if count * 4 > total:
+        raise invalid_arg(
+            f"input '{name}' declares {count} BYTES elements but has only {total} bytes of data"
+        )
+    unpack = _LEN.unpack_from
+    pos = 0
+    n = 0
+    while pos + 4 <= total and n < count:
+        pos += 4 + unpack(buf, pos)[0]
+        n += 1
+    if n != count or pos != total:
+        raise invalid_arg(f"input '{name}' BYTES data does not hold exactly {count} length-prefixed elements")
+
+
+def _typed_contents(t: Any, datatype: str, count: int) -> bytes:
+    entry = _CONTENTS.get(datatype)
+    if entry is None:
+        raise invalid_arg(f"input '{t.name}': datatype {datatype} cannot use typed contents, send raw bytes")
+    field, src = entry
+    values = getattr(t.contents, field)
+    if len(values) != count:
+        raise invalid_arg(
+            f"input '{t.name}' has {len(values)} elements in {field} but its shape {list(t.shape)} "
+            f"needs {count}"
+        )
+    if src is None:
+        return b"".join(_LEN.pack(len(v)) + v for v in values)
+    target = BY_NAME[datatype].numpy
+    # narrow types travel widened (int32/uint32); cast like a C conversion
+    return np.asarray(values, dtype=src).astype(target, copy=False).tobytes()
+
+
+def _region(params: Any, name: str) -> str:
+    p = params["shared_memory_region"]
+    if p.WhichOneof("parameter_choice") != "string_param":
+        raise invalid_arg(f"'{name}': 'shared_memory_region' must be a string_param")
+    return str(p.string_param)
+
+
+def _shm_input(t: Any, count: int, itemsize: int, dataplane: DataPlane) -> Any:
+    params = t.parameters
+    region = _region(params, t.name)
+    if "shared_memory_byte_size" not in params:
+        raise invalid_arg(f"input '{t.name}': 'shared_memory_byte_size' is required with a shm region")
+    byte_size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
+    offset = (
+        _int_param(params["shared_memory_offset"], "shared_memory_offset")
+        if "shared_memory_offset" in params
+        else 0
+    )
+    if byte_size < 0 or offset < 0:
+        raise invalid_arg(f"input '{t.name}': negative shared memory offset or byte size")
+    if t.HasField("contents"):
+        raise invalid_arg(f"input '{t.name}' cannot give both shared memory and typed contents")
+    if itemsize and byte_size != count * itemsize:
+        raise invalid_arg(
+            f"input '{t.name}': shared memory byte size {byte_size} does not match "
+            f"{count} elements of {t.datatype} ({count * itemsize} bytes)"
+        )
+    return dataplane.shm_read(region, offset, byte_size)
+
+
+def to_core(msg: pb.ModelInferRequest, dataplane: DataPlane) -> tuple[InferRequest, ShmOutputs | None]:
+    """Build the core request; returns it with the outputs to be written to shared memory."""
+    req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
+    if msg.parameters:
+        _request_parameters(msg.parameters, req)
+    raw = msg.raw_input_contents
+    n_raw = len(raw)
+    if len(msg.inputs) > MAX_TENSORS or len(msg.outputs) > MAX_TENSORS:
+        raise invalid_arg(f"too many inputs or outputs (limit {MAX_TENSORS})")
+    raw_idx = 0
+    inputs = req.inputs
+    for t in msg.inputs:
+        name = t.name
+        datatype = t.datatype
+        dt = BY_NAME.get(datatype)
+        if dt is None:
+            raise invalid_arg(f"input '{name}' has an invalid datatype '{datatype}'")
+        shape, count = _shape_and_count(name, t.shape)
+        tparams = t.parameters
+        if tparams and "shared_memory_region" in tparams:
+            data = _shm_input(t, count, dt.itemsize, dataplane)
+            if not dt.itemsize:
+                check_bytes_framing(data, count, name)
+        elif t.HasField("contents"):
+            if n_raw:
+                raise invalid_arg(
+                    f"contents field must not be specified when using raw_input_contents for '{name}'"
+                )
+            data = _typed_contents(t, datatype, count)
+        else:
+            if raw_idx >= n_raw:
+                raise invalid_arg(f"input '{name}' has no data: raw_input_contents has {n_raw} entries")
+            data = raw[raw_idx]
+            raw_idx += 1
+            if dt.itemsize:
+                if len(data) != count * dt.itemsize:
+                    raise invalid_arg(
+                        f"input '{name}' got {len(data)} bytes but shape {shape} of {datatype} "
+                        f"needs {count * dt.itemsize}"
+                    )
+            else:
+                check_bytes_framing(data, count, name)
+        tensor = Tensor(name, datatype, shape, data)
+        if tparams:
+            for k, p in tparams.items():
+                if not k.startswith("shared_memory_"):
+                    tensor.parameters[k] = param_value(p, k)
+        inputs.append(tensor)
+    if raw_idx != n_raw:
+        raise invalid_arg(f"got {n_raw} raw_input_contents entries but {raw_idx} inputs use raw data")
+    shm_out: ShmOutputs | None = None
+    for o in msg.outputs:
+        out = RequestedOutput(o.name)
+        if o.parameters:
+            for k, p in o.parameters.items():
+                if k == "shared_memory_region":
+                    shm_out = shm_out or {}
+                    shm_out[o.name] = _shm_output(o)
+                elif k.startswith("shared_memory_") or k == "binary_data":
+                    continue  # consumed with the region / meaningless over gRPC
+                else:
+                    out.parameters[k] = param_value(p, k)
+        req.outputs.append(out)
+    return req, shm_out
+
+
+def _shm_output(o: Any) -> tuple[str, int, int]:
+    params = o.parameters
+    if "shared_memory_byte_size" not in params:
+        raise invalid_arg(f"output '{o.name}': 'shared_memory_byte_size' is required with a shm region")
+    size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
+    offset = (
+        _int_param(params["shared_memory_offset"], "shared_memory_offset")
+        if "shared_memory_offset" in params
+        else 0
+    )
+    if size < 0 or offset < 0:
+        raise invalid_arg(f"output '{o.name}': negative shared memory offset or byte size")
+    return _region(params, o.name), offset, size
+
+
+def set_parameters(target: Any, values: dict[str, Any]) -> None:
+    """Fill a map<string, InferParameter> from Python values (bool before int: bool is an int)."""
+    for k, v in values.items():
+        p = target[k]
+        if isinstance(v, bool):
+            p.bool_param = v
+        elif isinstance(v, int):
+            if v > _INT64_MAX:
+                p.uint64_param = v
+            else:
+                p.int64_param = v
+        elif isinstance(v, float):
+            p.double_param = v
+        elif isinstance(v, (bytes, bytearray)):
+            p.string_param = bytes(v).decode("utf-8", "replace")
+        else:
+            p.string_param = str(v)
+
+
+def to_proto(
+    resp: InferResponse,
+    shm_out: ShmOutputs | None,
+    dataplane: DataPlane,
+    out: pb.ModelInferResponse | None = None,
+) -> pb.ModelInferResponse:
+    """Every output gets outputs[i] and raw_output_contents[i] (empty for shm outputs).
+
+    `out` lets the stream fill the response nested in its message instead of copying one in.
+    """
+    if out is None:
+        msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    else:
+        msg = out
+        msg.model_name = resp.model_name
+        msg.model_version = resp.model_version
+        msg.id = resp.id
+    if resp.parameters:
+        set_parameters(msg.parameters, resp.parameters)
+    raws = []
+    add = msg.outputs.add
+    for t in resp.outputs:
+        o = add(name=t.name, datatype=t.datatype, shape=t.shape)
+        if t.parameters:
+            set_parameters(o.parameters, t.parameters)
+        data = t.data
+        shm = shm_out.get(t.name) if shm_out else None
+        if shm is not None:
+            region, offset, size = shm
+            nbytes = memoryview(data).nbytes
+            if nbytes > size:
+                raise invalid_arg(
+                    f"shared memory size specified with the request for output '{t.name}' ({size} bytes) "
+                    f"should be at least {nbytes} bytes to hold the results"
+                )
+            dataplane.shm_write(region, offset, data)
+            raws.append(b"")
+        else:
+            raws.append(data if type(data) is bytes else bytes(data))
+    msg.raw_output_contents.extend(raws)
+    return msg

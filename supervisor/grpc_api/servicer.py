@@ -1,0 +1,298 @@
+"""GRPCInferenceService and grpc.health.v1.Health over the data plane, as grpc.aio generic handlers.
+
+We register our own method handlers instead of the generated servicer base class so the request
+deserializer can catch undecodable bytes: grpc.aio would answer UNKNOWN with the parser's text,
+clients expect INVALID_ARGUMENT (DESIGN.md, Known traps).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from inferd.supervisor._gen import grpc_service_pb2 as pb
+from inferd.supervisor._gen import health_pb2
+from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
+
+from ..core.dataplane import DataPlane
+from . import convert
+from .convert import BAD, PARSE_ERROR, deserializer
+from .errors import status_of
+from .stream import StreamInfer
+
+log = logging.getLogger("inferd.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+HEALTH_SERVICE = "grpc.health.v1.Health"
+DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def _unary(fn: Handler, req_cls: Any, resp_cls: Any) -> grpc.RpcMethodHandler:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request is BAD:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, PARSE_ERROR)
+        try:
+            return await fn(request, context)
+        except InferdError as exc:
+            await context.abort(status_of(exc), exc.message)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # a bug must not leak a traceback text to the client (D12)
+            log.exception("gRPC handler failed")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal error")
+
+    return grpc.unary_unary_rpc_method_handler(
+        handle, request_deserializer=deserializer(req_cls), response_serializer=resp_cls.SerializeToString
+    )
+
+
+def _repo_params(params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        if which is None:
+            raise invalid_arg(f"parameter '{key}' has no value")
+        if key == "config" and which != "string_param":
+            raise invalid_arg("'config' parameter must be a string_param holding the JSON model config")
+        if key.startswith("file:") and which != "bytes_param":
+            raise invalid_arg(f"'{key}' parameter must be a bytes_param")
+        out[key] = getattr(p, which)
+    return out
+
+
+def _setting_strings(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+class InferenceService:
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+        self.stream = StreamInfer(dataplane)
+
+    # ---- health and metadata ----
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.dp.live())
+
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.dp.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        md = self.dp.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=md.get("name", ""), version=md.get("version", ""), extensions=md.get("extensions", [])
+        )
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        md = self.dp.model_metadata(request.name, request.version)
+        resp = pb.ModelMetadataResponse(
+            name=md.get("name", ""),
+            versions=[str(v) for v in md.get("versions", [])],
+            platform=md.get("platform", ""),
+        )
+        for src, dst in ((md.get("inputs", []), resp.inputs), (md.get("outputs", []), resp.outputs)):
+            for t in src:
+                dst.add(name=t["name"], datatype=t["datatype"], shape=[int(d) for d in t.get("shape", [])])
+        return resp
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        cfg = self.dp.model_config(request.name, request.version)
+        resp = pb.ModelConfigResponse()
+        try:
+            json_format.ParseDict(cfg, resp.config, ignore_unknown_fields=True)
+        except json_format.ParseError as exc:
+            raise InferdError(ErrorCode.INTERNAL, f"model configuration cannot be rendered: {exc}") from exc
+        return resp
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        stats = self.dp.model_statistics(request.name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # ---- inference ----
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        dp = self.dp
+        if dp.model_is_decoupled(request.model_name, request.model_version):
+            raise InferdError(ErrorCode.UNSUPPORTED, DECOUPLED_UNARY)
+        req, shm_out = convert.to_core(request, dp)
+        # a client cancel cancels this task, and with it the awaiting infer (never swallowed)
+        resp = await dp.infer(req)
+        return convert.to_proto(resp, shm_out, dp)
+
+    # ---- repository ----
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        resp = pb.RepositoryIndexResponse()
+        for m in self.dp.repository_index(request.ready):
+            resp.models.add(
+                name=str(m.get("name", "")),
+                version=str(m.get("version", "")),
+                state=str(m.get("state", "")),
+                reason=str(m.get("reason", "")),
+            )
+        return resp
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        await self.dp.load_model(request.model_name, _repo_params(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        params = _repo_params(request.parameters)
+        dependents = params.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise invalid_arg("'unload_dependents' parameter must be a bool_param")
+        await self.dp.unload_model(request.model_name, unload_dependents=dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ---- shared memory ----
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        resp = pb.SystemSharedMemoryStatusResponse()
+        for r in self.dp.shm_status("system", request.name):
+            resp.regions[r["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r["name"],
+                    key=r.get("key", ""),
+                    offset=int(r.get("offset", 0)),
+                    byte_size=int(r.get("byte_size", 0)),
+                )
+            )
+        return resp
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        self.dp.shm_register(
+            "system", request.name, key=request.key, offset=request.offset, byte_size=request.byte_size
+        )
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self.dp.shm_unregister("system", request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        resp = pb.CudaSharedMemoryStatusResponse()
+        for r in self.dp.shm_status("cuda", request.name):
+            resp.regions[r["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                    name=r["name"], device_id=int(r.get("device_id", 0)), byte_size=int(r.get("byte_size", 0))
+                )
+            )
+        return resp
+
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        self.dp.shm_register(
+            "cuda",
+            request.name,
+            raw_handle=request.raw_handle,
+            device_id=request.device_id,
+            byte_size=request.byte_size,
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self.dp.shm_unregister("cuda", request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ---- trace and log settings ----
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        update = {k: list(v.value) for k, v in request.settings.items()} or None
+        current = self.dp.trace_settings(request.model_name, update)
+        resp = pb.TraceSettingResponse()
+        for k, v in current.items():
+            resp.settings[k].value.extend(_setting_strings(v))
+        return resp
+
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        update = {}
+        for k, v in request.settings.items():
+            which = v.WhichOneof("parameter_choice")
+            if which is None:
+                raise invalid_arg(f"log setting '{k}' has no value")
+            update[k] = getattr(v, which)
+        current = self.dp.log_settings(update or None)
+        resp = pb.LogSettingsResponse()
+        for k, val in current.items():
+            sv = resp.settings[k]
+            if isinstance(val, bool):
+                sv.bool_param = val
+            elif isinstance(val, int) and 0 <= val < 2**32:
+                sv.uint32_param = val
+            else:
+                sv.string_param = str(val)
+        return resp
+
+    # ---- grpc.health.v1 ----
+    async def HealthCheck(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
+        status = health_pb2.HealthCheckResponse
+        return status(status=status.SERVING if self.dp.ready() else status.NOT_SERVING)
+
+    # ---- registration ----
+    def generic_handlers(self) -> list[grpc.GenericRpcHandler]:
+        unary = {
+            "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
+            "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
+            "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
+            "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
+            "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
+            "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
+            "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
+            "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
+            "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
+            "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
+            "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
+            "SystemSharedMemoryStatus": (
+                pb.SystemSharedMemoryStatusRequest,
+                pb.SystemSharedMemoryStatusResponse,
+            ),
+            "SystemSharedMemoryRegister": (
+                pb.SystemSharedMemoryRegisterRequest,
+                pb.SystemSharedMemoryRegisterResponse,
+            ),
+            "SystemSharedMemoryUnregister": (
+                pb.SystemSharedMemoryUnregisterRequest,
+                pb.SystemSharedMemoryUnregisterResponse,
+            ),
+            "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse),
+            "CudaSharedMemoryRegister": (
+                pb.CudaSharedMemoryRegisterRequest,
+                pb.CudaSharedMemoryRegisterResponse,
+            ),
+            "CudaSharedMemoryUnregister": (
+                pb.CudaSharedMemoryUnregisterRequest,
+                pb.CudaSharedMemoryUnregisterResponse,
+            ),
+            "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
+            "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
+        }
+        handlers: dict[str, grpc.RpcMethodHandler] = {
+            name: _unary(getattr(self, name), req, resp) for name, (req, resp) in unary.items()
+        }
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            self.stream.handle,
+            request_deserializer=deserializer(pb.ModelInferRequest),
+            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+        )
+        health = {
+            "Check": _unary(self.HealthCheck, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)
+        }
+        return [
+            grpc.method_handlers_generic_handler(SERVICE, handlers),
+            grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),
+        ]

@@ -1,0 +1,160 @@
+"""ModelStreamInfer: the bidirectional inference stream (reference/triton.md §2.3).
+
+A reader task takes requests off the stream and starts them at once, in arrival order (so sequence
+requests reach the scheduler in order); the handler writes responses. Non-decoupled requests put
+their task into the output queue, so their responses leave in request order. Decoupled requests
+put responses into the queue as they are produced. The queue is bounded: a client that does not
+read stops us from reading further requests.
+
+Errors go into `error_message` and the stream stays open, unless the client opened it with
+metadata `triton_grpc_error: true`: then the first error ends the stream with its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from inferd.supervisor._gen import grpc_service_pb2 as pb
+from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
+
+from ..core.dataplane import DataPlane
+from ..core.types import InferRequest, InferResponse
+from . import convert
+from .errors import status_of
+
+log = logging.getLogger("inferd.grpc")
+
+FINAL = "triton_final_response"
+EMPTY_FINAL = "triton_enable_empty_final_response"
+STREAM_WINDOW = 256  # requests in flight plus responses not yet written, per stream
+
+_END = object()
+
+
+def wants_grpc_error(context: Any) -> bool:
+    for key, value in context.invocation_metadata() or ():
+        if key == "triton_grpc_error":
+            return str(value).lower() == "true"
+    return False
+
+
+def _internal(exc: BaseException) -> InferdError:
+    log.error("stream request failed", exc_info=exc)
+    return InferdError(ErrorCode.INTERNAL, "internal error")
+
+
+class StreamInfer:
+    def __init__(self, dataplane: DataPlane, window: int = STREAM_WINDOW) -> None:
+        self.dp = dataplane
+        self.window = window
+
+    def _message(
+        self, resp: InferResponse, shm: convert.ShmOutputs | None, final: bool
+    ) -> pb.ModelStreamInferResponse:
+        msg = pb.ModelStreamInferResponse()
+        convert.to_proto(resp, shm, self.dp, out=msg.infer_response)
+        msg.infer_response.parameters[FINAL].bool_param = final
+        return msg
+
+    async def handle(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        grpc_error = wants_grpc_error(context)
+        queue: asyncio.Queue[Any] = asyncio.Queue(self.window)
+        producers: set[asyncio.Task[None]] = set()
+        reader = asyncio.create_task(self._read(request_iterator, queue, producers))
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, asyncio.Task):
+                    item = await item
+                if isinstance(item, InferdError):
+                    if grpc_error:
+                        await context.abort(status_of(item), item.message)
+                    yield pb.ModelStreamInferResponse(error_message=item.message)
+                else:
+                    yield item
+            await reader
+        finally:
+            # client cancel, abort or end: cancel everything still running for this stream
+            reader.cancel()
+            for task in producers:
+                task.cancel()
+            while not queue.empty():
+                item = queue.get_nowait()
+                if isinstance(item, asyncio.Task):
+                    item.cancel()
+
+    async def _read(self, request_iterator: Any, queue: asyncio.Queue[Any], producers: set[Any]) -> None:
+        dp = self.dp
+        try:
+            async for msg in request_iterator:
+                if msg is convert.BAD:
+                    await queue.put(invalid_arg(convert.PARSE_ERROR))
+                    continue
+                try:
+                    decoupled = dp.model_is_decoupled(msg.model_name, msg.model_version)
+                    req, shm = convert.to_core(msg, dp)
+                except InferdError as exc:
+                    await queue.put(exc)
+                    continue
+                if decoupled:
+                    empty_final = EMPTY_FINAL in msg.parameters and msg.parameters[EMPTY_FINAL].bool_param
+                    task = asyncio.create_task(self._decoupled(req, shm, empty_final, queue))
+                    producers.add(task)
+                    task.add_done_callback(producers.discard)
+                else:
+                    await queue.put(asyncio.create_task(self._one(req, shm)))
+            while producers:  # the stream ends after the last decoupled response
+                await asyncio.wait(list(producers))
+        except grpc.aio.AbortError:
+            return  # the handler aborted the RPC (triton_grpc_error): nobody reads the queue any more
+        except Exception as exc:
+            await queue.put(_internal(exc))
+        await queue.put(_END)
+
+    async def _one(self, req: InferRequest, shm: convert.ShmOutputs | None) -> Any:
+        try:
+            return self._message(await self.dp.infer(req), shm, True)
+        except InferdError as exc:
+            return exc
+        except Exception as exc:
+            return _internal(exc)
+
+    async def _decoupled(
+        self, req: InferRequest, shm: convert.ShmOutputs | None, empty_final: bool, queue: asyncio.Queue[Any]
+    ) -> None:
+        # The core may mark a response with parameters[FINAL]; without a mark we hold one response
+        # back so the last one can carry final=true.
+        pending: InferResponse | None = None
+        version = req.model_version
+        final_sent = False
+        try:
+            async for resp in self.dp.stream_infer(req):
+                version = resp.model_version or version
+                marked = resp.parameters.pop(FINAL, None) if resp.parameters else None
+                if marked is None:
+                    if pending is not None:
+                        await queue.put(self._message(pending, shm, False))
+                    pending = resp
+                    continue
+                if pending is not None:
+                    await queue.put(self._message(pending, shm, False))
+                    pending = None
+                if resp.outputs or not marked or empty_final:
+                    await queue.put(self._message(resp, shm, bool(marked)))
+                final_sent = final_sent or bool(marked)
+            if pending is not None:
+                await queue.put(self._message(pending, shm, True))
+            elif empty_final and not final_sent:
+                await queue.put(self._message(InferResponse(req.model_name, version, req.id), None, True))
+        except InferdError as exc:
+            if pending is not None:
+                await queue.put(self._message(pending, shm, False))
+            await queue.put(exc)
+        except Exception as exc:
+            await queue.put(_internal(exc))

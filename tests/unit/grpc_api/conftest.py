@@ -1,0 +1,60 @@
+"""A real grpc.aio server (our frontend over an in-test DataPlane) in a subprocess.
+
+The server runs in its own process because our generated protos and tritonclient's share names
+(DESIGN.md, Known traps); this process imports only tritonclient.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+@pytest.fixture(scope="session")
+def grpc_url() -> Iterator[str]:
+    subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py")], check=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "_server_main.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    found: list[str] = []
+    seen: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:  # reads the log until the start line, then keeps draining it
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            seen.append(line)
+            m = re.search(r"Started GRPCInferenceService at (\S+)", line)
+            if m and not found:
+                found.append(m.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    ready.wait(30)
+    if not found:
+        proc.kill()
+        pytest.fail("server did not start:\n" + "".join(seen))
+    yield found[0]
+    proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    assert not any("Traceback" in line for line in seen), "".join(seen)
