@@ -125,9 +125,9 @@ class ModelManager:
                     if state == UNAVAILABLE and not reason:
                         reason = "no ready instance"
                     rows.append(_row(name, str(v), state, reason))
-                for v, (state, reason) in sorted(e.records.items(), key=lambda kv: kv[0] or 0):
-                    if v is None or v not in e.versions:
-                        rows.append(_row(name, "" if v is None else str(v), state, reason))
+                for rv, (state, reason) in sorted(e.records.items(), key=lambda kv: kv[0] or 0):
+                    if rv is None or rv not in e.versions:
+                        rows.append(_row(name, "" if rv is None else str(rv), state, reason))
             if not rows:
                 rows.append({"name": name})
             out.extend(r for r in rows if not ready_only or r.get("state") == READY)
@@ -217,9 +217,10 @@ class ModelManager:
         scheduler = DefaultScheduler(plan.name, instances, stats,
                                      max_queue_size=self.settings.max_queue_size)
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
-                          decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")))
+                          decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
+                          metadata_base=plan.metadata_base)
         for inst in instances:
-            inst.on_change = lambda inst=inst, mv=mv: mv.scheduler.instance_changed(inst)
+            inst.on_change = scheduler.instance_changed
         try:
             await asyncio.gather(*(inst.start() for inst in instances))
         except BaseException:

@@ -1,23 +1,11 @@
-"""What a scheduler needs from an instance and what it hands back: kept tiny so that the default
-scheduler, the dynamic batcher and the sequence batcher share one shape."""
+"""What a scheduler needs from an instance: kept tiny so that the default scheduler, the dynamic
+batcher and the sequence batcher share one shape (instances.instance.Instance fits it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from inferd.worker.wire.errors import InferdError
-
-from ..core.types import InferRequest, InferResponse
-
-
-@dataclass
-class BatchResult:
-    responses: list[InferResponse | InferdError]
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-    extra: dict = field(default_factory=dict)
+from ..core.types import InferRequest
 
 
 class Executor(Protocol):
@@ -28,4 +16,5 @@ class Executor(Protocol):
     @property
     def ready(self) -> bool: ...
 
-    async def run_batch(self, requests: list[InferRequest]) -> BatchResult: ...
+    async def execute(self, requests: list[InferRequest]) -> Any:
+        """A BatchResult: .responses (InferResponse | InferdError per request) and compute_*_ns."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -42,7 +43,7 @@ class StatsSink:
 
 
 class DefaultScheduler:
-    def __init__(self, model_name: str, executors: list[Executor], stats: StatsSink, max_queue_size: int,
+    def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, max_queue_size: int,
                  max_batch_requests: int = 1) -> None:
         self.model_name = model_name
         self.executors = executors
@@ -169,7 +170,7 @@ class DefaultScheduler:
     async def _execute(self, executor: Executor, batch: list[Pending]) -> None:
         start = time.monotonic_ns()
         try:
-            result = await executor.run_batch([p.request for p in batch])
+            result = await executor.execute([p.request for p in batch])
         except InferdError as exc:
             responses: list[InferResponse | InferdError] = [exc] * len(batch)
             result = None

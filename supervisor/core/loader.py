@@ -1,0 +1,197 @@
+"""Glue between the model manager and the layers below it: the repository (config files, normalisation,
+versions), the instances (workers) and the runtime resources they share (ZeroMQ channel, launcher,
+shared-memory pool). Keeping it here leaves ModelManager about lifecycle only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from .. import metrics as metrics_mod
+from ..config import ServerConfig, WorkerTimings
+from ..instances.channel import Channel
+from ..instances.instance import Instance, run_autocomplete
+from ..instances.launcher import Launcher
+from ..memory.client_shm import ClientShm
+from ..memory.shm_pool import ShmPool
+from ..repository import autocomplete, layout, metadata, normalize, versions
+from ..repository import config as repo_config
+
+_KIND_NAMES = {0: "CPU", 1: "GPU", 2: "CPU", 3: "MODEL"}  # KIND_AUTO resolves before this point
+
+
+@dataclass
+class Runtime:
+    """Process-wide resources the instances share."""
+
+    run_dir: str
+    channel: Channel
+    launcher: Launcher
+    pool: ShmPool
+    client_shm: ClientShm
+
+    @classmethod
+    async def start(cls, config: ServerConfig) -> Runtime:
+        ShmPool.sweep_stale()
+        channel = Channel(config.run_dir)
+        channel.open()
+        return cls(config.run_dir, channel, Launcher(config.run_dir), ShmPool(), ClientShm())
+
+    async def close(self) -> None:
+        self.pool.close()
+        self.channel.close()
+        shutil.rmtree(os.path.join(self.run_dir, "overrides"), ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    repositories: tuple[str, ...]
+    disable_autocomplete: bool
+    max_queue_size: int
+    unload_drain_s: float
+    timings: WorkerTimings
+    log_verbose: int
+    runtime: Runtime
+    has_gpu: bool = False
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, runtime: Runtime) -> LoaderSettings:
+        return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
+                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime)
+
+
+@dataclass
+class LoadPlan:
+    name: str
+    source: layout.ModelSource
+    proto: Any  # normalised inference.ModelConfig
+    config: dict[str, Any]  # its Triton JSON rendering
+    config_json: str
+    versions: tuple[int, ...]
+    metadata_base: dict[str, Any]
+
+
+def check_model_name(name: str) -> None:
+    layout.validate_model_name(name)
+
+
+def list_model_names(settings: LoaderSettings) -> list[str]:
+    return layout.list_models(settings.repositories).all_names()
+
+
+def _override_source(settings: LoaderSettings, source: layout.ModelSource,
+                     files: dict[str, bytes]) -> layout.ModelSource:
+    """A private copy of the model directory with the load request's files written into it."""
+    base = os.path.join(settings.runtime.run_dir, "overrides")
+    os.makedirs(base, exist_ok=True)
+    root = tempfile.mkdtemp(prefix="load-", dir=base)
+    target = os.path.join(root, source.name)
+    os.makedirs(target)
+    for rel, data in files.items():
+        norm = os.path.normpath(rel)
+        if os.path.isabs(rel) or norm.startswith("..") or "\0" in rel or not norm or norm == ".":
+            shutil.rmtree(root, ignore_errors=True)
+            raise InferdError(ErrorCode.INVALID_ARG,
+                              "file parameter 'file:%s' must be a relative path inside the model directory" % rel)
+        path = os.path.join(target, norm)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    return layout.read_model(root, source.name)
+
+
+async def plan_load(settings: LoaderSettings, name: str, config_override: str | None,
+                    files: dict[str, bytes] | None) -> LoadPlan:
+    source = layout.find_model(settings.repositories, name)
+    if files:
+        source = _override_source(settings, source, files)
+    if config_override is not None:
+        cfg = repo_config.parse_json_config(config_override)
+    else:
+        cfg = repo_config.load_config(source, settings.disable_autocomplete)
+    normalize.set_name(cfg, source.name)
+    normalize.fill_backend_fields(cfg, source)
+    if not source.versions and not normalize.is_ensemble(cfg):
+        raise InferdError(ErrorCode.INVALID_ARG,
+                          "failed to load '%s': no version directory found in %s" % (name, source.path))
+    if cfg.backend == "python" and autocomplete.needs_autocomplete(cfg, settings.disable_autocomplete):
+        rt = settings.runtime
+        completed = await run_autocomplete(
+            m.AutoComplete(model_name=name, model_dir=source.path, version=str(max(source.versions)),
+                           config_json=repo_config.to_json(cfg), backend=cfg.backend),
+            channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
+            log_verbose=settings.log_verbose)
+        cfg = autocomplete.apply_autocompleted(cfg, completed)
+    cfg = normalize.normalize(cfg, source, has_gpu=settings.has_gpu)
+    chosen = versions.select_versions(name, cfg.version_policy, source.versions).versions
+    config = repo_config.to_json_dict(cfg)
+    meta = metadata.model_metadata(cfg, [])
+    meta.pop("versions", None)
+    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta)
+
+
+def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> list[Instance]:
+    rt = settings.runtime
+    out: list[Instance] = []
+    for group in plan.proto.instance_group:
+        devices = list(group.gpus) if group.kind == 1 and group.gpus else [0]
+        for device in devices:
+            for k in range(group.count):
+                load = m.LoadModel(
+                    model_name=plan.name, model_dir=plan.source.path, version=str(version),
+                    config_json=plan.config_json, backend=plan.proto.backend,
+                    instance_name="%s_%d" % (group.name, len(out) if len(devices) > 1 else k),
+                    instance_kind=_KIND_NAMES.get(group.kind, "CPU"), device_id=device)
+                out.append(Instance(load, channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
+                                    pool=rt.pool, log_verbose=settings.log_verbose))
+    return out
+
+
+def metrics_renderer(registry: Any, manager: Any, runtime: Runtime) -> Callable[[], bytes]:
+    def extra() -> metrics_mod.ExtraMetrics:
+        pending: dict[tuple[str, str], int] = {}
+        instances: list[metrics_mod.InstanceMetrics] = []
+        for mv in manager.loaded_versions():
+            pending[(mv.name, str(mv.version))] = mv.scheduler.pending_count
+            for inst in mv.instances:
+                state = inst.state.value
+                instances.append(metrics_mod.InstanceMetrics(
+                    mv.name, str(mv.version), inst.name,
+                    state if state in metrics_mod.INSTANCE_STATES else "starting",
+                    restarts=inst.restarts, inflight=inst.inflight))
+        return metrics_mod.ExtraMetrics(pending=pending, instances=instances,
+                                        shm_bytes_in_use=runtime.pool.in_use_bytes,
+                                        shm_bytes_reserved=runtime.pool.total_bytes)
+
+    return lambda: metrics_mod.render_metrics(registry, extra=extra)
+
+
+def status_json(manager: Any, name: str = "") -> dict[str, Any]:
+    """inferd's own status view (GET /v2/inferd/status): models, versions, instances, worker pids."""
+    if name:
+        manager.resolve(name)  # INVALID_ARG for an unknown model
+    models: list[dict[str, Any]] = []
+    for row in manager.index():
+        if name and row["name"] != name:
+            continue
+        entry = manager.entries.get(row["name"])
+        mv = entry.versions.get(int(row["version"])) if entry and row.get("version") else None
+        instances = []
+        if mv is not None:
+            for inst in mv.instances:
+                err = inst.last_error
+                instances.append({"name": inst.name, "pid": inst.pid, "state": inst.state.value,
+                                  "restarts": inst.restarts, "inflight": inst.inflight,
+                                  "last_error": err.message if err is not None else ""})
+        models.append({"name": row["name"], "version": row.get("version", ""),
+                       "state": row.get("state", ""), "reason": row.get("reason", ""),
+                       "instances": instances})
+    return {"models": models}
