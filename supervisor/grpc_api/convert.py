@@ -95,13 +95,11 @@ def _request_parameters(params: Any, req: InferRequest) -> None:
                 req.correlation_id = p.int64_param
             elif which == "string_param":
                 if len(p.string_param) > MAX_CORRELATION_ID_CHARS:
-                    raise invalid_arg(
-                        f"string sequence_id must be at most {MAX_CORRELATION_ID_CHARS} characters"
-                    )
+                    raise invalid_arg(f"string sequence_id must be at most {MAX_CORRELATION_ID_CHARS} characters")
                 req.correlation_id = p.string_param
             else:
                 raise invalid_arg(
-                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param"
+                    "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
                 )
         elif key == "sequence_start" or key == "sequence_end":
             if which != "bool_param":
@@ -114,9 +112,7 @@ def _request_parameters(params: Any, req: InferRequest) -> None:
             elif which == "uint64_param":
                 req.priority = p.uint64_param
             else:
-                raise invalid_arg(
-                    "invalid value for 'priority' parameter, expected non-negative int64_param or uint64"
-                )
+                raise invalid_arg("invalid value for 'priority' parameter, expected non-negative int64_param or uint64")
         elif key == "timeout":
             if which != "int64_param" or p.int64_param < 0:
                 raise invalid_arg("invalid value for 'timeout' parameter, expected non-negative int64_param")
@@ -126,7 +122,8 @@ def _request_parameters(params: Any, req: InferRequest) -> None:
                 raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param")
         elif key.startswith("triton_"):
             raise invalid_arg(
-                f"parameter keys starting with 'triton_' are reserved and cannot be specified: '{key}'"
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                "keys starting with 'triton_' are allowed: triton_enable_empty_final_response"
             )
         elif which is None:
             raise invalid_arg(f"parameter '{key}' has no value")
@@ -148,9 +145,7 @@ def check_bytes_framing(buf: Any, count: int, name: str) -> None:
     """A BYTES buffer must hold exactly `count` length-prefixed elements, no more, no less."""
     total = len(buf)
     if count * 4 > total:
-        raise invalid_arg(
-            f"input '{name}' declares {count} BYTES elements but has only {total} bytes of data"
-        )
+        raise invalid_arg(f"input '{name}' declares {count} BYTES elements but has only {total} bytes of data")
     unpack = _LEN.unpack_from
     pos = 0
     n = 0
@@ -169,8 +164,7 @@ def _typed_contents(t: Any, datatype: str, count: int) -> bytes:
     values = getattr(t.contents, field)
     if len(values) != count:
         raise invalid_arg(
-            f"input '{t.name}' has {len(values)} elements in {field} but its shape {list(t.shape)} "
-            f"needs {count}"
+            f"input '{t.name}' has {len(values)} elements in {field} but its shape {list(t.shape)} needs {count}"
         )
     if src is None:
         return b"".join(_LEN.pack(len(v)) + v for v in values)
@@ -193,9 +187,7 @@ def _shm_input(t: Any, count: int, itemsize: int, dataplane: DataPlane) -> Any:
         raise invalid_arg(f"input '{t.name}': 'shared_memory_byte_size' is required with a shm region")
     byte_size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
     offset = (
-        _int_param(params["shared_memory_offset"], "shared_memory_offset")
-        if "shared_memory_offset" in params
-        else 0
+        _int_param(params["shared_memory_offset"], "shared_memory_offset") if "shared_memory_offset" in params else 0
     )
     if byte_size < 0 or offset < 0:
         raise invalid_arg(f"input '{t.name}': negative shared memory offset or byte size")
@@ -235,19 +227,22 @@ def to_core(msg: pb.ModelInferRequest, dataplane: DataPlane) -> tuple[InferReque
         elif t.HasField("contents"):
             if n_raw:
                 raise invalid_arg(
-                    f"contents field must not be specified when using raw_input_contents for '{name}'"
+                    f"contents field must not be specified when using raw_input_contents for '{name}' "
+                    f"for model '{msg.model_name}'"
                 )
             data = _typed_contents(t, datatype, count)
         else:
             if raw_idx >= n_raw:
-                raise invalid_arg(f"input '{name}' has no data: raw_input_contents has {n_raw} entries")
+                raise invalid_arg(
+                    f"unable to find data for input tensor '{name}' for model '{msg.model_name}' in request."
+                )
             data = raw[raw_idx]
             raw_idx += 1
             if dt.itemsize:
                 if len(data) != count * dt.itemsize:
                     raise invalid_arg(
-                        f"input '{name}' got {len(data)} bytes but shape {shape} of {datatype} "
-                        f"needs {count * dt.itemsize}"
+                        f"input byte size mismatch for input '{name}' for model '{msg.model_name}'. "
+                        f"Expected {count * dt.itemsize}, got {len(data)}"
                     )
             else:
                 check_bytes_framing(data, count, name)
@@ -281,9 +276,7 @@ def _shm_output(o: Any) -> tuple[str, int, int]:
         raise invalid_arg(f"output '{o.name}': 'shared_memory_byte_size' is required with a shm region")
     size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
     offset = (
-        _int_param(params["shared_memory_offset"], "shared_memory_offset")
-        if "shared_memory_offset" in params
-        else 0
+        _int_param(params["shared_memory_offset"], "shared_memory_offset") if "shared_memory_offset" in params else 0
     )
     if size < 0 or offset < 0:
         raise invalid_arg(f"output '{o.name}': negative shared memory offset or byte size")

@@ -116,9 +116,7 @@ class InferenceService:
             raise InferdError(ErrorCode.INTERNAL, f"model configuration cannot be rendered: {exc}") from exc
         return resp
 
-    async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: Any
-    ) -> pb.ModelStatisticsResponse:
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         stats = self.dp.model_statistics(request.name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
@@ -133,9 +131,7 @@ class InferenceService:
         return convert.to_proto(resp, shm_out, dp)
 
     # ---- repository ----
-    async def RepositoryIndex(
-        self, request: pb.RepositoryIndexRequest, context: Any
-    ) -> pb.RepositoryIndexResponse:
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
         for m in self.dp.repository_index(request.ready):
             resp.models.add(
@@ -289,9 +285,7 @@ class InferenceService:
             request_deserializer=deserializer(pb.ModelInferRequest),
             response_serializer=pb.ModelStreamInferResponse.SerializeToString,
         )
-        health = {
-            "Check": _unary(self.HealthCheck, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)
-        }
+        health = {"Check": _unary(self.HealthCheck, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)}
         return [
             grpc.method_handlers_generic_handler(SERVICE, handlers),
             grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),

@@ -52,9 +52,7 @@ class StreamInfer:
         self.dp = dataplane
         self.window = window
 
-    def _message(
-        self, resp: InferResponse, shm: convert.ShmOutputs | None, final: bool
-    ) -> pb.ModelStreamInferResponse:
+    def _message(self, resp: InferResponse, shm: convert.ShmOutputs | None, final: bool) -> pb.ModelStreamInferResponse:
         msg = pb.ModelStreamInferResponse()
         convert.to_proto(resp, shm, self.dp, out=msg.infer_response)
         msg.infer_response.parameters[FINAL].bool_param = final
@@ -131,11 +129,9 @@ class StreamInfer:
         # The core may mark a response with parameters[FINAL]; without a mark we hold one response
         # back so the last one can carry final=true.
         pending: InferResponse | None = None
-        version = req.model_version
         final_sent = False
         try:
             async for resp in self.dp.stream_infer(req):
-                version = resp.model_version or version
                 marked = resp.parameters.pop(FINAL, None) if resp.parameters else None
                 if marked is None:
                     if pending is not None:
@@ -151,7 +147,8 @@ class StreamInfer:
             if pending is not None:
                 await queue.put(self._message(pending, shm, True))
             elif empty_final and not final_sent:
-                await queue.put(self._message(InferResponse(req.model_name, version, req.id), None, True))
+                # Triton's flag-only final carries the requested (not the resolved) version
+                await queue.put(self._message(InferResponse(req.model_name, req.model_version, req.id), None, True))
         except InferdError as exc:
             if pending is not None:
                 await queue.put(self._message(pending, shm, False))

@@ -213,9 +213,7 @@ def test_request_errors(stub: service_pb2_grpc.GRPCInferenceServiceStub, grpc_ur
     req.raw_input_contents.extend([b"\0" * 4, b"\0" * 4])
     assert _code(stub.ModelInfer, req)[0] == bad
     # BYTES framing that does not hold the declared element count
-    req = service_pb2.ModelInferRequest(
-        model_name="identity", raw_input_contents=[struct.pack("<I", 9) + b"x"]
-    )
+    req = service_pb2.ModelInferRequest(model_name="identity", raw_input_contents=[struct.pack("<I", 9) + b"x"])
     req.inputs.add(name="INPUT0", datatype="BYTES", shape=[1])
     assert _code(stub.ModelInfer, req)[0] == bad
     # reserved and mistyped parameters
@@ -257,9 +255,7 @@ def _int_input(name: str, values: list[int]) -> grpcclient.InferInput:
 
 
 def test_stream_non_decoupled_in_order_with_errors(client: grpcclient.InferenceServerClient) -> None:
-    sends = [
-        dict(model_name="identity", inputs=[_int_input("INPUT0", [i])], request_id=str(i)) for i in range(20)
-    ]
+    sends = [dict(model_name="identity", inputs=[_int_input("INPUT0", [i])], request_id=str(i)) for i in range(20)]
     sends.insert(5, dict(model_name="nope", inputs=[_int_input("INPUT0", [0])], request_id="bad"))
     got = _stream_collect(client, sends, 21)
     assert got[5][0] is None and "nope" in str(got[5][1])
@@ -313,11 +309,24 @@ def test_stream_decoupled(client: grpcclient.InferenceServerClient) -> None:
     assert by_id["c"] == [([5], False)]  # its flag-only final is dropped without the opt-in
 
 
-def test_stream_decoupled_error_and_bad_message(client: grpcclient.InferenceServerClient) -> None:
+def test_stream_decoupled_error(client: grpcclient.InferenceServerClient) -> None:
     sends = [dict(model_name="repeat", inputs=[_int_input("IN", [3, -1])], request_id="x")]
     got = _stream_collect(client, sends, 2)
     assert got[0][1] is None and int(got[0][0].as_numpy("OUT")[0]) == 3
     assert got[1][0] is None and "negative" in str(got[1][1])
+
+
+def test_stream_undecodable_message_keeps_stream_open(grpc_url: str) -> None:
+    good = _typed_request("INT32", [1], int_contents=[4])
+    good.id = "after"
+    with grpc.insecure_channel(grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+        replies = [
+            service_pb2.ModelStreamInferResponse.FromString(b)
+            for b in call(iter([b"\xff\xff\xff\xff\x0f", good.SerializeToString()]))
+        ]
+    assert "parse" in replies[0].error_message
+    assert replies[1].infer_response.id == "after" and not replies[1].error_message
 
 
 def test_cancellation_reaches_the_data_plane(client: grpcclient.InferenceServerClient) -> None:
