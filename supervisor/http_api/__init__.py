@@ -1,0 +1,42 @@
+"""HTTP/REST frontend (KServe v2 + Triton extensions) and the metrics endpoint.
+
+Wiring (inside the supervisor's event loop):
+
+    http = await start_http_api(dataplane, host, port, max_input_size=cfg.http_max_input_size)
+    metrics = await start_metrics_server(dataplane, host, metrics_port)
+    ...
+    http.close(); metrics.close()              # stop accepting, close idle keep-alive connections
+    await http.wait_closed(timeout)            # in-flight requests finish, the rest are aborted
+    await metrics.wait_closed(1.0)
+"""
+
+from __future__ import annotations
+
+from inferd.supervisor.core.dataplane import DataPlane
+
+from .codec import Limits
+from .metrics import start_metrics_server
+from .routes import Router
+from .server import HttpServer, Request, Response, start_http_server
+
+__all__ = ["HttpServer", "Limits", "Request", "Response", "Router", "start_http_api", "start_http_server",
+           "start_metrics_server"]
+
+
+async def start_http_api(dataplane: DataPlane, host: str, port: int, *,
+                         max_input_size: int = 64 * 1024 * 1024,
+                         header_timeout: float = 30.0, body_timeout: float = 30.0,
+                         keepalive_timeout: float = 75.0, max_header_size: int = 16384,
+                         restricted: dict[str, tuple[str, str]] | None = None,
+                         limits: Limits | None = None) -> HttpServer:
+    """Listen on host:port (0 = a free port, read `.port`) and serve the KServe v2 API.
+
+    `restricted`: category ("health", "metadata", "inference", "shared-memory", "model-config",
+    "model-repository", "statistics", "trace", "logging") -> (header, value), as parsed from
+    --http-restricted-api; requests of that category without the header get 403.
+    """
+    limits = limits or Limits(max_input_size=max_input_size)
+    router = Router(dataplane, limits=limits, restricted=restricted)
+    return await start_http_server(router, host, port, max_body=limits.max_input_size,
+                                   max_header_size=max_header_size, header_timeout=header_timeout,
+                                   body_timeout=body_timeout, keepalive_timeout=keepalive_timeout)

@@ -1,0 +1,343 @@
+"""KServe v2 inference over HTTP: request body -> InferRequest, InferResponse -> response body.
+
+Covers the JSON form, the binary tensor extension (JSON header + blobs, and the raw single-input form
+with an `Inference-Header-Content-Length` of 0), shared-memory inputs and outputs, request
+parameters, and Content-Encoding both ways. Every size a client declares is checked against the
+bytes actually present before anything is allocated from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from inferd.supervisor.core import tensors
+from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.types import (
+    SEQUENCE_END,
+    SEQUENCE_START,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+)
+from inferd.worker.wire.dtypes import BY_NAME
+from inferd.worker.wire.errors import internal, invalid_arg
+
+from .server import Response
+
+UINT64_MAX = (1 << 64) - 1
+_SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_input_size: int = 64 * 1024 * 1024  # body cap, after decompression (--http-max-input-size)
+    max_tensors: int = 256  # inputs, and requested outputs, per request
+    max_name_len: int = 256
+    max_parameters: int = 256
+    max_depth: int = tensors.MAX_DIMS
+
+
+@dataclass(slots=True)
+class OutputPlan:
+    binary: bool | None = None  # None: the request-level default
+    shm: tuple[str, int, int] | None = None  # region, offset, byte_size
+
+
+@dataclass(slots=True)
+class ParsedInfer:
+    request: InferRequest
+    binary_default: bool = False
+    plans: dict[str, OutputPlan] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- small field checks
+
+def _is_uint(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= UINT64_MAX
+
+
+def _name_of(obj: Any, what: str, limits: Limits) -> str:
+    if not isinstance(obj, dict):
+        raise invalid_arg(f"each {what} must be a JSON object")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise invalid_arg(f"each {what} must have a non-empty string 'name'")
+    if len(name) > limits.max_name_len:
+        raise invalid_arg(f"{what} name of {len(name)} characters exceeds the maximum {limits.max_name_len}")
+    return name
+
+
+def _params(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    params = obj.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise invalid_arg(f"'parameters' of {where} must be a JSON object")
+    return params
+
+
+def _shm_params(params: dict[str, Any], name: str) -> tuple[str, int, int]:
+    region = params.get("shared_memory_region")
+    size: Any = params.get("shared_memory_byte_size")
+    offset: Any = params.get("shared_memory_offset", 0)
+    if not isinstance(region, str) or not region:
+        raise invalid_arg(f"'shared_memory_region' of tensor '{name}' must be a non-empty string")
+    if not _is_uint(size):
+        raise invalid_arg(f"tensor '{name}' must give a non-negative integer 'shared_memory_byte_size'")
+    if not _is_uint(offset):
+        raise invalid_arg(f"'shared_memory_offset' of tensor '{name}' must be a non-negative integer")
+    return region, offset, size
+
+
+# ---------------------------------------------------------------- request
+
+class InferCodec:
+    def __init__(self, dataplane: DataPlane, limits: Limits | None = None) -> None:
+        self.dp = dataplane
+        self.limits = limits or Limits()
+
+    def parse(self, model: str, version: str, headers: dict[str, str], body: Any) -> ParsedInfer:
+        total = len(body) if not isinstance(body, memoryview) else body.nbytes
+        hlen_text = headers.get("inference-header-content-length")
+        hlen = -1
+        if hlen_text is not None:
+            t = hlen_text.strip()
+            hlen = int(t) if t.isascii() and t.isdigit() and len(t) <= 20 else -1
+            if hlen < 0 or hlen > total:
+                raise invalid_arg(f"invalid 'Inference-Header-Content-Length' {hlen_text[:32]!r}: must be an "
+                                  f"integer between 0 and the body size {total}")
+            if hlen == 0:
+                return self._parse_raw(model, version, body, total)
+        head = body if hlen < 0 or hlen == total else memoryview(body)[:hlen]
+        try:
+            doc = orjson.loads(head)
+        except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
+            raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        if not isinstance(doc, dict):
+            raise invalid_arg("the inference request must be a JSON object")
+        return self._parse_doc(model, version, doc, body, hlen, total)
+
+    def _parse_doc(self, model: str, version: str, doc: dict[str, Any], body: Any, hlen: int,
+                   total: int) -> ParsedInfer:
+        lim = self.limits
+        req = InferRequest(model_name=model, model_version=version)
+        rid = doc.get("id", "")
+        if not isinstance(rid, str):
+            raise invalid_arg("request 'id' must be a string")
+        req.id = rid
+        parsed = ParsedInfer(req)
+        self._request_params(doc, parsed)
+
+        inputs = doc.get("inputs")
+        if not isinstance(inputs, list):
+            raise invalid_arg("the inference request must hold an 'inputs' array")
+        if len(inputs) > lim.max_tensors:
+            raise invalid_arg(f"request has {len(inputs)} inputs, at most {lim.max_tensors} are allowed")
+        pos = hlen if hlen >= 0 else total
+        view: memoryview | None = None
+        seen: set[str] = set()
+        for item in inputs:
+            name = _name_of(item, "input", lim)
+            if name in seen:
+                raise invalid_arg(f"input '{name}' is given more than once")
+            seen.add(name)
+            datatype = item.get("datatype")
+            _, shape, count, nbytes = tensors.shape_info(datatype, item.get("shape"), name)
+            params = _params(item, f"input '{name}'")
+            has_data = "data" in item
+            bsize = params.get("binary_data_size")
+            has_shm = "shared_memory_region" in params
+            if has_data + (bsize is not None) + has_shm != 1:
+                raise invalid_arg(f"input '{name}' must give exactly one of 'data', 'binary_data_size' or "
+                                  "'shared_memory_region'")
+            extra = {k: v for k, v in params.items() if k != "binary_data_size" and k not in _SHM_KEYS}
+            if has_data:
+                data: Any = tensors.json_to_raw(datatype, shape, item["data"], name, lim.max_depth)
+            elif bsize is not None:
+                if hlen < 0:
+                    raise invalid_arg("must specify valid 'Infer-Header-Content-Length' in request header to "
+                                      f"use binary tensor data (input '{name}')")
+                if not _is_uint(bsize):
+                    raise invalid_arg(f"'binary_data_size' of input '{name}' must be a non-negative "
+                                      "integer")
+                if bsize > total - pos:
+                    raise invalid_arg(f"unexpected size for input '{name}', expecting {bsize} additional "
+                                      f"bytes for model '{model}'")
+                self._check_size(name, datatype, shape, nbytes, bsize, model)
+                if view is None:
+                    view = memoryview(body).cast("B")
+                data = view[pos:pos + bsize]
+                pos += bsize
+                if nbytes is None:
+                    tensors.check_bytes_framing(data, count, name)
+            else:
+                region, offset, size = _shm_params(params, name)
+                self._check_size(name, datatype, shape, nbytes, size, model)
+                data = self.dp.shm_read(region, offset, size)
+                if nbytes is None:
+                    tensors.check_bytes_framing(data, count, name)
+            req.inputs.append(Tensor(name, datatype, shape, data, extra))
+        if hlen >= 0 and pos != total:
+            raise invalid_arg(f"unexpected additional input data for model '{model}'")
+
+        outputs = doc.get("outputs")
+        if outputs is not None:
+            if not isinstance(outputs, list):
+                raise invalid_arg("'outputs' must be an array")
+            if len(outputs) > lim.max_tensors:
+                raise invalid_arg(f"request asks for {len(outputs)} outputs, at most {lim.max_tensors} "
+                                  "are allowed")
+            for item in outputs:
+                self._requested_output(item, parsed)
+        return parsed
+
+    @staticmethod
+    def _check_size(name: str, datatype: str, shape: list[int], nbytes: int | None, got: int,
+                    model: str) -> None:
+        if nbytes is not None and nbytes != got:
+            raise invalid_arg(f"input byte size mismatch for input '{name}' for model '{model}'. "
+                              f"Expected {nbytes}, got {got}")
+
+    def _requested_output(self, item: Any, parsed: ParsedInfer) -> None:
+        name = _name_of(item, "output", self.limits)
+        if name in parsed.plans:
+            raise invalid_arg(f"output '{name}' is requested more than once")
+        params = _params(item, f"output '{name}'")
+        plan = OutputPlan()
+        binary = params.get("binary_data")
+        if binary is not None:
+            if not isinstance(binary, bool):
+                raise invalid_arg(f"'binary_data' of output '{name}' must be a boolean")
+            plan.binary = binary
+        cls = params.get("classification")
+        if cls is not None and not (type(cls) is int and cls >= 0):
+            raise invalid_arg(f"'classification' of output '{name}' must be a non-negative integer")
+        if "shared_memory_region" in params:
+            if cls is not None:
+                raise invalid_arg(f"output '{name}' cannot use both classification and shared memory")
+            plan.shm = _shm_params(params, name)
+        parsed.plans[name] = plan
+        parsed.request.outputs.append(RequestedOutput(name, dict(params)))
+
+    def _request_params(self, doc: dict[str, Any], parsed: ParsedInfer) -> None:
+        params = _params(doc, "the request")
+        if len(params) > self.limits.max_parameters:
+            raise invalid_arg(f"request has {len(params)} parameters, at most {self.limits.max_parameters} "
+                              "are allowed")
+        req = parsed.request
+        for key, value in params.items():
+            if key == "sequence_id":
+                if not (_is_uint(value) or isinstance(value, str)):
+                    raise invalid_arg("'sequence_id' must be an unsigned integer or a string")
+                req.correlation_id = value
+            elif key in ("sequence_start", "sequence_end", "binary_data_output"):
+                if not isinstance(value, bool):
+                    raise invalid_arg(f"parameter '{key}' must be a boolean")
+                if key == "binary_data_output":
+                    parsed.binary_default = value
+                elif value:
+                    req.flags |= SEQUENCE_START if key == "sequence_start" else SEQUENCE_END
+            elif key in ("priority", "timeout"):
+                if not _is_uint(value):
+                    raise invalid_arg(f"parameter '{key}' must be an unsigned integer")
+                if key == "priority":
+                    req.priority = value
+                else:
+                    req.timeout_us = value
+            elif key.startswith("triton_") or key == "headers":
+                raise invalid_arg(f"parameter '{key}' is reserved and may not be given in a request")
+            elif isinstance(value, (str, bool, int, float)):
+                req.parameters[key] = value
+            else:
+                raise invalid_arg(f"parameter '{key}' must be a string, a boolean or a number")
+
+    def _parse_raw(self, model: str, version: str, body: Any, total: int) -> ParsedInfer:
+        """Header length 0: the body is the one input of a single-input model, batch 1."""
+        meta = self.dp.model_metadata(model, version)
+        inputs = meta.get("inputs") or []
+        if len(inputs) != 1:
+            raise invalid_arg(f"raw binary request needs a model with exactly one input; model '{model}' "
+                              f"has {len(inputs)}")
+        spec = inputs[0]
+        name, datatype = spec["name"], spec["datatype"]
+        shape = [int(d) for d in spec["shape"]]
+        config = self.dp.model_config(model, version)
+        if shape and int(config.get("max_batch_size", 0) or 0) > 0:
+            shape[0] = 1
+        variable = [i for i, d in enumerate(shape) if d < 0]
+        if len(variable) > 1:
+            raise invalid_arg(f"raw binary request needs input '{name}' of model '{model}' to have at most "
+                              "one variable dimension")
+        dt = tensors.datatype_of(datatype, name)
+        if dt.itemsize == 0:
+            for i in variable:
+                shape[i] = 1
+            if tensors.element_count(shape) != 1:
+                raise invalid_arg(f"raw binary request for BYTES input '{name}' needs shape [1]")
+            data: Any = tensors.pack_bytes([bytes(body)])
+        else:
+            fixed = dt.itemsize * tensors.element_count([d for d in shape if d >= 0])
+            if variable:
+                if fixed == 0 or total % fixed:
+                    raise invalid_arg(f"raw binary request of {total} bytes does not fit input '{name}' "
+                                      f"of model '{model}'")
+                shape[variable[0]] = total // fixed
+            elif total != fixed:
+                raise invalid_arg(f"input byte size mismatch for input '{name}' for model '{model}'. "
+                                  f"Expected {fixed}, got {total}")
+            data = body
+        req = InferRequest(model_name=model, model_version=version)
+        req.inputs.append(Tensor(name, datatype, shape, data))
+        return ParsedInfer(req, binary_default=True)
+
+    # ------------------------------------------------------------ response
+
+    def build(self, parsed: ParsedInfer, resp: InferResponse) -> Response:
+        entries = []
+        blobs: list[Any] = []
+        binary_any = False
+        default = parsed.binary_default
+        for t in resp.outputs:
+            entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+            plan = parsed.plans.get(t.name)
+            nbytes = memoryview(t.data).nbytes
+            dt = BY_NAME.get(t.datatype)
+            if dt is None:
+                raise internal(f"output '{t.name}' has an unknown datatype")
+            fixed = dt.itemsize * tensors.element_count(t.shape) if dt.itemsize else nbytes
+            if fixed != nbytes:
+                raise internal(f"output '{t.name}' holds {nbytes} bytes, its shape {list(t.shape)} of "
+                               f"{t.datatype} needs {fixed}")
+            if plan is not None and plan.shm is not None:
+                region, offset, size = plan.shm
+                if nbytes > size:
+                    raise invalid_arg(f"shared memory region '{region}' of {size} bytes is too small for "
+                                      f"output '{t.name}' of {nbytes} bytes")
+                self.dp.shm_write(region, offset, t.data)
+            elif (plan.binary if plan is not None and plan.binary is not None else default):
+                binary_any = True
+                entry["parameters"] = {"binary_data_size": nbytes}
+                if nbytes:
+                    blobs.append(t.data)
+            else:
+                entry["data"] = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
+            entries.append(entry)
+        doc: dict[str, Any] = {}
+        if resp.id:
+            doc["id"] = resp.id
+        doc["model_name"] = resp.model_name
+        doc["model_version"] = str(resp.model_version)
+        if resp.parameters:
+            doc["parameters"] = resp.parameters
+        doc["outputs"] = entries
+        try:
+            head = orjson.dumps(doc)
+        except TypeError as exc:
+            raise internal(f"response could not be serialized: {exc}") from None
+        if binary_any:
+            headers = {"Inference-Header-Content-Length": str(len(head))}
+            return Response(200, [head, *blobs] if blobs else head, "application/octet-stream", headers)
+        return Response(200, head)

@@ -1,0 +1,406 @@
+"""One HTTP/1.1 client connection on asyncio.Protocol + httptools.
+
+Keep-alive, pipelined requests answered in order (one handler at a time per connection),
+Content-Length and chunked bodies, `Expect: 100-continue`, header and body caps checked before
+buffering, write back-pressure, and the per-connection half of the timeouts (the server's sweeper
+calls `check_timeouts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, cast
+
+import httptools
+
+from .messages import Request, Response
+
+if TYPE_CHECKING:
+    from .server import HttpServer
+
+log = logging.getLogger("inferd.http")
+
+# connection states
+_IDLE = 0  # between requests
+_HEADERS = 1  # request line / headers being read
+_BODY = 2  # body being read
+_DRAIN = 3  # an error was answered; incoming bytes are discarded until the client closes
+
+_MAX_PIPELINED = 32  # parsed requests waiting behind a running one before reading pauses
+_LINGER_S = 2.0  # how long a connection answered with a fatal error keeps draining input
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Unknown"
+    return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
+
+
+_STATUS_LINES: dict[int, bytes] = {s.value: _status_line(s.value) for s in HTTPStatus}
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class _Abort(Exception):
+    """Raised inside a parser callback to stop parsing and answer `status`, then close."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error_bytes(status: int, message: str) -> bytes:
+    body = ('{{"error":"{}"}}'.format(message.replace("\\", "\\\\").replace('"', '\\"'))).encode()
+    return b"".join((
+        _STATUS_LINES.get(status) or _status_line(status),
+        b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: ",
+        str(len(body)).encode(), b"\r\n\r\n", body,
+    ))
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parses requests and writes their responses in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self._server = server
+        self._handler = server.handler
+        self._loop = server.loop
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self.state = _IDLE
+        self.since = time.monotonic()  # start of the current state (idle / headers) or last read
+        self.last_read = self.since
+        # request being parsed
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._hbytes = 0
+        self._hraw = 0
+        self._completed = 0
+        self._clen = -1
+        self._body: Any = None
+        self._blen = 0
+        self._expect = False
+        # requests parsed and waiting, and the one running
+        self._queue: deque[Request] = deque()
+        self._busy = False
+        self._task: asyncio.Task[None] | None = None
+        self._paused_reading = False
+        self._paused_writing = False
+        self._write_ready: asyncio.Future[None] | None = None
+        self._eof = False
+        self.closed = False
+
+    # ---- asyncio.Protocol ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+        self._server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._server._forget(self)
+        if self._task is not None:
+            self._task.cancel()  # client went away: cancel the request it was waiting on
+        if self._write_ready is not None and not self._write_ready.done():
+            self._write_ready.set_result(None)
+        self._queue.clear()
+
+    def eof_received(self) -> bool:
+        # A client that shuts down its side is treated as gone (as most servers do): the transport
+        # closes and connection_lost cancels the request it was waiting on.
+        self._eof = True
+        return False
+
+    def pause_writing(self) -> None:
+        self._paused_writing = True
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused_writing = False
+        if self._write_ready is not None and not self._write_ready.done():
+            self._write_ready.set_result(None)
+        self._write_ready = None
+        if len(self._queue) < _MAX_PIPELINED:
+            self._resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        state = self.state
+        if state == _DRAIN:
+            return
+        self.last_read = time.monotonic()
+        completed = self._completed
+        try:
+            self._parser.feed_data(data)
+        except _Abort as exc:
+            self._fatal(exc.status, exc.message)
+            return
+        except httptools.HttpParserUpgrade:
+            self._fatal(400, "protocol upgrade is not supported")
+            return
+        except httptools.HttpParserCallbackError as exc:
+            cause = exc.__context__
+            if isinstance(cause, _Abort):
+                self._fatal(cause.status, cause.message)
+            else:
+                log.warning("HTTP parser callback failed: %r", cause)
+                self._fatal(500, "Internal Server Error")
+            return
+        except httptools.HttpParserError as exc:
+            self._fatal(400, f"malformed HTTP request: {str(exc) or type(exc).__name__}")
+            return
+        if self.state == _HEADERS and self._completed == completed:
+            # every byte of this read belongs to unfinished headers: bound what httptools buffers
+            self._hraw += len(data)
+            if self._hraw > self._server.max_header_size:
+                self._fatal(431, "request header too large")
+
+    # ---- httptools callbacks ----
+    def on_message_begin(self) -> None:
+        self.state = _HEADERS
+        self.since = time.monotonic()
+        self._url = b""
+        self._headers = {}
+        self._hbytes = 0
+        self._hraw = 0
+        self._clen = -1
+        self._body = None
+        self._blen = 0
+        self._expect = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._hbytes += len(url)
+        if self._hbytes > self._server.max_header_size:
+            raise _Abort(414, "request URI too long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._hbytes += len(name) + len(value) + 4
+        if self._hbytes > self._server.max_header_size or len(self._headers) >= self._server.max_headers:
+            raise _Abort(431, "request header too large")
+        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.state = _BODY
+        headers = self._headers
+        cap = self._server.max_body
+        clen = headers.get("content-length")
+        if clen is not None:
+            # llhttp has validated the digits; refuse before reading a byte of the body
+            n = int(clen)
+            if n > cap:
+                raise _Abort(413, f"request body of {n} bytes exceeds the maximum allowed {cap} bytes")
+            self._clen = n
+        expect = headers.get("expect")
+        if expect is not None:
+            if expect.lower() != "100-continue":
+                raise _Abort(417, "unsupported Expect header")
+            if self._clen != 0:
+                self._expect = True
+                if not self._busy and not self._queue:
+                    self._send_continue()
+
+    def on_body(self, body: bytes) -> None:
+        if self._body is None and len(body) == self._clen:
+            self._body = body  # the whole body in one read: keep the bytes object as it is
+            self._blen = len(body)
+            return
+        n = self._blen + len(body)
+        if n > self._server.max_body:
+            raise _Abort(413, f"request body exceeds the maximum allowed {self._server.max_body} bytes")
+        if self._body is None:
+            self._body = bytearray(self._clen) if self._clen > 0 else bytearray()
+        if self._clen > 0:
+            self._body[self._blen:n] = body
+        else:
+            self._body += body
+        self._blen = n
+
+    def on_message_complete(self) -> None:
+        self._completed += 1
+        parser = self._parser
+        url = self._url
+        path, _, query = url.partition(b"?")
+        body = self._body
+        if body is None:
+            body = b""
+        elif self._blen != len(body):
+            body = memoryview(body)[: self._blen]
+        req = Request(parser.get_method().decode("latin-1"), path.decode("latin-1"),
+                      query.decode("latin-1"), self._headers, body, parser.should_keep_alive())
+        self._body = None
+        self._expect = False
+        self.state = _IDLE
+        self.since = time.monotonic()
+        if self._busy:
+            self._queue.append(req)
+            if len(self._queue) >= _MAX_PIPELINED:
+                self._pause_reading()
+        else:
+            self._dispatch(req)
+
+    # ---- request handling ----
+    def _dispatch(self, req: Request) -> None:
+        while True:
+            self._busy = True
+            try:
+                result = self._handler(req)
+            except Exception:
+                log.exception("HTTP handler failed")
+                result = Response(500, b'{"error":"Internal Server Error"}')
+            if not isinstance(result, Response):
+                self._task = self._loop.create_task(self._run(req, result))
+                return
+            if not self._finish(req, result):
+                return
+            req = self._queue.popleft()
+
+    async def _run(self, req: Request, pending: Awaitable[Response]) -> None:
+        try:
+            res = await pending
+        except asyncio.CancelledError:
+            if self.closed:
+                return
+            res = Response(400, b'{"error":"request cancelled"}')
+        except Exception:
+            log.exception("HTTP handler failed")
+            res = Response(500, b'{"error":"Internal Server Error"}')
+        self._task = None
+        if self.closed:
+            return
+        if self._paused_writing:
+            # the client is not reading: wait for the transport to drain before writing more
+            self._write_ready = self._loop.create_future()
+            await self._write_ready
+            if self.closed:
+                return
+        if self._finish(req, res):
+            self._dispatch(self._queue.popleft())
+
+    def _finish(self, req: Request, res: Response) -> bool:
+        """Write `res`; True when another queued request should run now."""
+        self._busy = False
+        transport = self._transport
+        if transport is None or self.closed:
+            return False
+        keep = req.keep_alive and not self._server.closing and not self._eof
+        self._write(transport, res, keep, req.headers.get("connection"))
+        if not keep:
+            self.close()
+            return False
+        if self._queue:
+            if self._paused_reading and len(self._queue) <= _MAX_PIPELINED // 2 and not self._paused_writing:
+                self._resume_reading()
+            return True
+        self.since = time.monotonic()
+        if self._expect and self.state == _BODY:
+            self._send_continue()
+        return False
+
+    def _write(self, transport: asyncio.Transport, res: Response, keep: bool, conn_hdr: str | None) -> None:
+        body: Any = res.body
+        single = isinstance(body, (bytes, bytearray, memoryview))
+        size = memoryview(body).nbytes if single else sum(memoryview(b).nbytes for b in body)
+        head = [_STATUS_LINES.get(res.status) or _status_line(res.status)]
+        if res.content_type is not None and size:
+            head.append(b"Content-Type: %s\r\n" % res.content_type.encode("latin-1"))
+        if res.headers:
+            for k, v in res.headers.items():
+                head.append(f"{k}: {v}\r\n".encode("latin-1"))
+        if not keep:
+            head.append(b"Connection: close\r\n")
+        elif conn_hdr is not None and conn_hdr.lower() == "keep-alive":
+            head.append(b"Connection: keep-alive\r\n")  # HTTP/1.0 clients asking for keep-alive
+        head.append(b"Content-Length: %d\r\n\r\n" % size)
+        if size <= 65536:
+            # one small write: joining is cheaper than handing several buffers to the transport
+            if single:
+                head.append(body)
+            else:
+                head.extend(body)
+            transport.write(b"".join(head))
+        elif single:
+            transport.write(b"".join(head))
+            transport.write(body)
+        else:
+            transport.write(b"".join(head))
+            for part in body:
+                transport.write(part)
+
+    def _send_continue(self) -> None:
+        self._expect = False
+        if self._transport is not None and not self.closed:
+            self._transport.write(_CONTINUE)
+
+    def _fatal(self, status: int, message: str) -> None:
+        """Answer a protocol-level error, stop parsing, and close once the client is done sending."""
+        if self.closed or self._transport is None:
+            return
+        self.state = _DRAIN
+        self.since = time.monotonic()
+        self._queue.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._busy = False
+        transport = self._transport
+        if status:
+            transport.write(_error_bytes(status, message))
+        try:
+            if transport.can_write_eof():
+                transport.write_eof()  # half-close: the client reads the answer, its sends still drain
+        except (OSError, RuntimeError):
+            pass
+        self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if not self._paused_reading and self._transport is not None and not self.closed:
+            self._paused_reading = True
+            self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._paused_reading and self._transport is not None and not self.closed:
+            self._paused_reading = False
+            self._transport.resume_reading()
+
+    # ---- used by the server ----
+    @property
+    def idle(self) -> bool:
+        return self.state == _IDLE and not self._busy and not self._queue
+
+    def close(self) -> None:
+        if not self.closed and self._transport is not None:
+            self.closed = True
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self.closed = True
+            self._transport.abort()
+
+    def check_timeouts(self, now: float) -> None:
+        srv = self._server
+        state = self.state
+        if state == _IDLE:
+            if not self._busy and not self._queue and now - self.since > srv.keepalive_timeout:
+                self.close()
+        elif state == _HEADERS:
+            if now - self.since > srv.header_timeout:
+                self._timeout()
+        elif state == _BODY:
+            if now - self.last_read > srv.body_timeout and not (self._expect and (self._busy or self._queue)):
+                self._timeout()
+        elif state == _DRAIN and now - self.since > min(_LINGER_S, srv.body_timeout):
+            self.abort()
+
+    def _timeout(self) -> None:
+        if self._busy or self._queue:
+            self.abort()  # an earlier response is still pending: do not write out of order
+        else:
+            self._fatal(408, "request timeout")
+            self.abort()

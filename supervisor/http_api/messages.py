@@ -1,0 +1,39 @@
+"""Request and Response objects handed between the HTTP connection and the handler."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Union
+
+
+class Request:
+    """One parsed request. Header names are lower-cased; `body` is bytes-like."""
+
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: Any,
+                 keep_alive: bool) -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+
+
+class Response:
+    """Status, body (bytes, or a sequence of buffers written without joining) and headers."""
+
+    __slots__ = ("status", "body", "content_type", "headers")
+
+    def __init__(self, status: int = 200, body: bytes | Sequence[Any] = b"",
+                 content_type: str | None = "application/json",
+                 headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
+
+
+HandlerResult = Union[Response, Awaitable[Response]]
+Handler = Callable[[Request], HandlerResult]

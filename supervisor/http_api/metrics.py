@@ -1,0 +1,32 @@
+"""The metrics endpoint (--metrics-port): `GET /metrics` in the Prometheus text format."""
+
+from __future__ import annotations
+
+from inferd.supervisor.core.dataplane import DataPlane
+
+from . import errors
+from .server import HttpServer, Request, Response, start_http_server
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class MetricsHandler:
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+
+    def __call__(self, req: Request) -> Response:
+        if req.path != "/metrics":
+            return errors.NOT_FOUND
+        if req.method != "GET":
+            return errors.METHOD_NOT_ALLOWED
+        try:
+            return Response(200, self.dp.metrics_text(), CONTENT_TYPE)
+        except Exception as exc:
+            return errors.from_exception(exc)
+
+
+async def start_metrics_server(dataplane: DataPlane, host: str, port: int, *,
+                               keepalive_timeout: float = 75.0) -> HttpServer:
+    """Serve GET /metrics on host:port. Stop with `server.close()` + `await server.wait_closed(t)`."""
+    return await start_http_server(MetricsHandler(dataplane), host, port, max_body=64 * 1024,
+                                   keepalive_timeout=keepalive_timeout)
