@@ -32,7 +32,7 @@ def deserialize(buf, count: int | None = None, name: str = "") -> np.ndarray:
     """
     view = memoryview(buf).cast("B")
     total = len(view)
-    items = []
+    items: list[bytes] = []
     pos = 0
     while pos < total:
         if count is not None and len(items) >= count:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Optional
 
 WIRE_VERSION = 1
 
@@ -27,7 +28,7 @@ class TensorRef:
 
     name: str
     datatype: str
-    shape: List[int]
+    shape: list[int]
     loc: str = "frame"
     frame: int = -1
     region: str = ""
@@ -47,8 +48,8 @@ class RequestItem:
 
     request_id: int  # supervisor-internal id, unique per worker connection
     id: str  # the client's request id
-    inputs: List[TensorRef]
-    requested_outputs: List[str]
+    inputs: list[TensorRef]
+    requested_outputs: list[str]
     parameters: str = "{}"  # JSON object of custom request parameters (pb_utils request.parameters())
     correlation_id: Any = 0  # int or str
     flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START=1, _END=2
@@ -58,9 +59,9 @@ class RequestItem:
 @dataclass
 class ResponseItem:
     request_id: int
-    outputs: List[TensorRef] = field(default_factory=list)
+    outputs: list[TensorRef] = field(default_factory=list)
     error: Optional[WireError] = None
-    parameters: Dict[str, Any] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 # ---- worker -> supervisor -------------------------------------------------------------------
@@ -91,7 +92,7 @@ class LoadResult:
 @dataclass
 class ExecuteResult:
     batch_id: int
-    responses: List[ResponseItem]
+    responses: list[ResponseItem]
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
@@ -139,14 +140,14 @@ class LoadModel:
 @dataclass
 class Execute:
     batch_id: int
-    requests: List[RequestItem]
+    requests: list[RequestItem]
     # shm regions the supervisor has unlinked since the last Execute: unmap them if cached
-    forget_regions: List[str] = field(default_factory=list)
+    forget_regions: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Cancel:
-    request_ids: List[int]
+    request_ids: list[int]
 
 
 @dataclass
@@ -162,7 +163,7 @@ class Heartbeat:
     seq: int = 0
 
 
-MESSAGE_TYPES: Dict[str, Type[Any]] = {
+MESSAGE_TYPES: dict[str, type[Any]] = {
     "hello": Hello,
     "autocomplete_result": AutoCompleteResult,
     "load_result": LoadResult,
@@ -176,21 +177,21 @@ MESSAGE_TYPES: Dict[str, Type[Any]] = {
     "shutdown": Shutdown,
     "heartbeat": Heartbeat,
 }
-TAGS: Dict[Type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
+TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
 
 
 class ProtocolError(Exception):
     """A peer sent something that is not a valid message of this wire version."""
 
 
-def encode(message: Any, frames: Sequence[Any] = ()) -> List[Any]:
+def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
     """Frames for `message`: a JSON header then the given data frames (buffers, sent zero-copy)."""
     header = dataclasses.asdict(message)
     header["t"] = TAGS[type(message)]
     return [json.dumps(header, separators=(",", ":")).encode(), *frames]
 
 
-def decode(frames: Sequence[Any]) -> Tuple[Any, Sequence[Any]]:
+def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
     """(message, data frames) from received frames; raises ProtocolError on anything malformed."""
     if not frames:
         raise ProtocolError("empty message")
@@ -212,7 +213,7 @@ _NESTED = {
 }
 
 
-def _build(cls: Type[Any], data: Dict[str, Any]) -> Any:
+def _build(cls: type[Any], data: dict[str, Any]) -> Any:
     kwargs = {}
     names = {f.name for f in dataclasses.fields(cls)}
     for key, value in data.items():

@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+import zmq
+from inferd.worker import tensors
+from inferd.worker.wire import bytes_codec, shm
+from inferd.worker.wire.errors import ErrorCode, InferdError
+from inferd.worker.wire.messages import TensorRef
+
+
+def ref(name, datatype, shape, frame=0, **kw):
+    return TensorRef(name=name, datatype=datatype, shape=shape, frame=frame, **kw)
+
+
+@pytest.fixture
+def cache():
+    c = tensors.ShmCache(max_regions=2)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize(
+    "datatype,dtype",
+    [("FP32", "<f4"), ("INT64", "<i8"), ("UINT8", "u1"), ("FP16", "<f2"), ("BOOL", "?"), ("FP64", "<f8")],
+)
+def test_frame_inputs_are_zero_copy_readonly_views(datatype, dtype, cache):
+    data = np.arange(6).astype(dtype).reshape(2, 3)
+    frame = zmq.Frame(data.tobytes())
+    arr = tensors.input_array(ref("X", datatype, [2, 3]), [frame], cache)
+    np.testing.assert_array_equal(arr, data)
+    assert arr.dtype == np.dtype(dtype) and not arr.flags.writeable
+    assert np.shares_memory(arr, np.frombuffer(frame.buffer, dtype=np.uint8))
+
+
+def test_bytes_input_is_object_array_of_bytes(cache):
+    buf = bytes_codec.serialize(np.array([b"a", b"", "é"], dtype=object))
+    arr = tensors.input_array(ref("S", "BYTES", [3, 1]), [buf], cache)
+    assert arr.dtype == object and arr.shape == (3, 1)
+    assert arr.reshape(-1).tolist() == [b"a", b"", "é".encode()]
+    with pytest.raises(InferdError) as err:
+        tensors.input_array(ref("S", "BYTES", [4]), [buf], cache)
+    assert err.value.code == ErrorCode.INVALID_ARG
+
+
+def test_bf16_input_stays_raw_uint16(cache):
+    raw = np.array([0x3F80, 0x4000], dtype="<u2")  # 1.0, 2.0 in bfloat16
+    arr = tensors.input_array(ref("B", "BF16", [2]), [raw.tobytes()], cache)
+    assert arr.dtype == np.dtype("<u2") and arr.tolist() == [0x3F80, 0x4000]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ref("X", "FP32", [3]),  # 8 bytes for 3 floats
+        ref("X", "FP99", [2]),
+        ref("X", "FP32", [-2]),
+        ref("X", "FP32", [2], frame=5),
+        ref("X", "FP32", [2], loc="tape"),
+    ],
+)
+def test_bad_input_refs(bad, cache):
+    with pytest.raises(InferdError):
+        tensors.input_array(bad, [np.zeros(2, np.float32).tobytes()], cache)
+
+
+def test_shm_inputs_cached_forgotten_and_recreated(cache):
+    name = shm.make_name(os.getpid(), "tt" + uuid.uuid4().hex[:10])
+    region = shm.create(name, 1024)
+    try:
+        region.buf[16:32] = np.arange(4, dtype="<f4").tobytes()
+        r = ref("X", "FP32", [4], loc="shm", region=name, offset=16, nbytes=16)
+        a = tensors.input_array(r, [], cache)
+        np.testing.assert_array_equal(a, [0, 1, 2, 3])
+        assert not a.flags.writeable and name in cache
+        region.buf[16:20] = np.array([9], dtype="<f4").tobytes()  # shared mapping: visible
+        assert tensors.input_array(r, [], cache)[0] == 9
+        with pytest.raises(InferdError):
+            tensors.input_array(ref("X", "FP32", [4], loc="shm", region=name, offset=1020, nbytes=16), [], cache)
+        cache.forget([name])
+        assert name not in cache
+        # the supervisor re-creates the name with new content: the stale mapping is not used
+        tensors.input_array(r, [], cache)
+        region.close()
+        shm.unlink(name)
+        region = shm.create(name, 1024)
+        region.buf[16:32] = np.full(4, 7, dtype="<f4").tobytes()
+        np.testing.assert_array_equal(tensors.input_array(r, [], cache), [7, 7, 7, 7])
+    finally:
+        region.close()
+        shm.unlink(name)
+
+
+def test_shm_cache_is_bounded(cache):
+    names = [shm.make_name(os.getpid(), "tb%d%s" % (i, uuid.uuid4().hex[:8])) for i in range(3)]
+    try:
+        for n in names:
+            shm.create(n, 64).close()
+            tensors.input_array(ref("X", "UINT8", [4], loc="shm", region=n, nbytes=4), [], cache)
+        assert len(cache) == 2 and names[0] not in cache
+    finally:
+        for n in names:
+            shm.unlink(n)
+
+
+def test_missing_region(cache):
+    with pytest.raises(InferdError) as err:
+        tensors.input_array(ref("X", "UINT8", [1], loc="shm", region="inferd_1_nope", nbytes=1), [], cache)
+    assert err.value.code == ErrorCode.NOT_FOUND
+
+
+# ---- outputs ----------------------------------------------------------------------------------
+
+
+CONFIG = {
+    "max_batch_size": 8,
+    "output": [
+        {"name": "Y", "data_type": "TYPE_FP32", "dims": [3]},
+        {"name": "S", "data_type": "TYPE_STRING", "dims": [-1]},
+        {"name": "R", "data_type": "TYPE_INT32", "dims": [2, 2], "reshape": {"shape": [4]}},
+    ],
+}
+
+
+def test_output_specs_and_checks():
+    specs = tensors.output_specs(CONFIG)
+    assert specs["Y"].shape == [-1, 3] and specs["Y"].datatype == "FP32"
+    y = np.zeros((5, 3), np.float32)
+    assert tensors.check_output(specs["Y"], "Y", "FP32", y, "m") is y
+    with pytest.raises(InferdError) as err:
+        tensors.check_output(specs["Y"], "Y", "FP64", y.astype(np.float64), "m")
+    assert err.value.code == ErrorCode.INTERNAL and "'Y'" in err.value.message and "'m'" in err.value.message
+    with pytest.raises(InferdError):
+        tensors.check_output(specs["Y"], "Y", "FP32", np.zeros((5, 4), np.float32), "m")
+    with pytest.raises(InferdError):
+        tensors.check_output(specs["Y"], "Y", "FP32", np.zeros(3, np.float32), "m")
+    with pytest.raises(InferdError) as err:
+        tensors.check_output(None, "Z", "FP32", y, "m")
+    assert "not declared" in err.value.message
+    # reshape: the model produces [batch, 4], the client sees [batch, 2, 2]
+    out = tensors.check_output(specs["R"], "R", "INT32", np.zeros((3, 4), np.int32), "m")
+    assert out.shape == (3, 2, 2)
+
+
+def test_output_frames():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]  # not contiguous
+    r, data = tensors.output_frame("Y", "FP32", a, 3)
+    assert r.frame == 3 and r.shape == [3, 2] and r.nbytes == 24 and r.loc == "frame"
+    np.testing.assert_array_equal(np.frombuffer(data, "<f4").reshape(3, 2), a)
+
+    big = np.arange(4, dtype=">i4")
+    r, data = tensors.output_frame("B", "INT32", big, 0)
+    assert np.frombuffer(data, "<i4").tolist() == [0, 1, 2, 3]
+
+    c = np.ascontiguousarray(np.arange(4, dtype=np.int64))
+    r, data = tensors.output_frame("C", "INT64", c, 0)
+    assert np.shares_memory(data, c)  # zero copy
+
+    scalar = np.array(5, dtype=np.int32)
+    r, data = tensors.output_frame("S0", "INT32", scalar, 0)
+    assert r.shape == [] and bytes(data) == b"\x05\x00\x00\x00"
+
+    s = np.array([["x", b"yz"]], dtype=object)
+    r, data = tensors.output_frame("S", "BYTES", s, 1)
+    assert r.shape == [1, 2] and bytes_codec.deserialize(data).tolist() == [b"x", b"yz"]
+
+    empty = np.zeros((0, 3), np.float32)
+    r, data = tensors.output_frame("E", "FP32", empty, 0)
+    assert r.shape == [0, 3] and len(data) == 0

@@ -1,0 +1,151 @@
+"""What every backend implements, and the backend-neutral request/response it sees.
+
+The runtime turns wire messages into `Request` objects (inputs already numpy views) and turns the
+`Response` objects back into wire messages (outputs checked against the config, sent zero-copy).
+A backend never touches sockets, frames or shared memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+
+from ..wire.errors import InferdError
+
+try:  # typing.Protocol exists from 3.8; keep the import soft for odd environments
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    Protocol = object  # type: ignore[assignment]
+
+
+class ModelSpec:
+    """What AutoComplete / LoadModel say about the model and this instance."""
+
+    __slots__ = (
+        "model_name", "model_dir", "version", "config_json", "config", "backend",
+        "instance_name", "instance_kind", "device_id",
+    )
+
+    def __init__(
+        self,
+        model_name: str,
+        model_dir: str,
+        version: str,
+        config_json: str,
+        backend: str,
+        instance_name: str = "",
+        instance_kind: str = "CPU",
+        device_id: int = 0,
+    ) -> None:
+        self.model_name = model_name
+        self.model_dir = model_dir
+        self.version = str(version)
+        self.config_json = config_json
+        parsed = json.loads(config_json) if config_json else {}
+        self.config: dict[str, Any] = parsed if isinstance(parsed, dict) else {}
+        self.backend = backend
+        self.instance_name = instance_name or model_name
+        self.instance_kind = instance_kind
+        self.device_id = int(device_id)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.config.get("output") or [] if "name" in o]
+
+    @property
+    def decoupled(self) -> bool:
+        policy = self.config.get("model_transaction_policy") or {}
+        return bool(policy.get("decoupled", False))
+
+
+class Tensor:
+    """A named tensor: `datatype` is the protocol name ("FP32", "BYTES", "BF16"...); `array` a numpy
+    array (object array of bytes for BYTES, raw uint16 for BF16)."""
+
+    __slots__ = ("name", "datatype", "array")
+
+    def __init__(self, name: str, datatype: str, array: np.ndarray) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.array = array
+
+
+class Request:
+    __slots__ = (
+        "request_id", "id", "inputs", "requested_outputs", "parameters", "correlation_id", "flags",
+        "timeout_us", "_cancelled",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        id: str,
+        inputs: list[Tensor],
+        requested_outputs: list[str],
+        parameters: str = "{}",
+        correlation_id: Any = 0,
+        flags: int = 0,
+        timeout_us: int = 0,
+        cancelled: Optional[Callable[[int], bool]] = None,
+    ) -> None:
+        self.request_id = request_id
+        self.id = id
+        self.inputs = inputs
+        self.requested_outputs = requested_outputs
+        self.parameters = parameters
+        self.correlation_id = correlation_id
+        self.flags = flags
+        self.timeout_us = timeout_us
+        self._cancelled = cancelled
+
+    def is_cancelled(self) -> bool:
+        return bool(self._cancelled and self._cancelled(self.request_id))
+
+
+class Response:
+    __slots__ = ("outputs", "error", "parameters")
+
+    def __init__(
+        self,
+        outputs: Optional[list[Tensor]] = None,
+        error: Optional[InferdError] = None,
+        parameters: Optional[dict[str, Any]] = None,
+    ) -> None:
+        self.outputs = outputs if outputs is not None else []
+        self.error = error
+        self.parameters = parameters if parameters is not None else {}
+
+
+class WorkerContext:
+    """What the runtime lends a backend: logging verbosity and the cancellation probe."""
+
+    def __init__(self, log_verbose: int = 0, cancelled: Optional[Callable[[int], bool]] = None) -> None:
+        self.log_verbose = log_verbose
+        self.cancelled = cancelled
+
+
+class Backend(Protocol):
+    name: str
+    # capability flags
+    supports_auto_complete: bool
+    supports_decoupled: bool
+
+    def auto_complete(self, model: ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
+        """Return the completed config (dict); raise InferdError on failure."""
+        ...
+
+    def load(self, model: ModelSpec, context: WorkerContext) -> None:
+        """Import / build the model and run its initialization; raise InferdError on failure."""
+        ...
+
+    def execute(self, requests: list[Request]) -> list[Response]:
+        """One Response per Request, same order. Never raises for model errors: they become
+        per-request errors (a backend bug may still raise; the runtime then fails the batch)."""
+        ...
+
+    def unload(self) -> Optional[InferdError]:
+        """Run the model's finalization; return (not raise) an error it reported."""
+        ...

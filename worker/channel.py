@@ -1,0 +1,135 @@
+"""The worker's two ZeroMQ DEALER sockets to the supervisor's ROUTER.
+
+- `Channel` (main thread): Hello, then request/reply messages. Messages read ahead of time (while
+  a model polls for cancellation) are queued and handed out first by `recv()`.
+- `HeartbeatThread`: its own DEALER (`identity + "/hb"`); sends Heartbeat(seq) every interval and
+  calls `on_lost` when the supervisor has been silent for `timeout_s` (0 disables that check).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import zmq
+
+from .wire.messages import Heartbeat, ProtocolError, decode, encode
+
+LINGER_MS = 2000
+
+
+class Channel:
+    def __init__(self, context: zmq.Context, endpoint: str, identity: str) -> None:
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, identity.encode("utf-8"))
+        sock.setsockopt(zmq.LINGER, LINGER_MS)
+        sock.connect(endpoint)
+        self._sock = sock
+        self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
+        self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
+
+    def send(self, message: Any, frames: Sequence[Any] = ()) -> None:
+        self._sock.send_multipart(encode(message, frames), copy=False)
+
+    def recv(self) -> tuple[Any, Sequence[Any]]:
+        """Next (message, data frames); blocks. Raises ProtocolError on a malformed message."""
+        if self._pending:
+            return self._pending.popleft()
+        if self._error is not None:
+            raise self._error
+        return decode(self._sock.recv_multipart(copy=False))
+
+    def read_ahead(self) -> list[tuple[Any, Sequence[Any]]]:
+        """Everything already waiting, without blocking; also queued for later `recv()` calls."""
+        got: list[tuple[Any, Sequence[Any]]] = []
+        while self._error is None:
+            try:
+                parts = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                item = decode(parts)
+            except ProtocolError as exc:
+                self._error = exc
+                break
+            got.append(item)
+            self._pending.append(item)
+        return got
+
+    def take_pending(self, keep: Callable[[Any], bool]) -> None:
+        """Drop queued messages for which keep(message) is False (already handled)."""
+        self._pending = collections.deque(item for item in self._pending if keep(item[0]))
+
+    def close(self) -> None:
+        self._sock.close(linger=LINGER_MS)
+
+
+class HeartbeatThread(threading.Thread):
+    def __init__(
+        self,
+        context: zmq.Context,
+        endpoint: str,
+        identity: str,
+        interval_s: float,
+        timeout_s: float,
+        on_lost: Callable[[str], None],
+    ) -> None:
+        super().__init__(name="inferd-heartbeat", daemon=True)
+        self._context = context
+        self._endpoint = endpoint
+        self._identity = identity + "/hb"
+        self._interval = max(0.01, float(interval_s or 1.0))
+        self._timeout = float(timeout_s or 0.0)
+        self._on_lost = on_lost
+        self._stop_event = threading.Event()
+        self.sent = 0
+        self.heard = 0
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self._identity.encode("utf-8"))
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self._endpoint)
+        try:
+            self._loop(sock)
+        finally:
+            sock.close(linger=0)
+
+    def _loop(self, sock: zmq.Socket) -> None:
+        last_heard = time.monotonic()
+        next_send = last_heard
+        while not self._stop_event.is_set():
+            now = time.monotonic()
+            if now >= next_send:
+                try:
+                    sock.send_multipart(encode(Heartbeat(seq=self.sent)), flags=zmq.NOBLOCK)
+                    self.sent += 1
+                except zmq.Again:
+                    pass
+                next_send = now + self._interval
+            deadline = next_send
+            if self._timeout > 0:
+                deadline = min(deadline, last_heard + self._timeout)
+            wait_ms = max(0, min(int((deadline - now) * 1000) + 1, 100))
+            if sock.poll(wait_ms, zmq.POLLIN):
+                while True:
+                    try:
+                        parts = sock.recv_multipart(flags=zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        message, _ = decode(parts)
+                    except ProtocolError:
+                        continue
+                    if isinstance(message, Heartbeat):
+                        last_heard = time.monotonic()
+                        self.heard += 1
+            if self._timeout > 0 and time.monotonic() - last_heard > self._timeout:
+                self._on_lost("no heartbeat from the supervisor for %.1f s" % self._timeout)
+                return

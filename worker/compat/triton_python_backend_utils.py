@@ -1,0 +1,735 @@
+"""`triton_python_backend_utils` for inferd workers: the public surface Triton's Python backend gives
+`model.py` (imported there as `import triton_python_backend_utils as pb_utils`).
+
+The supervisor puts this file on the worker's path under its Triton name; the worker imports it by
+that same name, so model code and the worker share one module object (one `InferenceResponse`
+class). Plain models are fully supported; BLS (`exec`/`async_exec`), decoupled response streams and
+model control from Python raise "not supported yet". Metrics are kept locally (not exported yet).
+
+Runs on Python 3.9+ with numpy only (+ inferd.worker.wire).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+import numpy as np
+from inferd.worker.wire import bytes_codec, dtypes
+
+# ---- constants ---------------------------------------------------------------------------------
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_GPU = 1
+
+TRITON_STRING_TO_NUMPY = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+_NUMBER_TO_NUMPY = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16,
+    8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
+}
+
+# Set by the worker (see _configure); read by get_model_dir() and Logger.
+_state: dict[str, Any] = {"model_dir": "", "log_verbose": 0, "instance": "", "stream": None}
+_log_lock = threading.Lock()
+
+
+def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", stream: Any = None) -> None:
+    """Called by the worker before importing model.py."""
+    _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
+
+
+def get_model_dir() -> str:
+    """Directory holding model.py (`<model_repository>/<model>/<version>`), as in Triton."""
+    return str(_state["model_dir"])
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+class TritonModelException(Exception):
+    """Raise from initialize/execute/finalize; also raised by failing pb_utils helpers."""
+
+
+class TritonError(Exception):
+    """An error attached to an InferenceResponse; codes are TRITONSERVER_Error_Code values."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self._message = str(message)
+        self._code = int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return "TritonError(%r, code=%d)" % (self._message, self._code)
+
+
+def _not_supported(what: str) -> TritonModelException:
+    return TritonModelException("%s is not supported yet by inferd" % what)
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+_BF16_STORAGE = np.dtype("<u2")
+
+
+def _datatype_of(array: np.ndarray) -> str:
+    if array.dtype.name == "bfloat16":  # ml_dtypes
+        return "BF16"
+    dt = dtypes.from_numpy(array.dtype)
+    if dt is None:
+        raise TritonModelException("Unsupported numpy dtype %s for a Triton tensor" % array.dtype)
+    return dt.name
+
+
+class _DLPackCapsule:
+    """Gives a bare DLPack capsule the `__dlpack__` protocol numpy's from_dlpack expects."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple:
+        return (1, 0)
+
+
+class Tensor:
+    """`Tensor(name, numpy_array)`: a named tensor held in host memory."""
+
+    __slots__ = ("_name", "_array", "_datatype")
+
+    def __init__(self, name: str, numpy_array: Any) -> None:
+        if not isinstance(name, str):
+            raise TypeError("Tensor name must be a str, got %s" % type(name))
+        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        datatype = _datatype_of(array)
+        if datatype == "BF16":
+            array = array.view(_BF16_STORAGE)
+        self._name = name
+        self._array = array
+        self._datatype = datatype
+
+    @classmethod
+    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        tensor._datatype = datatype
+        return tensor
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        if self._datatype == "BF16":
+            raise TritonModelException(
+                "Tensor '%s' has datatype BF16, which numpy cannot represent: use to_dlpack()" % self._name
+            )
+        return self._array
+
+    def shape(self) -> list[int]:
+        return [int(s) for s in self._array.shape]
+
+    def triton_dtype(self) -> int:
+        return dtypes.BY_NAME[self._datatype].config_number
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def memory_type(self) -> int:
+        return TRITONSERVER_MEMORY_CPU
+
+    def to_dlpack(self) -> Any:
+        if self._datatype == "BYTES":
+            raise TritonModelException("DLPack does not support BYTES tensors ('%s')" % self._name)
+        return self._array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        if self._datatype == "BYTES":
+            raise TritonModelException("DLPack does not support BYTES tensors ('%s')" % self._name)
+        return self._array.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple:
+        return (1, 0)  # kDLCPU, device 0
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        """A Tensor from a DLPack capsule or an object with `__dlpack__` (C-contiguous, host memory).
+        Device tensors are refused (GPU tensors are not supported yet)."""
+        obj = dlpack_tensor
+        bf16 = "bfloat16" in str(getattr(obj, "dtype", ""))
+        if bf16 and hasattr(obj, "view") and type(obj).__module__.startswith("torch"):
+            import torch  # only when the model already uses torch
+
+            obj = obj.view(torch.int16)
+        if hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] not in (1, 3):
+            raise _not_supported("Tensor.from_dlpack on a device (GPU) tensor")
+        if not hasattr(obj, "__dlpack__"):
+            obj = _DLPackCapsule(obj)
+        from_dlpack = getattr(np, "from_dlpack", None) or vars(np).get("_from_dlpack")
+        if from_dlpack is None:
+            raise _not_supported("Tensor.from_dlpack with numpy %s" % np.__version__)
+        try:
+            array = from_dlpack(obj)
+        except (BufferError, RuntimeError, TypeError) as exc:
+            raise TritonModelException("cannot import DLPack tensor '%s': %s" % (name, exc)) from None
+        if not array.flags.c_contiguous:
+            raise TritonModelException("DLPack tensor '%s' must be C-contiguous" % name)
+        if bf16:
+            return Tensor._wrap(name, array.view(_BF16_STORAGE), "BF16")
+        return Tensor(name, array)
+
+    def __repr__(self) -> str:
+        return "Tensor(%r, %s, shape=%s)" % (self._name, self._datatype, self.shape())
+
+
+# ---- requests / responses ----------------------------------------------------------------------
+
+
+def _parameters_json(parameters: Any) -> str:
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):
+        return parameters
+    if not isinstance(parameters, dict):
+        raise TritonModelException("Expect parameters to be a dict, found type %s" % type(parameters))
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException("Expect parameters keys to have type str, found type %s" % type(key))
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                "Expect parameters values to have type bool/int/str, found type %s" % type(value)
+            )
+    return json.dumps(parameters)
+
+
+class InferenceTrace:
+    def __init__(self, context: Optional[str] = None) -> None:
+        self._context = context
+
+    def get_context(self) -> Optional[str]:
+        return self._context
+
+
+class PreferredMemory:
+    def __init__(
+        self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
+    ) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class InferenceResponse:
+    """`InferenceResponse(output_tensors=[], error=None, parameters=None)`."""
+
+    __slots__ = ("_outputs", "_error", "_parameters")
+
+    def __init__(
+        self, output_tensors: Optional[list[Tensor]] = None, error: Optional[TritonError] = None,
+        parameters: Any = None,
+    ) -> None:
+        outputs = list(output_tensors) if output_tensors is not None else []
+        for tensor in outputs:
+            if not isinstance(tensor, Tensor):
+                raise TypeError("output_tensors must hold pb_utils.Tensor objects, found %s" % type(tensor))
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError("error must be a pb_utils.TritonError, found %s" % type(error))
+        self._outputs = outputs
+        self._error = error
+        self._parameters = _parameters_json(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> Optional[TritonError]:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class InferenceResponseSender:
+    """`request.get_response_sender()` for non-decoupled models: exactly one response, then FINAL."""
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self._request = request
+        self.responses: list[InferenceResponse] = []
+        self.closed = False
+
+    def send(self, response: Optional[InferenceResponse] = None, flags: int = 0) -> None:
+        if self.closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if response is not None:
+            if not isinstance(response, InferenceResponse):
+                raise TypeError("send() expects a pb_utils.InferenceResponse, found %s" % type(response))
+            if self.responses:
+                raise TritonModelException("Non-decoupled model cannot send more than one response.")
+            self.responses.append(response)
+        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.closed = True
+
+    def is_cancelled(self) -> bool:
+        return self._request.is_cancelled()
+
+
+class InferenceRequest:
+    """A request as `execute` sees it; also constructible by a model (BLS, not supported yet)."""
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: Any = 0,
+        inputs: Optional[list[Tensor]] = None,
+        requested_output_names: Optional[list[str]] = None,
+        model_name: str = "",
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Optional[PreferredMemory] = None,
+        trace: Optional[InferenceTrace] = None,
+        parameters: Any = None,
+    ) -> None:
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs) if inputs is not None else []
+        self._requested = list(requested_output_names) if requested_output_names is not None else []
+        self._model_name = model_name
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._preferred_memory = preferred_memory or PreferredMemory()
+        self._trace = trace or InferenceTrace()
+        self._parameters = _parameters_json(parameters)
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._cancel_probe: Optional[Callable[[], bool]] = None
+        self._sender: Optional[InferenceResponseSender] = None
+
+    @classmethod
+    def _from_worker(
+        cls, request_id: str, correlation_id: Any, inputs: list[Tensor], requested: list[str],
+        model_name: str, model_version: int, flags: int, timeout: int, parameters: str,
+        cancel_probe: Optional[Callable[[], bool]],
+    ) -> InferenceRequest:
+        req = cls.__new__(cls)
+        req._request_id = request_id
+        req._correlation_id = correlation_id
+        req._inputs = inputs
+        req._requested = requested
+        req._model_name = model_name
+        req._model_version = model_version
+        req._flags = flags
+        req._timeout = timeout
+        req._preferred_memory = PreferredMemory()
+        req._trace = None  # type: ignore[assignment]
+        req._parameters = parameters
+        req._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        req._cancel_probe = cancel_probe
+        req._sender = None
+        return req
+
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> Any:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def trace(self) -> InferenceTrace:
+        return self._trace or InferenceTrace()
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested
+
+    def is_cancelled(self) -> bool:
+        return bool(self._cancel_probe is not None and self._cancel_probe())
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise _not_supported("Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)")
+        self._release_flags = int(flags)
+
+    def release_flags(self) -> int:
+        return self._release_flags
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self)
+        return self._sender
+
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise _not_supported("BLS (InferenceRequest.exec)")
+
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        raise _not_supported("BLS (InferenceRequest.async_exec)")
+
+
+# ---- model control from Python (not supported yet) ----------------------------------------------
+
+
+def load_model(model_name: str, config: str = "", files: Optional[dict[str, bytes]] = None) -> None:
+    raise _not_supported("pb_utils.load_model")
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    raise _not_supported("pb_utils.unload_model")
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    raise _not_supported("pb_utils.is_model_ready")
+
+
+# ---- logging -----------------------------------------------------------------------------------
+
+
+class Logger:
+    """Triton-style log lines on stderr (which the supervisor gathers into the server log)."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+    _LETTER = {0: "I", 1: "W", 2: "E", 3: "I"}
+
+    @staticmethod
+    def log(message: Any, level: int = 0) -> None:
+        Logger._emit(message, level, 2)
+
+    @staticmethod
+    def log_info(message: Any) -> None:
+        Logger._emit(message, Logger.INFO, 2)
+
+    @staticmethod
+    def log_warn(message: Any) -> None:
+        Logger._emit(message, Logger.WARNING, 2)
+
+    @staticmethod
+    def log_error(message: Any) -> None:
+        Logger._emit(message, Logger.ERROR, 2)
+
+    @staticmethod
+    def log_verbose(message: Any) -> None:
+        Logger._emit(message, Logger.VERBOSE, 2)
+
+    @staticmethod
+    def _emit(message: Any, level: int, depth: int) -> None:
+        level = int(level)
+        if level == Logger.VERBOSE and _state["log_verbose"] <= 0:
+            return
+        try:
+            frame = sys._getframe(depth)
+            where = "%s:%d" % (os.path.basename(frame.f_code.co_filename), frame.f_lineno)
+        except ValueError:
+            where = "?"
+        now = time.time()
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + ".%06d" % int((now % 1) * 1e6)
+        line = "%s%s %d %s] %s\n" % (Logger._LETTER.get(level, "I"), stamp, os.getpid(), where, message)
+        stream = _state["stream"] or sys.stderr
+        with _log_lock:
+            try:
+                stream.write(line)
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+# ---- custom metrics (kept locally; not exported by the server yet) ------------------------------
+
+
+class Metric:
+    def __init__(
+        self, family: MetricFamily, labels: Optional[dict[str, str]], buckets: Optional[list[float]]
+    ) -> None:
+        self._family = family
+        self._labels = dict(labels or {})
+        self._buckets = list(buckets or [])
+        self._value = 0.0
+        self._observations: list[float] = []
+
+    def increment(self, value: float) -> None:
+        if self._family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("Counter metrics cannot be decremented")
+        self._value += value
+
+    def set(self, value: float) -> None:
+        if self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("set() is only supported by gauge metrics")
+        self._value = float(value)
+
+    def observe(self, value: float) -> None:
+        if self._family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe() is only supported by histogram metrics")
+        self._observations.append(float(value))
+        self._value += value
+
+    def value(self) -> float:
+        return self._value
+
+
+class MetricFamily:
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        self.name = name
+        self.description = description
+        self.kind = kind
+
+    def Metric(  # noqa: N802 - Triton's method name
+        self, labels: Optional[dict[str, str]] = None, buckets: Optional[list[float]] = None
+    ) -> Metric:
+        if self.kind == MetricFamily.HISTOGRAM and not buckets:
+            raise TritonModelException("histogram metrics need buckets")
+        return Metric(self, labels, buckets)
+
+
+# ---- pure-Python helpers (same names and behaviour as Triton's module) --------------------------
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
+    """Length-prefixed serialization of an object/bytes array (C order); `()` for an empty array,
+    None for other dtypes (as Triton's helper)."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_:
+        return bytes_codec.serialize(input_tensor)
+    return None
+
+
+def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
+    """1-D object array of `bytes` from a length-prefixed buffer."""
+    if isinstance(encoded_tensor, np.ndarray) and encoded_tensor.dtype == np.object_:
+        encoded_tensor = encoded_tensor.reshape(-1)[0] if encoded_tensor.size else b""
+    try:
+        return bytes_codec.deserialize(encoded_tensor)
+    except Exception as exc:
+        raise TritonModelException(getattr(exc, "message", str(exc))) from None
+
+
+def get_input_tensor_by_name(inference_request: Any, name: str) -> Optional[Tensor]:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: Any, name: str) -> Optional[Tensor]:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> Optional[dict[str, Any]]:
+    for entry in model_config.get("input", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> Optional[dict[str, Any]]:
+    for entry in model_config.get("output", []):
+        if entry["name"] == name:
+            return entry
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    policy = model_config.get("model_transaction_policy")
+    return bool(policy.get("decoupled", False)) if policy else False
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _NUMBER_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> Optional[int]:
+    if data_type is np.object_ or data_type is np.bytes_:
+        return 13
+    try:
+        dt = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dt.kind in ("O", "S"):
+        return 13
+    if dt.kind == "U":
+        return None
+    found = dtypes.from_numpy(dt)
+    return found.config_number if found is not None and found.numpy is not None else None
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+# ---- ModelConfig (auto_complete_config) ---------------------------------------------------------
+
+
+class ModelConfig:
+    """The model configuration handed to `auto_complete_config`; only max_batch_size, the scheduler,
+    inputs, outputs and the transaction policy may be changed."""
+
+    def __init__(self, model_config: Any) -> None:
+        config = json.loads(model_config) if isinstance(model_config, (str, bytes)) else dict(model_config)
+        config.setdefault("name", "")
+        config.setdefault("max_batch_size", 0)
+        config.setdefault("input", [])
+        config.setdefault("output", [])
+        self._model_config: dict[str, Any] = config
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._model_config
+
+    def _name(self) -> str:
+        return str(self._model_config.get("name", ""))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        current = self._model_config["max_batch_size"]
+        if current > max_batch_size:
+            raise ValueError(
+                "configuration specified max_batch_size %s, but in auto-complete-config function for "
+                "model '%s' specified max_batch_size %s" % (current, self._name(), max_batch_size)
+            )
+        self._model_config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._model_config:
+                raise ValueError(
+                    "Configuration specified scheduling_choice as '%s', but auto-complete-config function "
+                    "for model '%s' tries to set scheduling_choice as 'dynamic_batching'"
+                    % (scheduler, self._name())
+                )
+        self._model_config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:  # noqa: A002 - Triton's parameter name
+        self._add_tensor("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add_tensor("output", output, ("name", "data_type", "dims"))
+
+    def _add_tensor(self, kind: str, tensor: dict[str, Any], allowed: tuple) -> None:
+        model = self._name()
+        for key in tensor:
+            if key not in allowed:
+                listed = ", ".join("'%s'" % a for a in allowed[:-1]) + " and '%s'" % allowed[-1]
+                raise ValueError(
+                    "%s '%s' in auto-complete-config function for model '%s' contains property other "
+                    "than %s." % (kind, tensor.get("name"), model, listed)
+                )
+        if "name" not in tensor:
+            raise ValueError(
+                "%s in auto-complete-config function for model '%s' is missing 'name' property."
+                % (kind, model)
+            )
+        for key in ("data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(
+                    "%s '%s' in auto-complete-config function for model '%s' is missing '%s' property."
+                    % (kind, tensor["name"], model, key)
+                )
+        for current in self._model_config[kind]:
+            if current.get("name") != tensor["name"]:
+                continue
+            current_type = current.get("data_type", "TYPE_INVALID")
+            if current_type != "TYPE_INVALID" and current_type != tensor["data_type"]:
+                raise ValueError(
+                    "unable to load model '%s', configuration expects datatype %s for %s '%s', model "
+                    "provides %s" % (model, current_type, kind, tensor["name"], tensor["data_type"])
+                )
+            if current.get("dims") and current["dims"] != tensor["dims"]:
+                raise ValueError(
+                    "model '%s', tensor '%s': the model expects dims %s but the model configuration "
+                    "specifies dims %s" % (model, tensor["name"], tensor["dims"], current["dims"])
+                )
+            if (
+                kind == "input" and "optional" in current and "optional" in tensor
+                and current["optional"] != tensor["optional"]
+            ):
+                raise ValueError(
+                    "model '%s', tensor '%s': the model expects optional %s but the model configuration "
+                    "specifies optional %s" % (model, tensor["name"], tensor["optional"], current["optional"])
+                )
+            current["data_type"] = tensor["data_type"]
+            current["dims"] = tensor["dims"]
+            if "optional" in tensor:
+                current["optional"] = tensor["optional"]
+            return
+        self._model_config[kind].append(tensor)
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    "model transaction property in auto-complete-config function for model '%s' contains "
+                    "property other than 'decoupled'." % self._name()
+                )
+        policy = self._model_config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            if "decoupled" in policy and policy["decoupled"] != transaction_policy_dict["decoupled"]:
+                raise ValueError(
+                    "trying to change decoupled property in auto-complete-config for model '%s', which is "
+                    "already set to '%s'." % (self._name(), policy["decoupled"])
+                )
+            policy["decoupled"] = transaction_policy_dict["decoupled"]

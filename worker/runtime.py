@@ -1,0 +1,218 @@
+"""The worker's message loop: one handler per message type (a type -> handler table; nothing the
+peer sends is ever used to pick a function by name).
+
+State: no model -> (AutoComplete answered any time) -> model loaded -> Shutdown -> Bye.
+One Execute at a time; Cancel messages that arrive during an Execute are picked up when the model
+asks `request.is_cancelled()` (the main socket is read ahead; other messages stay queued).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+from . import backends, tensors
+from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
+from .channel import Channel
+from .wire.errors import ErrorCode, InferdError
+from .wire.messages import (
+    AutoComplete,
+    AutoCompleteResult,
+    Bye,
+    Cancel,
+    Execute,
+    ExecuteResult,
+    Heartbeat,
+    LoadModel,
+    LoadResult,
+    ProtocolError,
+    ResponseItem,
+    Shutdown,
+    WireError,
+)
+
+
+def wire_error(exc: BaseException) -> WireError:
+    if isinstance(exc, InferdError):
+        return WireError(code=int(exc.code), message=exc.message)
+    return WireError(code=int(ErrorCode.INTERNAL), message="%s: %s" % (type(exc).__name__, exc))
+
+
+class Runtime:
+    def __init__(
+        self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None
+    ) -> None:
+        self._channel = channel
+        self._log = log or (lambda message: None)
+        self._cache = tensors.ShmCache()
+        self._backend: Optional[Backend] = None
+        self._spec: Optional[ModelSpec] = None
+        self._outputs: dict[str, tensors.OutputSpec] = {}
+        self._cancelled: set[int] = set()
+        self._main_thread = threading.current_thread()
+        self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled)
+        self._running = True
+        self.bye_error: Optional[WireError] = None
+        self._handlers: dict[type[Any], Callable[[Any, Sequence[Any]], None]] = {
+            AutoComplete: self._on_auto_complete,
+            LoadModel: self._on_load,
+            Execute: self._on_execute,
+            Cancel: self._on_cancel,
+            Shutdown: self._on_shutdown,
+            Heartbeat: self._on_heartbeat,
+        }
+
+    # ---- loop -----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until Shutdown. Raises ProtocolError on a malformed or unexpected message."""
+        while self._running:
+            message, frames = self._channel.recv()
+            handler = self._handlers.get(type(message))
+            if handler is None:
+                raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
+            handler(message, frames)
+
+    def is_cancelled(self, request_id: int) -> bool:
+        """Cancellation probe for backends; on the main thread it first reads pending Cancels."""
+        if threading.current_thread() is self._main_thread:
+            got = self._channel.read_ahead()
+            if any(isinstance(message, Cancel) for message, _ in got):
+                for message, _ in got:
+                    if isinstance(message, Cancel):
+                        self._cancelled.update(message.request_ids)
+                self._channel.take_pending(lambda m: not isinstance(m, Cancel))
+        return request_id in self._cancelled
+
+    # ---- handlers -------------------------------------------------------------------------------
+
+    def _on_heartbeat(self, message: Heartbeat, frames: Sequence[Any]) -> None:
+        pass  # heartbeats belong on the heartbeat socket; tolerated here
+
+    def _on_cancel(self, message: Cancel, frames: Sequence[Any]) -> None:
+        self._cancelled.update(message.request_ids)
+
+    def _on_auto_complete(self, message: AutoComplete, frames: Sequence[Any]) -> None:
+        try:
+            backend = backends.create(message.backend)
+            spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
+                             message.backend)
+            if getattr(backend, "supports_auto_complete", False):
+                completed = backend.auto_complete(spec, dict(spec.config))
+            else:
+                completed = spec.config
+            reply = AutoCompleteResult(config_json=json.dumps(completed))
+        except Exception as exc:
+            reply = AutoCompleteResult(error=wire_error(exc))
+        self._channel.send(reply)
+
+    def _on_load(self, message: LoadModel, frames: Sequence[Any]) -> None:
+        if self._backend is not None:
+            self._channel.send(LoadResult(error=WireError(int(ErrorCode.ALREADY_EXISTS),
+                                                          "a model is already loaded in this worker")))
+            return
+        try:
+            spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
+                             message.backend, message.instance_name, message.instance_kind, message.device_id)
+            backend = backends.create(message.backend)
+            backend.load(spec, self._context)
+        except Exception as exc:
+            self._channel.send(LoadResult(error=wire_error(exc)))
+            return
+        self._backend, self._spec = backend, spec
+        self._outputs = tensors.output_specs(spec.config)
+        self._channel.send(LoadResult(backend=backend.name))
+
+    def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
+        error = None
+        backend, self._backend = self._backend, None
+        if backend is not None:
+            try:
+                failed = backend.unload()
+                error = wire_error(failed) if failed is not None else None
+            except Exception as exc:
+                error = wire_error(exc)
+        self._cache.close()
+        self.bye_error = error
+        self._channel.send(Bye(error=error))
+        self._running = False
+
+    def _on_execute(self, message: Execute, frames: Sequence[Any]) -> None:
+        t0 = time.perf_counter_ns()
+        if message.forget_regions:
+            self._cache.forget(message.forget_regions)
+        items: list[Optional[ResponseItem]] = [None] * len(message.requests)
+        runnable: list[tuple[int, Request]] = []
+        for index, item in enumerate(message.requests):
+            try:
+                inputs = [Tensor(ref.name, ref.datatype, tensors.input_array(ref, frames, self._cache))
+                          for ref in item.inputs]
+            except Exception as exc:
+                items[index] = ResponseItem(request_id=item.request_id, error=wire_error(exc))
+                continue
+            runnable.append((index, Request(
+                item.request_id, item.id, inputs, list(item.requested_outputs), item.parameters,
+                item.correlation_id, item.flags, item.timeout_us, self.is_cancelled,
+            )))
+        t1 = time.perf_counter_ns()
+        results = self._run_backend([request for _, request in runnable])
+        t2 = time.perf_counter_ns()
+        out_frames: list[Any] = []
+        for (index, request), result in zip(runnable, results):
+            items[index] = self._encode(request, result, out_frames)
+        t3 = time.perf_counter_ns()
+        responses = [item for item in items if item is not None]
+        self._channel.send(
+            ExecuteResult(batch_id=message.batch_id, responses=responses, compute_input_ns=t1 - t0,
+                          compute_infer_ns=t2 - t1, compute_output_ns=t3 - t2),
+            out_frames,
+        )
+        self._cancelled.clear()
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _run_backend(self, requests: list[Request]) -> list[Response]:
+        if not requests:
+            return []
+        backend = self._backend
+        if backend is None:
+            error = InferdError(ErrorCode.UNAVAILABLE, "no model is loaded in this worker")
+            return [Response(error=error) for _ in requests]
+        try:
+            results = backend.execute(requests)
+            if len(results) != len(requests):
+                raise InferdError(ErrorCode.INTERNAL, "backend returned %d responses for %d requests"
+                                  % (len(results), len(requests)))
+            return results
+        except Exception as exc:
+            error = exc if isinstance(exc, InferdError) else InferdError(
+                ErrorCode.INTERNAL, "%s: %s" % (type(exc).__name__, exc))
+            self._log("execute failed in the backend: %s" % error.message)
+            return [Response(error=error) for _ in requests]
+
+    def _encode(self, request: Request, result: Response, out_frames: list[Any]) -> ResponseItem:
+        params = result.parameters or {}
+        if result.error is not None:
+            return ResponseItem(
+                request_id=request.request_id, error=wire_error(result.error), parameters=params
+            )
+        model = self._spec.model_name if self._spec else ""
+        wanted = request.requested_outputs or list(self._outputs)
+        refs = []
+        frames: list[Any] = []
+        try:
+            for out in result.outputs:
+                if out.name not in wanted:
+                    continue
+                spec = self._outputs.get(out.name)
+                array = tensors.check_output(spec, out.name, out.datatype, out.array, model)
+                ref, data = tensors.output_frame(out.name, out.datatype, array, len(out_frames) + len(frames))
+                refs.append(ref)
+                frames.append(data)
+        except Exception as exc:
+            return ResponseItem(request_id=request.request_id, error=wire_error(exc), parameters=params)
+        out_frames.extend(frames)
+        return ResponseItem(request_id=request.request_id, outputs=refs, parameters=params)

@@ -1,0 +1,205 @@
+"""Tensor conversion between the wire (TensorRef + frames / shm) and numpy, both ways.
+
+Inputs become numpy views without a copy: `np.frombuffer` on the ZeroMQ frame or on a cached
+read-only mapping of the supervisor's shm region. They are read-only (the worker never writes
+inputs; the same region may feed several models). BYTES inputs decode into object arrays of
+`bytes`; BF16 stays a raw little-endian uint16 view, marked "BF16" by its datatype.
+
+Outputs are checked against the model configuration (declared, same datatype, compatible shape) and
+leave as frames sent zero-copy from the array's buffer; BYTES are serialized with the wire codec.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from .wire import bytes_codec, dtypes, shm
+from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
+from .wire.messages import TensorRef
+
+_BF16_VIEW = np.dtype("<u2")
+
+
+class ShmCache:
+    """Read-only mappings of supervisor-created regions, kept between Executes (LRU, bounded).
+
+    The worker never unlinks. A region the supervisor has unlinked is dropped when it is listed in
+    `Execute.forget_regions`, or when the name is found to point at a new file (inode changed).
+    """
+
+    def __init__(self, max_regions: int = 64) -> None:
+        self._max = max_regions
+        self._regions: collections.OrderedDict[str, shm.Region] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._regions)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._regions
+
+    def view(self, name: str, offset: int, nbytes: int) -> memoryview:
+        region = self._regions.get(name)
+        if region is not None and shm.inode_of(name) != region.inode:
+            self._drop(name)
+            region = None
+        if region is None:
+            region = shm.attach(name, readonly=True)
+            self._regions[name] = region
+            while len(self._regions) > self._max:
+                self._drop(next(iter(self._regions)))
+        else:
+            self._regions.move_to_end(name)
+        if offset < 0 or nbytes < 0 or offset + nbytes > region.size:
+            raise internal("tensor reference lies outside its shared memory region")
+        return region.buf[offset : offset + nbytes]
+
+    def forget(self, names: Sequence[str]) -> None:
+        for name in names:
+            self._drop(name)
+
+    def _drop(self, name: str) -> None:
+        region = self._regions.pop(name, None)
+        if region is not None:
+            region.close()  # unmapped later by GC if arrays still view it
+
+    def close(self) -> None:
+        for name in list(self._regions):
+            self._drop(name)
+
+
+def _datatype(name: str, tensor: str) -> dtypes.DataType:
+    dt = dtypes.BY_NAME.get(name)
+    if dt is None:
+        raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (name, tensor))
+    return dt
+
+
+def _check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
+    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        raise invalid_arg("invalid shape for tensor '%s'" % tensor)
+    return tuple(shape)
+
+
+def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
+    if ref.loc == "frame":
+        if not 0 <= ref.frame < len(frames):
+            raise internal("tensor '%s' refers to a missing data frame" % ref.name)
+        frame = frames[ref.frame]
+        return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+    if ref.loc == "shm":
+        return cache.view(ref.region, ref.offset, ref.nbytes)
+    raise internal("tensor '%s' has an unknown location '%s'" % (ref.name, ref.loc))
+
+
+def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.ndarray:
+    """The numpy view of one input tensor (see the module docstring)."""
+    dt = _datatype(ref.datatype, ref.name)
+    shape = _check_shape(ref.shape, ref.name)
+    buf = input_buffer(ref, frames, cache)
+    count = dtypes.element_count(shape)
+    if dt.name == "BYTES":
+        return bytes_codec.deserialize(buf, count=count, name=ref.name).reshape(shape)
+    numpy_dtype = _BF16_VIEW if dt.numpy is None else dt.numpy
+    nbytes = memoryview(buf).nbytes
+    if nbytes != count * dt.itemsize:
+        raise invalid_arg(
+            "input '%s': expected %d bytes for shape %s of %s, got %d"
+            % (ref.name, count * dt.itemsize, list(shape), dt.name, nbytes)
+        )
+    array = np.frombuffer(buf, dtype=numpy_dtype).reshape(shape)
+    array.flags.writeable = False
+    return array
+
+
+# ---- outputs ----------------------------------------------------------------------------------
+
+
+class OutputSpec:
+    """An output as declared in the config: protocol datatype, full expected shape (batch dim
+    included as -1 when max_batch_size > 0) and the optional `reshape` shape the model produces."""
+
+    __slots__ = ("name", "datatype", "config_type", "shape", "reshape")
+
+    def __init__(
+        self, name: str, datatype: str, config_type: str, shape: list[int], reshape: Optional[list[int]]
+    ) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.config_type = config_type
+        self.shape = shape
+        self.reshape = reshape
+
+
+def output_specs(config: dict[str, Any]) -> dict[str, OutputSpec]:
+    batch = [-1] if int(config.get("max_batch_size") or 0) > 0 else []
+    specs: dict[str, OutputSpec] = {}
+    for out in config.get("output") or []:
+        config_type = str(out.get("data_type", "TYPE_INVALID"))
+        dt = dtypes.BY_CONFIG_NAME.get(config_type)
+        dims = [int(d) for d in out.get("dims") or []]
+        reshape = out.get("reshape")
+        reshape_shape = None
+        if isinstance(reshape, dict) and "shape" in reshape:
+            reshape_shape = batch + [int(d) for d in reshape.get("shape") or []]
+        specs[out["name"]] = OutputSpec(
+            out["name"], dt.name if dt else "", config_type, batch + dims, reshape_shape
+        )
+    return specs
+
+
+def _matches(shape: tuple[int, ...], pattern: list[int]) -> bool:
+    return len(shape) == len(pattern) and all(p == -1 or p == s for s, p in zip(shape, pattern))
+
+
+def check_output(
+    spec: Optional[OutputSpec], name: str, datatype: str, array: np.ndarray, model: str
+) -> np.ndarray:
+    """Validate one returned output; returns the array (reshaped from `reshape` to `dims` if the
+    config asks for it). Raises INTERNAL naming the model and the output."""
+    if spec is None:
+        raise internal("output '%s' of model '%s' is not declared in the model configuration" % (name, model))
+    if spec.datatype and datatype != spec.datatype:
+        raise internal(
+            "output '%s' of model '%s' has datatype %s but the model configuration declares %s"
+            % (name, model, datatype, spec.config_type)
+        )
+    shape = tuple(array.shape)
+    if _matches(shape, spec.shape):
+        return array
+    if spec.reshape is not None and _matches(shape, spec.reshape):
+        target = [shape[0]] + spec.shape[1:] if spec.shape and spec.shape[0] == -1 else list(spec.shape)
+        try:
+            return array.reshape(target)
+        except ValueError:
+            pass
+    raise internal(
+        "output '%s' of model '%s' has shape %s, which does not match the model configuration %s"
+        % (name, model, list(shape), spec.shape)
+    )
+
+
+def output_frame(name: str, datatype: str, array: np.ndarray, frame: int) -> tuple[TensorRef, Any]:
+    """(TensorRef, buffer to send) for one output; numeric buffers are sent without a copy."""
+    if datatype == "BYTES":
+        data: Any = bytes_codec.serialize(array)
+        nbytes = len(data)
+    else:
+        if datatype == "BF16" and array.dtype != _BF16_VIEW:
+            array = array.view(_BF16_VIEW) if array.dtype.itemsize == 2 else array
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        if not array.flags.c_contiguous:
+            array = array.copy(order="C")
+        data = array.reshape(-1).view(np.uint8) if array.size else b""
+        nbytes = int(array.nbytes)
+    ref = TensorRef(name=name, datatype=datatype, shape=[int(s) for s in array.shape], loc="frame",
+                    frame=frame, nbytes=nbytes)
+    return ref, data
+
+
+def error_code(exc: BaseException) -> ErrorCode:
+    return exc.code if isinstance(exc, InferdError) else ErrorCode.INTERNAL

@@ -1,0 +1,287 @@
+"""POSIX shared-memory regions under /dev/shm, shared by the supervisor and the workers.
+
+- `create(name, size)` reserves the pages with `posix_fallocate`, so a full /dev/shm is an
+  InferdError(UNAVAILABLE) at creation instead of a SIGBUS at the first write.
+- `attach(name)` maps an existing region without `multiprocessing.shared_memory` (whose resource
+  tracker unlinks segments it did not create when the attaching process exits, Python 3.11).
+- Names are `inferd_<owner pid>_<suffix>` with only `[A-Za-z0-9_.-]`; `sweep_stale()` unlinks the
+  segments whose owner is dead (or a zombie, or whose pid was reused by a later process).
+- Error messages never echo region names (they are internal; see reliability D12).
+
+Standard library + numpy-free; runs on Python 3.9+.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import stat
+from typing import Optional
+
+from .errors import ErrorCode, InferdError
+
+SHM_DIR = "/dev/shm"
+PREFIX = "inferd_"
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,200}\Z")
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def valid_name(name: str) -> bool:
+    return bool(isinstance(name, str) and _NAME_RE.match(name)) and name not in (".", "..")
+
+
+def _path(name: str) -> str:
+    if not valid_name(name):
+        raise InferdError(ErrorCode.INVALID_ARG, "invalid shared memory region name")
+    return os.path.join(SHM_DIR, name)
+
+
+class Region:
+    """A mapped region. `buf` is a memoryview over the whole mapping (read-only if attached so)."""
+
+    __slots__ = ("name", "size", "readonly", "inode", "_mmap", "buf")
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, readonly: bool, inode: int) -> None:
+        self.name = name
+        self.size = size
+        self.readonly = readonly
+        self.inode = inode
+        self._mmap: Optional[mmap.mmap] = mm
+        self.buf: memoryview = memoryview(mm)  # released (unusable) once closed
+
+    @property
+    def closed(self) -> bool:
+        return self._mmap is None
+
+    def close(self) -> bool:
+        """Unmap. Returns False when views (e.g. numpy arrays) still use the mapping: it is then
+        unmapped by the garbage collector once the last of them is gone."""
+        mm, self._mmap = self._mmap, None
+        if mm is None:
+            return True
+        try:
+            self.buf.release()
+        except BufferError:
+            return False
+        try:
+            mm.close()
+        except BufferError:
+            return False
+        return True
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "Region(%r, size=%d%s)" % (self.name, self.size, ", closed" if self.closed else "")
+
+
+def make_name(owner_pid: int, suffix: str) -> str:
+    name = "%s%d_%s" % (PREFIX, int(owner_pid), suffix)
+    if not valid_name(name):
+        raise InferdError(ErrorCode.INVALID_ARG, "invalid shared memory region suffix %r" % suffix)
+    return name
+
+
+def owner_pid(name: str, prefix: str = PREFIX) -> Optional[int]:
+    """The owner pid encoded in `<prefix><pid>_<suffix>`, or None if the name has another shape."""
+    if not name.startswith(prefix):
+        return None
+    head = name[len(prefix) :].split("_", 1)[0]
+    if not head.isdigit():
+        return None
+    return int(head)
+
+
+def create(name: str, size: int) -> Region:
+    """Create a new region of exactly `size` bytes (fails if the name exists) and map it read/write."""
+    path = _path(name)
+    if size <= 0:
+        raise InferdError(ErrorCode.INVALID_ARG, "shared memory region size must be positive")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    try:
+        try:
+            os.ftruncate(fd, size)
+            _reserve(fd, size)
+        except OSError as exc:
+            _unlink_quietly(path)
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT):
+                raise InferdError(
+                    ErrorCode.UNAVAILABLE,
+                    "shared memory exhausted: cannot reserve %d bytes in %s (%s)"
+                    % (size, SHM_DIR, os.strerror(exc.errno)),
+                ) from None
+            raise
+        try:
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            _unlink_quietly(path)
+            raise
+        return Region(name, mm, size, False, os.fstat(fd).st_ino)
+    finally:
+        os.close(fd)
+
+
+def _reserve(fd: int, size: int) -> None:
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:  # not Linux: nothing to reserve with
+        return
+    try:
+        fallocate(fd, 0, size)
+    except OSError as exc:
+        # Filesystems without fallocate support: the mapping still works, only unreserved.
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+
+
+def attach(name: str, readonly: bool = False) -> Region:
+    """Map an existing region. Refuses symlinks, non-regular files and files of another user."""
+    path = _path(name)
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | _O_NOFOLLOW | _O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise InferdError(ErrorCode.NOT_FOUND, "shared memory region not found") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is a symlink") from None
+        raise InferdError(
+            ErrorCode.UNAVAILABLE, "cannot open shared memory region: %s" % os.strerror(exc.errno or 0)
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is not a regular file")
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            raise InferdError(ErrorCode.INVALID_ARG, "shared memory region belongs to another user")
+        if st.st_size <= 0:
+            raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is empty")
+        prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
+        mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
+        return Region(name, mm, st.st_size, readonly, st.st_ino)
+    finally:
+        os.close(fd)
+
+
+def unlink(name: str) -> bool:
+    """Remove a region name (mappings stay valid until closed). False if it did not exist."""
+    try:
+        os.unlink(_path(name))
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def inode_of(name: str) -> Optional[int]:
+    """Inode of the region currently holding `name` (None if absent): detects a re-created name."""
+    try:
+        return os.stat(_path(name), follow_symlinks=False).st_ino
+    except (FileNotFoundError, InferdError):
+        return None
+
+
+# ---- stale segment sweeping ----------------------------------------------------------------
+
+
+def _boot_time() -> Optional[float]:
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _proc_stat(pid: int) -> Optional[list[bytes]]:
+    """Fields of /proc/<pid>/stat after the `(comm)` field: [state, ppid, ...]."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    end = data.rfind(b")")
+    if end < 0:
+        return None
+    return data[end + 1 :].split()
+
+
+def pid_state(pid: int) -> str:
+    """'alive', 'dead' or 'zombie' (a zombie's resources are gone: it counts as dead)."""
+    if pid <= 0:
+        return "dead"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "dead"
+    except PermissionError:
+        pass  # exists, belongs to another user
+    fields = _proc_stat(pid)
+    if fields and fields[0] in (b"Z", b"X"):
+        return "zombie"
+    return "alive"
+
+
+def _started_after(pid: int, when: float, boot: Optional[float]) -> bool:
+    """True if process `pid` started clearly after time `when` (its pid was reused)."""
+    if boot is None:
+        return False
+    fields = _proc_stat(pid)
+    if not fields or len(fields) < 20:
+        return False
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        start = boot + int(fields[19]) / float(ticks)
+    except (ValueError, OSError):
+        return False
+    return start > when + 2.0
+
+
+def sweep_stale(prefix: str = PREFIX, directory: str = SHM_DIR) -> list[str]:
+    """Unlink segments `<prefix><pid>_*` whose owner is dead, a zombie, or a later process that
+    reuses the pid. Returns the names removed. Never touches segments of this process."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    me = os.getpid()
+    boot = _boot_time()
+    states: dict = {}
+    for name in sorted(names):
+        pid = owner_pid(name, prefix)
+        if pid is None or pid == me or not valid_name(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        state = states.get(pid)
+        if state is None:
+            state = states[pid] = pid_state(pid)
+        stale = state != "alive" or _started_after(pid, st.st_mtime, boot)
+        if stale:
+            try:
+                os.unlink(path)
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
