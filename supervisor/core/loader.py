@@ -117,8 +117,7 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
         cfg = repo_config.parse_json_config(config_override)
     else:
         cfg = repo_config.load_config(source, settings.disable_autocomplete)
-    normalize.set_name(cfg, source.name)
-    normalize.fill_backend_fields(cfg, source)
+    cfg = normalize.normalize(cfg, source, has_gpu=settings.has_gpu)
     if not source.versions and not normalize.is_ensemble(cfg):
         raise InferdError(ErrorCode.INVALID_ARG,
                           "failed to load '%s': no version directory found in %s" % (name, source.path))
