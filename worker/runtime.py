@@ -53,7 +53,8 @@ class Runtime:
         self._outputs: dict[str, tensors.OutputSpec] = {}
         self._cancelled: set[int] = set()
         self._main_thread = threading.current_thread()
-        self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled)
+        self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled,
+                                      poll=self.poll_cancellations)
         self._running = True
         self.bye_error: Optional[WireError] = None
         self._handlers: dict[type[Any], Callable[[Any, Sequence[Any]], None]] = {
@@ -79,13 +80,17 @@ class Runtime:
     def is_cancelled(self, request_id: int) -> bool:
         """Cancellation probe for backends; on the main thread it first reads pending Cancels."""
         if threading.current_thread() is self._main_thread:
-            got = self._channel.read_ahead()
-            if any(isinstance(message, Cancel) for message, _ in got):
-                for message, _ in got:
-                    if isinstance(message, Cancel):
-                        self._cancelled.update(message.request_ids)
-                self._channel.take_pending(lambda m: not isinstance(m, Cancel))
+            self.poll_cancellations()
         return request_id in self._cancelled
+
+    def poll_cancellations(self) -> None:
+        """Main thread only: take Cancel messages already waiting on the socket (others stay queued)."""
+        got = self._channel.read_ahead()
+        if any(isinstance(message, Cancel) for message, _ in got):
+            for message, _ in got:
+                if isinstance(message, Cancel):
+                    self._cancelled.update(message.request_ids)
+            self._channel.take_pending(lambda msg: not isinstance(msg, Cancel))
 
     # ---- handlers -------------------------------------------------------------------------------
 

@@ -120,11 +120,19 @@ class Response:
 
 
 class WorkerContext:
-    """What the runtime lends a backend: logging verbosity and the cancellation probe."""
+    """What the runtime lends a backend: logging verbosity, the cancellation probe, and `poll`,
+    to be called from the main thread while it waits on model code running elsewhere (e.g. an
+    async execute on an event-loop thread) so that Cancel messages are still picked up."""
 
-    def __init__(self, log_verbose: int = 0, cancelled: Optional[Callable[[int], bool]] = None) -> None:
+    def __init__(
+        self,
+        log_verbose: int = 0,
+        cancelled: Optional[Callable[[int], bool]] = None,
+        poll: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.log_verbose = log_verbose
         self.cancelled = cancelled
+        self.poll = poll
 
 
 class Backend(Protocol):

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ import re
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from typing import Any, Optional
 
 from ..compat import load_pb_utils
@@ -56,6 +58,7 @@ class PythonBackend:
         self._loop: Any = None
         self._loop_thread: Optional[threading.Thread] = None
         self._output_names: list[str] = []
+        self._poll: Optional[Callable[[], None]] = None
 
     # ---- import ---------------------------------------------------------------------------------
 
@@ -134,6 +137,7 @@ class PythonBackend:
                 % model.model_name,
             )
         module = self._import_model(model, context.log_verbose)
+        self._poll = context.poll
         self._spec = model
         self._output_names = model.output_names
         args = {
@@ -221,7 +225,14 @@ class PythonBackend:
             self._loop, self._loop_thread = loop, thread
         if not asyncio.iscoroutine(value):
             value = _await(value)
-        return asyncio.run_coroutine_threadsafe(value, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(value, self._loop)
+        if self._poll is None:
+            return future.result()
+        while True:  # keep serving cancellation probes while the coroutine runs
+            try:
+                return future.result(timeout=0.02)
+            except concurrent.futures.TimeoutError:
+                self._poll()
 
     def _check_returned(self, requests: list[Any], returned: Any) -> list[Any]:
         pb = self._pb

@@ -120,6 +120,37 @@ def _datatype_of(array: np.ndarray) -> str:
     return dt.name
 
 
+_DL_UINT = 1  # DLDataTypeCode kDLUInt
+_DL_BFLOAT = 4  # kDLBfloat
+_DLTENSOR_DTYPE_OFFSET = 20  # DLTensor: data(8) device(8) ndim(4) -> dtype {code u8, bits u8, lanes u16}
+
+
+def _relabel_capsule(capsule: Any, from_code: int, to_code: int) -> bool:
+    """Change the dtype code of an unconsumed 16-bit legacy DLPack capsule ("dltensor") in place:
+    numpy has no bfloat16, so BF16 travels as uint16 through numpy and is relabelled at the edge.
+    Returns True if the capsule had `from_code` (and was relabelled)."""
+    import ctypes
+
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or type(capsule).__name__ != "PyCapsule":
+        return False
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.restype = ctypes.c_int
+    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    if not api.PyCapsule_IsValid(capsule, b"dltensor"):
+        return False
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    address = api.PyCapsule_GetPointer(capsule, b"dltensor")
+    if not address:
+        return False
+    code = ctypes.c_uint8.from_address(address + _DLTENSOR_DTYPE_OFFSET)
+    bits = ctypes.c_uint8.from_address(address + _DLTENSOR_DTYPE_OFFSET + 1)
+    if code.value != from_code or bits.value != 16:
+        return False
+    code.value = to_code
+    return True
+
+
 class _DLPackCapsule:
     """Gives a bare DLPack capsule the `__dlpack__` protocol numpy's from_dlpack expects."""
 
@@ -180,14 +211,15 @@ class Tensor:
         return TRITONSERVER_MEMORY_CPU
 
     def to_dlpack(self) -> Any:
-        if self._datatype == "BYTES":
-            raise TritonModelException("DLPack does not support BYTES tensors ('%s')" % self._name)
-        return self._array.__dlpack__()
+        return self.__dlpack__()
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._datatype == "BYTES":
             raise TritonModelException("DLPack does not support BYTES tensors ('%s')" % self._name)
-        return self._array.__dlpack__()
+        capsule = self._array.__dlpack__()
+        if self._datatype == "BF16":  # numpy exports uint16: relabel the capsule as bfloat16
+            _relabel_capsule(capsule, _DL_UINT, _DL_BFLOAT)
+        return capsule
 
     def __dlpack_device__(self) -> tuple:
         return (1, 0)  # kDLCPU, device 0
@@ -195,23 +227,26 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """A Tensor from a DLPack capsule or an object with `__dlpack__` (C-contiguous, host memory).
-        Device tensors are refused (GPU tensors are not supported yet)."""
+        bfloat16 tensors (e.g. torch.bfloat16) become BF16 tensors. Device (GPU) tensors are
+        refused: not supported yet."""
         obj = dlpack_tensor
-        bf16 = "bfloat16" in str(getattr(obj, "dtype", ""))
-        if bf16 and hasattr(obj, "view") and type(obj).__module__.startswith("torch"):
-            import torch  # only when the model already uses torch
-
-            obj = obj.view(torch.int16)
-        if hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] not in (1, 3):
-            raise _not_supported("Tensor.from_dlpack on a device (GPU) tensor")
-        if not hasattr(obj, "__dlpack__"):
-            obj = _DLPackCapsule(obj)
+        if isinstance(obj, Tensor):
+            return Tensor._wrap(name, obj._array, obj._datatype)
+        if isinstance(obj, np.ndarray):
+            return Tensor(name, obj)
+        if hasattr(obj, "__dlpack__"):
+            if hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] not in (1, 3):
+                raise _not_supported("Tensor.from_dlpack on a device (GPU) tensor")
+            capsule = obj.__dlpack__()
+        else:
+            capsule = obj
+        bf16 = _relabel_capsule(capsule, _DL_BFLOAT, _DL_UINT)
         from_dlpack = getattr(np, "from_dlpack", None) or vars(np).get("_from_dlpack")
         if from_dlpack is None:
             raise _not_supported("Tensor.from_dlpack with numpy %s" % np.__version__)
         try:
-            array = from_dlpack(obj)
-        except (BufferError, RuntimeError, TypeError) as exc:
+            array = from_dlpack(_DLPackCapsule(capsule))
+        except (BufferError, RuntimeError, TypeError, ValueError) as exc:
             raise TritonModelException("cannot import DLPack tensor '%s': %s" % (name, exc)) from None
         if not array.flags.c_contiguous:
             raise TritonModelException("DLPack tensor '%s' must be C-contiguous" % name)

@@ -43,11 +43,31 @@ def test_dlpack_roundtrip():
     assert t3.as_numpy() is not None and t.__dlpack_device__() == (1, 0)
 
 
-def test_bf16_tensor():
-    t = pb.Tensor._wrap("H", np.array([0x3F80], dtype="<u2"), "BF16")
+def test_bf16_tensor_and_dlpack_roundtrip():
+    raw = np.array([0x3F80, 0x4000], dtype="<u2")
+    t = pb.Tensor._wrap("H", raw, "BF16")
     assert t.triton_dtype() == 14
     with pytest.raises(pb.TritonModelException):
         t.as_numpy()
+    capsule = t.to_dlpack()
+    with pytest.raises((BufferError, RuntimeError, TypeError, ValueError)):
+        np.from_dlpack(pb._DLPackCapsule(capsule))  # a real bfloat16 capsule: numpy refuses it
+    capsule = t.to_dlpack()
+    back = pb.Tensor.from_dlpack("OUT", capsule)  # what identity_bf16-style models do
+    assert back.triton_dtype() == 14 and back.name() == "OUT"
+    assert back._array.tolist() == [0x3F80, 0x4000] and np.shares_memory(back._array, raw)
+    assert pb.Tensor.from_dlpack("O2", t).triton_dtype() == 14
+    # plain uint16 stays UINT16
+    assert pb.Tensor.from_dlpack("U", pb.Tensor("U", raw).to_dlpack()).triton_dtype() == 3
+
+
+def test_bf16_from_torch_if_available():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    t = pb.Tensor.from_dlpack("T", x)
+    assert t.triton_dtype() == 14 and t._array.tolist() == [0x3F80, 0x4000]
+    y = torch.utils.dlpack.from_dlpack(t.to_dlpack())
+    assert y.dtype == torch.bfloat16 and y.tolist() == [1.0, 2.0]
 
 
 def test_type_helpers():

@@ -337,8 +337,13 @@ class TritonPythonModel:
 """
 
 
-def test_cancel_reaches_a_running_execute(sup, tmp_path):
-    model_dir = write_model(tmp_path, "slow", CANCEL_MODEL)
+ASYNC_CANCEL_MODEL = CANCEL_MODEL.replace("import time", "import asyncio\nimport time").replace(
+    "def execute", "async def execute").replace("time.sleep(0.005)", "await asyncio.sleep(0.005)")
+
+
+@pytest.mark.parametrize("source", [CANCEL_MODEL, ASYNC_CANCEL_MODEL], ids=["sync", "async"])
+def test_cancel_reaches_a_running_execute(sup, tmp_path, source):
+    model_dir = write_model(tmp_path, "slow", source)
     proc = sup.spawn("w6")
     sup.expect(m.Hello)
     sup.send("w6", load_msg(model_dir, dict(CONFIG, name="slow")))
