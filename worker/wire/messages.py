@@ -186,7 +186,7 @@ class ProtocolError(Exception):
 
 def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
     """Frames for `message`: a JSON header then the given data frames (buffers, sent zero-copy)."""
-    header = dataclasses.asdict(message)
+    header = _plain(message)
     header["t"] = TAGS[type(message)]
     return [json.dumps(header, separators=(",", ":")).encode(), *frames]
 
@@ -199,9 +199,11 @@ def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
     raw = first.bytes if hasattr(first, "bytes") else bytes(first)
     try:
         header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise TypeError("message header is not a JSON object")
         cls = MESSAGE_TYPES[header.pop("t")]
         return _build(cls, header), frames[1:]
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ProtocolError("malformed message: %s" % exc) from None
 
 
@@ -213,14 +215,42 @@ _NESTED = {
 }
 
 
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Any]) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _plain(obj: Any) -> Any:
+    """Like dataclasses.asdict (dataclasses -> dicts, lists/tuples -> lists), without deep copies."""
+    names = _FIELDS.get(type(obj))
+    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _field_names(type(obj))
+    if names is not None:
+        return {name: _plain(getattr(obj, name)) for name in names}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(item) for item in obj]
+    if isinstance(obj, dict):
+        return {key: _plain(value) for key, value in obj.items()}
+    return obj
+
+
 def _build(cls: type[Any], data: dict[str, Any]) -> Any:
+    if not isinstance(data, dict):
+        raise TypeError("%s must be a JSON object" % cls.__name__)
     kwargs = {}
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = _field_names(cls)
     for key, value in data.items():
         if key not in names:
             raise TypeError("unknown field %r for %s" % (key, cls.__name__))
         item_cls = _NESTED.get((cls, key))
         if item_cls is not None:
+            if not isinstance(value, list):
+                raise TypeError("field %r of %s must be a list" % (key, cls.__name__))
             value = [_build(item_cls, v) for v in value]
         elif key == "error" and value is not None:
             value = WireError(**value)
