@@ -1,0 +1,80 @@
+"""Static checks of deploy/ (reliability.md §4.2 item 17): no server needed."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+UNIT = DEPLOY / "systemd" / "inferd.service"
+DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
+COMPOSE = DEPLOY / "docker" / "compose.yaml"
+PROMETHEUS = DEPLOY / "docker" / "prometheus.yml"
+
+
+def unit() -> configparser.RawConfigParser:
+    parser = configparser.RawConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # keep key case
+    text = UNIT.read_text().replace("\\\n", " ")
+    parser.read_string(text)
+    return parser
+
+
+def seconds(value: str) -> float:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(s|sec|min|m)?", value.strip())
+    assert m, value
+    n = float(m.group(1))
+    return n * 60 if m.group(2) in ("min", "m") else n
+
+
+def exit_timeout(text: str) -> float:
+    m = re.search(r"--exit-timeout-secs[ =](\d+)", text)
+    return float(m.group(1)) if m else 30.0
+
+
+def test_unit_stop_and_restart_policy():
+    u = unit()
+    service = u["Service"]
+    assert service["KillMode"] == "mixed"
+    assert seconds(service["TimeoutStopSec"]) > exit_timeout(service["ExecStart"])
+    assert service["Restart"] == "on-failure"
+    assert int(u["Unit"]["StartLimitBurst"]) >= 1
+    assert seconds(u["Unit"]["StartLimitIntervalSec"]) > 0
+    assert service.get("User") and service["User"] != "root"
+    assert service["NoNewPrivileges"] == "yes"
+
+
+def test_unit_systemd_analyze():
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed")
+    proc = subprocess.run(["systemd-analyze", "verify", str(UNIT)], capture_output=True, text=True, timeout=60)
+    bad = [line for line in (proc.stdout + proc.stderr).splitlines()
+           if re.search(r"unknown|invalid|failed to parse|ignoring", line, re.I)]
+    assert not bad, bad
+
+
+def test_docker_documents_init_shm_and_stop_timeout():
+    text = DOCKERFILE.read_text()
+    assert "--init" in text and "--shm-size" in text
+    m = re.search(r"--stop-timeout=(\d+)", text)
+    assert m and float(m.group(1)) > exit_timeout(text)
+    assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}-slim", text, re.M)
+    assert re.search(r"^USER (?!root)", text, re.M)
+    assert "EXPOSE 8000 8001 8002" in text
+
+
+def test_compose_runs_inferd_and_prometheus():
+    text = COMPOSE.read_text()
+    assert "init: true" in text
+    assert "shm_size:" in text
+    m = re.search(r"stop_grace_period:\s*(\d+)s", text)
+    assert m and float(m.group(1)) > exit_timeout(text)
+    assert "prometheus" in text
+    prom = PROMETHEUS.read_text()
+    assert re.search(r"targets:\s*\[\s*\"inferd:8002\"\s*\]", prom)
+    assert "metrics_path: /metrics" in prom
