@@ -17,7 +17,6 @@ from inferd.worker.wire.errors import internal, invalid_arg
 INT64_MAX = (1 << 63) - 1
 MAX_DIMS = 64  # also the deepest JSON `data` nesting accepted
 _LEN = struct.Struct("<I")
-_U32 = np.dtype("<u4")
 
 
 def datatype_of(datatype: Any, name: str) -> DataType:
@@ -157,8 +156,8 @@ def json_to_raw(datatype: str, shape: list[int], data: Any, name: str = "",
                 raise invalid_arg(f"BYTES tensor '{name}' expects JSON strings, got {type(v).__name__}")
         return pack_bytes(items)
     if dt.name in ("FP16", "BF16"):
-        raise invalid_arg(f"datatype {dt.name} of tensor '{name}' is not supported in JSON; "
-                          "send it as binary data")
+        raise invalid_arg(f"receiving {dt.name} data via JSON is not supported. Please use the binary data "
+                          f"format for input {name}")
     assert dt.numpy is not None
     if not flat:
         return b""
@@ -189,7 +188,8 @@ def json_to_raw(datatype: str, shape: list[int], data: Any, name: str = "",
 
 
 def raw_to_json(datatype: str, shape: list[int], data: Any, name: str = "") -> list[Any]:
-    """Wire bytes into a flat JSON list. BYTES elements become strings (they must be valid UTF-8)."""
+    """Wire bytes into a flat JSON list. BYTES elements become strings (they must be valid UTF-8);
+    FP16/BF16 are refused as Triton does (binary data only)."""
     dt = datatype_of(datatype, name)
     count = element_count(shape)
     if dt.name == "BYTES":
@@ -205,8 +205,8 @@ def raw_to_json(datatype: str, shape: list[int], data: Any, name: str = "") -> l
     if len(view) != count * dt.itemsize:
         raise internal(f"output '{name}' holds {len(view)} bytes, shape {list(shape)} of {dt.name} "
                        f"needs {count * dt.itemsize}")
-    if dt.name == "BF16":
-        bits = np.frombuffer(view, dtype="<u2").astype(_U32) << 16
-        return bits.view("<f4").tolist()  # type: ignore[no-any-return]
+    if dt.name in ("FP16", "BF16"):
+        raise invalid_arg(f"sending {dt.name} data via JSON is not supported. Please use the binary data "
+                          f"format for output {name}")
     assert dt.numpy is not None
     return np.frombuffer(view, dtype=dt.numpy).tolist()  # type: ignore[no-any-return]

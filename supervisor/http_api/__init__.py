@@ -1,13 +1,15 @@
 """HTTP/REST frontend (KServe v2 + Triton extensions) and the metrics endpoint.
 
-Wiring (inside the supervisor's event loop):
+The app starts them through frontend.py:
 
-    http = await start_http_api(dataplane, host, port, max_input_size=cfg.http_max_input_size)
-    metrics = await start_metrics_server(dataplane, host, metrics_port)
+    http = await frontend.start(dataplane, config)            # HttpFrontend, .port
+    metrics = await frontend.start_metrics(dataplane, config)
     ...
-    http.close(); metrics.close()              # stop accepting, close idle keep-alive connections
-    await http.wait_closed(timeout)            # in-flight requests finish, the rest are aborted
-    await metrics.wait_closed(1.0)
+    await http.stop()      # stop accepting, close idle keep-alive connections, let running
+    await metrics.stop()   # requests finish (up to exit_timeout_secs), abort the rest
+
+Lower level: `start_http_api(dataplane, host, port, ...)` / `start_metrics_server(...)` return an
+HttpServer (`.port`, `.close()`, `await .wait_closed(timeout)`).
 """
 
 from __future__ import annotations

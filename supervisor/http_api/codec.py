@@ -247,12 +247,14 @@ class InferCodec:
                     req.priority = value
                 else:
                     req.timeout_us = value
-            elif key.startswith("triton_") or key == "headers":
-                raise invalid_arg(f"parameter '{key}' is reserved and may not be given in a request")
+            elif key.startswith("triton_"):
+                raise invalid_arg("parameter keys starting with 'triton_' are reserved for Triton usage and "
+                                  f"should not be specified (got '{key}')")
             elif isinstance(value, (str, bool, int, float)):
                 req.parameters[key] = value
             else:
-                raise invalid_arg(f"parameter '{key}' must be a string, a boolean or a number")
+                raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', 'double', "
+                                  "'bool', or 'string'.")
 
     def _parse_raw(self, model: str, version: str, body: Any, total: int) -> ParsedInfer:
         """Header length 0: the body is the one input of a single-input model, batch 1."""
@@ -273,10 +275,8 @@ class InferCodec:
                               "one variable dimension")
         dt = tensors.datatype_of(datatype, name)
         if dt.itemsize == 0:
-            for i in variable:
-                shape[i] = 1
-            if tensors.element_count(shape) != 1:
-                raise invalid_arg(f"raw binary request for BYTES input '{name}' needs shape [1]")
+            if any(d != 1 for d in shape):
+                raise invalid_arg(f"For BYTE datatype raw input '{name}', the model must have input shape [1]")
             data: Any = tensors.pack_bytes([bytes(body)])
         else:
             fixed = dt.itemsize * tensors.element_count([d for d in shape if d >= 0])

@@ -314,3 +314,14 @@ def test_http10_keep_alive(served: Any) -> None:
             assert status == 200 and headers["connection"] == "keep-alive"
     finally:
         conn.close()
+
+
+def test_many_idle_connections_do_not_block(served: Any) -> None:
+    idle = [RawConn(served.port) for _ in range(300)]
+    try:
+        start = time.monotonic()
+        assert request(served.port, "GET", "/v2/health/ready")[0] == 200
+        assert time.monotonic() - start < 1.0
+    finally:
+        for conn in idle:
+            conn.close()

@@ -126,14 +126,26 @@ def test_every_datatype_json(client: Any, dt: str) -> None:
         np.testing.assert_array_equal(out, data)
 
 
-def test_half_floats_json_output(client: Any) -> None:
+def test_half_floats_json_output_refused(client: Any) -> None:
+    """Triton 2.51 (checked): 400 'sending FP16 data via JSON is not supported ...'."""
     for dt in ("FP16", "BF16"):
-        data = sample(dt)
         inp = httpclient.InferInput("INPUT0", [6], dt)
-        inp.set_data_from_numpy(data, binary_data=True)
-        res = client.infer("identity_" + dt, [inp],
-                           outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
-        assert res.get_output("OUTPUT0")["data"] == data.astype(np.float32).tolist()
+        inp.set_data_from_numpy(sample(dt), binary_data=True)
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("identity_" + dt, [inp],
+                         outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+        assert e.value.status() == "400"
+        assert f"sending {dt} data via JSON is not supported" in e.value.message()
+
+
+def test_non_utf8_bytes_json_output_refused(client: Any) -> None:
+    inp = httpclient.InferInput("INPUT0", [1], "BYTES")
+    inp.set_data_from_numpy(np.array([b"\xff\xfe"], dtype=np.object_), binary_data=True)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("identity_BYTES", [inp], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+    assert e.value.status() == "400" and "not valid UTF-8" in e.value.message()
+    res = client.infer("identity_BYTES", [inp])
+    assert res.as_numpy("OUTPUT0").tolist() == [b"\xff\xfe"]
 
 
 def test_zero_size_binary_output(client: Any) -> None:
@@ -165,9 +177,9 @@ def test_parameters_and_sequence(client: Any, served: Any) -> None:
     inp = httpclient.InferInput("IN", [1], "INT32")
     inp.set_data_from_numpy(np.array([5], np.int32))
     res = client.infer("params", [inp], sequence_id=42, sequence_start=True, sequence_end=True, priority=3,
-                       timeout=1000, parameters={"custom": "v", "n": 2, "flag": True})
+                       timeout=1000, parameters={"custom": "v", "n": 2, "flag": True, "x": 0.5})
     p = res.get_response()["parameters"]
-    assert p == {"custom": "v", "n": 2, "flag": True, "correlation_id": 42, "flags": 3, "priority": 3,
+    assert p == {"custom": "v", "n": 2, "flag": True, "x": 0.5, "correlation_id": 42, "flags": 3, "priority": 3,
                  "timeout_us": 1000}
     res = client.infer("params", [inp], sequence_id="corr-a", sequence_start=True)
     assert res.get_response()["parameters"]["correlation_id"] == "corr-a"
