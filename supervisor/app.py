@@ -46,7 +46,6 @@ class App:
             metrics_renderer=loader.metrics_renderer(registry, manager, runtime),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
         )
-        dataplane.inferd_status = lambda name="": loader.status_json(manager, name)  # type: ignore[attr-defined]
         try:
             await self._start_frontends(dataplane)
             ok = await self._initial_load(manager)

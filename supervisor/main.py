@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 from .config import parse_args
@@ -11,6 +12,8 @@ from .config import parse_args
 
 def main(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    # Workers are spawned while gRPC threads run; its fork handlers only add noise (we exec at once).
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     logging.basicConfig(
         level=logging.DEBUG if config.log_verbose > 0 else logging.INFO,
         format="%(asctime)s.%(msecs)03d %(levelname).1s %(name)s] %(message)s",

@@ -73,6 +73,14 @@ class DataPlane(abc.ABC):
     @abc.abstractmethod
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
 
+    # ---- inferd's own status view (infer-ctl status) ----
+    def status(self, name: str = "") -> dict[str, Any]:
+        """{"models": [{"name","version","state","reason","instances": [{"name","pid","state","restarts",
+        "inflight","last_error"}]}]}"""
+        from inferd.worker.wire.errors import ErrorCode, InferdError
+
+        raise InferdError(ErrorCode.UNSUPPORTED, "status is not available")
+
     # ---- settings (trace / logging extensions) ----
     @abc.abstractmethod
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]: ...

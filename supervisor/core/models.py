@@ -77,12 +77,12 @@ class ModelManager:
         """The version a request targets: "" = highest ready version (policy already applied at load)."""
         e = self.entries.get(name)
         if e is None or (not e.versions and not e.records):
-            raise InferdError(ErrorCode.INVALID_ARG, "Request for unknown model: '%s' is not found" % name)
+            raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' is not found" % name)
         if version:
             try:
                 v = int(version)
             except ValueError:
-                raise InferdError(ErrorCode.INVALID_ARG,
+                raise InferdError(ErrorCode.NOT_FOUND,
                                   "invalid model version '%s' for model '%s'" % (version, name)) from None
             mv = e.versions.get(v)
             if mv is None:

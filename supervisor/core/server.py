@@ -9,6 +9,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from . import loader
 from .dataplane import DataPlane
 from .models import ModelManager
 from .types import InferRequest, InferResponse
@@ -71,17 +72,16 @@ class ServerDataPlane(DataPlane):
         mv = self.manager.resolve_ready(name, version)
         versions = [str(mv.version)] if version else sorted(
             (str(v) for v, m in self.manager.entries[name].versions.items() if m.ready), key=int)
-        meta = dict(mv.metadata_base)
-        meta["versions"] = versions
+        base = mv.metadata_base
+        meta = {"name": base["name"], "versions": versions}
+        meta.update((k, v) for k, v in base.items() if k != "name")
         return meta
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             mv = self.manager.resolve(name, version)
-        except InferdError as exc:
-            if exc.code == ErrorCode.INVALID_ARG:
-                raise
-            return False
+        except InferdError:
+            return False  # as Triton: an unknown model or version is simply not ready
         return mv.ready
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
@@ -160,6 +160,9 @@ class ServerDataPlane(DataPlane):
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit()
         await self.manager.unload(name)
+
+    def status(self, name: str = "") -> dict[str, Any]:
+        return loader.status_json(self.manager, name)
 
     # ---- settings ----
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd.worker.wire import dtypes
-from inferd.worker.wire.errors import invalid_arg
+from inferd.worker.wire.errors import InferdError, invalid_arg
 
 from .types import InferRequest
 
@@ -73,7 +73,24 @@ def bytes_element_count(data: Any, limit: int) -> int:
 
 
 def validate_request(spec: IOSpec, request: InferRequest) -> None:
+    try:
+        _validate(spec, request)
+    except InferdError as exc:
+        # Triton prefixes request errors with the request id
+        exc.message = "[request id: %s] %s" % (request.id or "<id_unknown>", exc.message)
+        exc.args = (exc.message,)
+        raise
+
+
+def _validate(spec: IOSpec, request: InferRequest) -> None:
     model = spec.model_name
+    given = [t.name for t in request.inputs]
+    required = [n for n, ts in spec.inputs.items() if not ts.optional and n not in spec.injected]
+    missing = [n for n in required if n not in given]
+    if missing or len(given) > len(spec.inputs):
+        raise invalid_arg("expected %d inputs but got %d inputs for model '%s'. Got input(s) %s, but missing "
+                          "required input(s) %s. Please provide all required input(s)."
+                          % (len(required), len(given), model, _names(given), _names(missing)))
     seen: set[str] = set()
     batch_size: int | None = None
     for tensor in request.inputs:
@@ -116,13 +133,6 @@ def validate_request(spec: IOSpec, request: InferRequest) -> None:
                                   % (tensor.name, model, expected_bytes, memoryview(tensor.data).nbytes))
     if batch_size is not None and batch_size > spec.max_batch_size:
         raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (spec.max_batch_size, model))
-    missing = [n for n, ts in spec.inputs.items()
-               if n not in seen and not ts.optional and n not in spec.injected]
-    if missing:
-        raise invalid_arg("expected %d inputs but got %d inputs for model '%s'. Got input(s) %s, but missing "
-                          "required input(s) %s. Please provide all required input(s)."
-                          % (len([t for t in spec.inputs.values() if not t.optional]), len(seen), model,
-                             _names(sorted(seen)), _names(missing)))
     for out in request.outputs:
         if out.name not in spec.outputs:
             raise invalid_arg("unexpected inference output '%s' for model '%s'" % (out.name, model))
