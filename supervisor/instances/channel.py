@@ -1,0 +1,173 @@
+"""The one ROUTER socket all workers connect to (the only ZeroMQ user in the supervisor).
+
+Read on the event loop with `loop.add_reader` on the socket's FD and non-blocking drains: ZeroMQ's FD
+is edge-triggered, so every wake-up drains until EAGAIN, and after every send the socket's EVENTS are
+checked (a send can consume the FD's edge while messages wait). Messages are routed by the sender's
+identity to a handler registered per worker; a worker's heartbeat socket is `<identity>/hb`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import zmq
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+log = logging.getLogger("inferd.instances.channel")
+
+Handler = Callable[[list[Any]], None]  # receives the message frames (zmq.Frame), identity removed
+HB_SUFFIX = "/hb"
+_DRAIN_BATCH = 512  # messages per wake-up before yielding to other callbacks
+_MAX_SUN_PATH = 107
+
+
+class ChannelError(InferdError):
+    pass
+
+
+class Channel:
+    """ROUTER bound at `ipc://<run_dir>/workers.sock`; `open()` must run on the event-loop thread."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(os.path.abspath(run_dir), "workers.sock")
+        if len(self.path.encode()) > _MAX_SUN_PATH:
+            raise ValueError(f"run dir path too long for an ipc socket: {self.path}")
+        self.endpoint = "ipc://" + self.path
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._fd = -1
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handlers: dict[bytes, Handler] = {}
+        self._drain_scheduled = False
+        self.dropped = 0  # messages from unknown identities (late replies of dead workers)
+
+    # ---- lifecycle ----
+    def open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown/disconnected peer: EHOSTUNREACH, not a drop
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        old_umask = os.umask(0o077)  # the socket file is ours alone
+        try:
+            sock.bind(self.endpoint)
+        finally:
+            os.umask(old_umask)
+        self._ctx, self._sock = ctx, sock
+        self._fd = sock.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._drain)
+        # messages may already be queued (none at bind, but keep the invariant: drain after setup)
+        self._schedule_drain()
+
+    def close(self) -> None:
+        if self._sock is None:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._fd)
+        self._sock.close(linger=0)
+        assert self._ctx is not None
+        self._ctx.term()
+        self._sock = None
+        self._ctx = None
+        self._handlers.clear()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
+    # ---- routing ----
+    def register(self, identity: str, handler: Handler, heartbeat_handler: Handler) -> None:
+        ident = identity.encode()
+        self._handlers[ident] = handler
+        self._handlers[ident + HB_SUFFIX.encode()] = heartbeat_handler
+
+    def unregister(self, identity: str) -> None:
+        ident = identity.encode()
+        self._handlers.pop(ident, None)
+        self._handlers.pop(ident + HB_SUFFIX.encode(), None)
+
+    def send(self, identity: str, frames: Sequence[Any]) -> None:
+        """Send one message (frames zero-copy) to a worker; raises InferdError(UNAVAILABLE) if it cannot."""
+        sock = self._sock
+        if sock is None:
+            raise ChannelError(ErrorCode.UNAVAILABLE, "worker channel is closed")
+        try:
+            sock.send_multipart([identity.encode(), *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading") from None
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not connected") from None
+            raise ChannelError(ErrorCode.UNAVAILABLE, f"send to worker '{identity}' failed: {exc}") from None
+        finally:
+            self._after_send()
+
+    def send_heartbeat(self, identity: str, frames: Sequence[Any]) -> bool:
+        """Best effort: False when the worker's heartbeat socket is not (or no longer) connected."""
+        try:
+            self.send(identity + HB_SUFFIX, frames)
+        except ChannelError:
+            return False
+        return True
+
+    # ---- reading ----
+    def poll_now(self) -> None:
+        """Read everything queued now (e.g. before judging a worker silent after the loop was busy)."""
+        self._drain()
+
+    def _after_send(self) -> None:
+        sock = self._sock
+        if sock is not None and not self._drain_scheduled:
+            events: int = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
+            if events & zmq.POLLIN:
+                self._schedule_drain()
+
+    def _schedule_drain(self) -> None:
+        if not self._drain_scheduled and self._loop is not None:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._drain_scheduled = False
+        sock = self._sock
+        if sock is None:
+            return
+        handlers = self._handlers
+        for _ in range(_DRAIN_BATCH):
+            # EVENTS (about 1.5 us) both tells whether a message waits and re-arms the edge-triggered
+            # FD; cheaper than ending every drain with a zmq.Again exception (about 4 us).
+            try:
+                events: int = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
+                if not events & zmq.POLLIN:
+                    return
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:  # socket closed underneath us
+                log.debug("channel recv failed: %s", exc)
+                return
+            handler = handlers.get(frames[0].bytes)
+            if handler is None:
+                self.dropped += 1
+                log.debug("dropping a message from unknown worker %r", frames[0].bytes)
+                continue
+            try:
+                handler(frames[1:])
+            except Exception:
+                log.exception("worker message handler failed")
+            if self._sock is None:
+                return
+        self._schedule_drain()  # more may be waiting: continue after other callbacks had a turn

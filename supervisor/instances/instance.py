@@ -1,0 +1,276 @@
+"""A supervised instance slot: owns successive WorkerProcesses and restarts them with capped backoff.
+
+- The first start's failure is raised (the model load fails with the worker's reason).
+- After that, an unexpected death restarts the worker: at once if it had been ready for at least
+  `healthy_run_s`, else after `restart_base_s`, doubling while it keeps dying soon after ready (or
+  failing to start), capped at `restart_cap_s`. After `restart_give_up` failures in a row the
+  instance is FAILED with the last reason and nothing more is spawned.
+- `on_change(instance)` is called on every state change so the model manager can recompute readiness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from inferd.supervisor.config import WorkerTimings
+from inferd.supervisor.core.types import InferRequest
+from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from .channel import Channel
+from .launcher import Launcher
+from .worker import BatchResult, WorkerProcess
+
+log = logging.getLogger("inferd.instances")
+
+
+class InstanceState(str, enum.Enum):
+    STARTING = "starting"  # first start in progress
+    READY = "ready"
+    RESTARTING = "restarting"  # waiting out the backoff delay, or a replacement is starting
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"  # first start failed, or gave up restarting
+
+
+def backoff_delay(failures: int, base_s: float, cap_s: float) -> float:
+    """Delay before the next start after `failures` consecutive failures (0: immediately)."""
+    if failures <= 0:
+        return 0.0
+    return min(cap_s, base_s * (2.0 ** (failures - 1)))
+
+
+class Instance:
+    """One model instance (`load.instance_name`), kept alive by restarting its worker process."""
+
+    def __init__(
+        self,
+        load: m.LoadModel,
+        *,
+        channel: Channel,
+        launcher: Launcher,
+        timings: WorkerTimings,
+        pool: Any = None,
+        python: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        path_prefix: Sequence[str] = (),
+        log_verbose: int = 0,
+        on_change: Callable[[Instance], None] | None = None,
+    ) -> None:
+        self.load = load
+        self.name = load.instance_name
+        self.model_name = load.model_name
+        self.state = InstanceState.STOPPED
+        self.restarts = 0  # replacement processes spawned after the first
+        self.failures = 0  # consecutive failures (deaths soon after ready, failed restarts)
+        self.last_error: InferdError | None = None
+        self.on_change = on_change
+        self._channel = channel
+        self._launcher = launcher
+        self._timings = timings
+        self._pool = pool
+        self._python = python
+        self._extra_env = extra_env
+        self._path_prefix = tuple(path_prefix)
+        self._log_verbose = log_verbose
+        self._loop = asyncio.get_running_loop()
+        self._worker: WorkerProcess | None = None
+        self._restart_task: asyncio.Task[None] | None = None
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- introspection ----
+    @property
+    def ready(self) -> bool:
+        return self.state is InstanceState.READY
+
+    @property
+    def pid(self) -> int | None:
+        w = self._worker
+        return w.pid if w is not None and not w.exited else None
+
+    @property
+    def inflight(self) -> int:
+        """Requests handed to this instance and not yet answered (queued at the worker included)."""
+        return self._inflight
+
+    @property
+    def busy(self) -> bool:
+        w = self._worker
+        return w is not None and w.busy
+
+    @property
+    def worker(self) -> WorkerProcess | None:
+        return self._worker
+
+    def _set_state(self, state: InstanceState) -> None:
+        if state is self.state:
+            return
+        self.state = state
+        if self.on_change is not None:
+            try:
+                self.on_change(self)
+            except Exception:
+                log.exception("on_change callback failed for instance '%s'", self.name)
+
+    def _new_worker(self) -> WorkerProcess:
+        return WorkerProcess(
+            name=self.name,
+            channel=self._channel,
+            launcher=self._launcher,
+            timings=self._timings,
+            pool=self._pool,
+            model_name=self.load.model_name,
+            model_version=self.load.version,
+            python=self._python,
+            extra_env=self._extra_env,
+            path_prefix=self._path_prefix,
+            log_verbose=self._log_verbose,
+            on_exit=self._on_worker_exit,
+        )
+
+    # ---- lifecycle ----
+    async def start(self) -> None:
+        """First start. Raises InferdError with the reason (the instance is then FAILED)."""
+        self.failures = 0
+        self.last_error = None
+        self._set_state(InstanceState.STARTING)
+        worker = self._new_worker()
+        self._worker = worker
+        try:
+            await worker.start(self.load)
+        except InferdError as exc:
+            self.last_error = exc
+            self._set_state(InstanceState.FAILED)
+            raise
+        except BaseException:
+            self._set_state(InstanceState.FAILED)
+            raise
+        if self.state is InstanceState.STARTING:
+            self._set_state(InstanceState.READY)
+
+    def _on_worker_exit(self, worker: WorkerProcess, err: InferdError) -> None:
+        if worker is not self._worker or self.state is not InstanceState.READY:
+            return
+        self.last_error = err
+        ran = self._loop.time() - (worker.ready_at or self._loop.time())
+        if ran >= self._timings.healthy_run_s:
+            self.failures = 0
+        else:
+            self.failures += 1
+        self._schedule_restart()
+
+    def _schedule_restart(self) -> None:
+        t = self._timings
+        if self.failures >= t.restart_give_up:
+            log.error("instance '%s' of model '%s' failed %d times in a row; giving up: %s", self.name,
+                      self.model_name, self.failures, self.last_error.message if self.last_error else "")
+            self._set_state(InstanceState.FAILED)
+            return
+        delay = backoff_delay(self.failures, t.restart_base_s, t.restart_cap_s)
+        self._set_state(InstanceState.RESTARTING)
+        self._restart_task = self._loop.create_task(self._restart(delay), name="restart-" + self.name)
+
+    async def _restart(self, delay: float) -> None:
+        if delay > 0:
+            log.info("restarting instance '%s' of model '%s' in %.2f s", self.name, self.model_name, delay)
+            await asyncio.sleep(delay)
+        self.restarts += 1
+        worker = self._new_worker()
+        self._worker = worker
+        try:
+            await worker.start(self.load)
+        except InferdError as exc:
+            if self.state is InstanceState.RESTARTING:
+                self.last_error = exc
+                self.failures += 1
+                self._schedule_restart()
+            return
+        if self.state is not InstanceState.RESTARTING:  # drained meanwhile
+            await worker.stop()
+            return
+        log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid)
+        self._set_state(InstanceState.READY)
+
+    async def drain_and_stop(self, timeout: float | None = None) -> None:
+        """Stop taking work, wait up to `timeout` for requests in flight, then stop the worker."""
+        if self.state is InstanceState.STOPPED and self._worker is None:
+            return
+        self._set_state(InstanceState.DRAINING)
+        task, self._restart_task = self._restart_task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task})  # a start in progress kills and reaps its process
+        if self._inflight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except asyncio.TimeoutError:
+                log.warning("instance '%s': %d requests still in flight after %s s; stopping anyway",
+                            self.name, self._inflight, timeout)
+        worker = self._worker
+        if worker is not None:
+            await worker.stop(self._timings.stop_timeout_s)
+        self._set_state(InstanceState.STOPPED)
+
+    # ---- work ----
+    async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
+        """Run a batch on this instance; InferdError(UNAVAILABLE) when it is not ready or dies meanwhile."""
+        worker = self._worker
+        if self.state is not InstanceState.READY or worker is None:
+            raise self._not_ready()
+        n = len(requests)
+        self._inflight += n
+        self._idle.clear()
+        try:
+            return await worker.execute(requests)
+        finally:
+            self._inflight -= n
+            if not self._inflight:
+                self._idle.set()
+
+    run_batch = execute  # the scheduler's Executor protocol
+
+    async def stop(self) -> None:
+        """Stop now (the scheduler has drained): requests still in flight fail with UNAVAILABLE."""
+        await self.drain_and_stop(0)
+
+    def cancel(self, requests: Iterable[InferRequest]) -> None:
+        if self._worker is not None:
+            self._worker.cancel(requests)
+
+    def _not_ready(self) -> InferdError:
+        msg = f"instance '{self.name}' of model '{self.model_name}' is not ready ({self.state.value})"
+        if self.last_error is not None and self.state in (InstanceState.RESTARTING, InstanceState.FAILED):
+            msg += ": " + self.last_error.message
+        return InferdError(ErrorCode.UNAVAILABLE, msg)
+
+
+async def run_autocomplete(
+    msg: m.AutoComplete,
+    *,
+    channel: Channel,
+    launcher: Launcher,
+    timings: WorkerTimings,
+    python: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    path_prefix: Sequence[str] = (),
+    log_verbose: int = 0,
+) -> str:
+    """Auto-complete a model config in a throw-away worker; returns the completed config JSON."""
+    worker = WorkerProcess(
+        name=f"{msg.model_name}_autocomplete",
+        channel=channel,
+        launcher=launcher,
+        timings=timings,
+        model_name=msg.model_name,
+        python=python,
+        extra_env=extra_env,
+        path_prefix=path_prefix,
+        log_verbose=log_verbose,
+    )
+    return await worker.autocomplete(msg)

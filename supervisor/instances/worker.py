@@ -1,0 +1,558 @@
+"""One live worker process and the supervisor's side of its protocol (docs/worker-protocol.md).
+
+State machine: starting → ready → draining → stopped | failed. Death is detected by awaiting the
+process exit (a per-child wait); a heartbeat watchdog SIGKILLs a worker that went silent (hung,
+SIGSTOPped) so that it takes the same path. On any exit that was not requested, every request in
+flight fails at once with UNAVAILABLE naming the instance, its pid and the cause, and `on_exit` is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import enum
+import itertools
+import logging
+import os
+import signal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.supervisor.config import WorkerTimings
+from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from . import codec
+from .channel import Channel
+from .launcher import Bootstrap, Launcher
+
+log = logging.getLogger("inferd.instances.worker")
+
+_identities = itertools.count(1)
+_LOG_LEVELS = {
+    "ERROR": logging.ERROR, "WARNING": logging.WARNING, "INFO": logging.INFO, "VERBOSE": logging.DEBUG,
+}
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What one Execute returned: a response or an error per request (same order), and compute times."""
+
+    responses: list[InferResponse | InferdError]
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Batch:
+    __slots__ = ("batch_id", "fut", "requests", "ids", "leases")
+
+    def __init__(self, batch_id: int, fut: asyncio.Future[BatchResult], requests: Sequence[InferRequest],
+                 ids: list[int], leases: list[Any]) -> None:
+        self.batch_id = batch_id
+        self.fut = fut
+        self.requests = requests
+        self.ids = ids
+        self.leases = leases
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "?"
+        return f"killed by signal {-returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
+class WorkerProcess:
+    """One worker process for one model instance (or one throw-away auto-complete run)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        channel: Channel,
+        launcher: Launcher,
+        timings: WorkerTimings,
+        pool: Any = None,  # memory.shm_pool.ShmPool; None: inputs above INLINE_MAX_BYTES are refused
+        model_name: str = "",
+        model_version: str = "",
+        python: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        path_prefix: Sequence[str] = (),
+        log_verbose: int = 0,
+        on_exit: Callable[[WorkerProcess, InferdError], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.model_name = model_name
+        self.model_version = model_version
+        self.identity = f"w{next(_identities)}"
+        self.state = WorkerState.STARTING
+        self.hello: m.Hello | None = None
+        self.ready_at: float | None = None  # loop time when it became ready
+        self.error: InferdError | None = None  # why it failed
+        self.returncode: int | None = None
+        self._channel = channel
+        self._launcher = launcher
+        self._timings = timings
+        self._pool = pool
+        self._python = python
+        self._extra_env = extra_env
+        self._path_prefix = tuple(path_prefix)
+        self._log_verbose = log_verbose
+        self._on_exit = on_exit
+        self._loop = asyncio.get_running_loop()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._exited = asyncio.Event()
+        self._exit_task: asyncio.Task[None] | None = None
+        self._hb_task: asyncio.Task[None] | None = None
+        self._last_hb = 0.0
+        self._control: dict[type, asyncio.Future[Any]] = {}
+        self._stopping = False
+        self._kill_reason = ""
+        self._batch: _Batch | None = None
+        self._busy = False
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._batch_ids = itertools.count(1)
+        self._request_ids = itertools.count(1)
+        self._regions_seen: set[str] = set()
+        self._pool_epoch = -1
+        self._hb_frames = m.encode(m.Heartbeat(0))
+        self._log = logging.getLogger(f"inferd.worker.{name}")
+
+    # ---- introspection ----
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    @property
+    def inflight(self) -> int:
+        return len(self._batch.requests) if self._batch is not None else 0
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    async def wait_exit(self) -> None:
+        await self._exited.wait()
+
+    def _who(self) -> str:
+        who = f"instance '{self.name}'"
+        if self.model_name:
+            who = f"model '{self.model_name}' {who}"
+        if self._proc is not None:
+            who += f" (pid {self._proc.pid})"
+        return who
+
+    # ---- start-up ----
+    async def start(self, load: m.LoadModel) -> None:
+        """Spawn, handshake, load the model. Raises InferdError with the reason; leaves no process behind."""
+        try:
+            await self._spawn_and_hello()
+            self._send(load)
+            timeout = self._timings.load_timeout_s
+            result: m.LoadResult = await self._expect(m.LoadResult, timeout, "model load")
+            if result.error is not None:
+                raise InferdError(ErrorCode(result.error.code), result.error.message)
+        except BaseException as exc:
+            await self._abort(exc)
+            raise
+        self.state = WorkerState.READY
+        self.ready_at = self._loop.time()
+
+    async def autocomplete(self, msg: m.AutoComplete) -> str:
+        """Run the backend's auto-complete in this (throw-away) worker; returns the config JSON."""
+        try:
+            await self._spawn_and_hello()
+            self._send(msg)
+            result: m.AutoCompleteResult = await self._expect(
+                m.AutoCompleteResult, self._timings.autocomplete_timeout_s, "config auto-complete"
+            )
+        except BaseException as exc:
+            await self._abort(exc)
+            raise
+        await self.stop()
+        if result.error is not None:
+            raise InferdError(ErrorCode(result.error.code), result.error.message)
+        return result.config_json
+
+    async def _spawn_and_hello(self) -> None:
+        t = self._timings
+        self._channel.register(self.identity, self._on_message, self._on_heartbeat)
+        boot = Bootstrap(
+            endpoint=self._channel.endpoint,
+            identity=self.identity,
+            instance_name=self.name,
+            supervisor_pid=os.getpid(),
+            heartbeat_interval_s=t.heartbeat_interval_s,
+            heartbeat_timeout_s=t.heartbeat_interval_s * t.heartbeat_misses * 2,
+            log_verbose=self._log_verbose,
+        )
+        hello_fut = self._expect_future(m.Hello)
+        self._proc = await self._launcher.spawn(
+            boot, python=self._python, extra_env=self._extra_env, path_prefix=self._path_prefix
+        )
+        self._exit_task = self._loop.create_task(self._watch_exit(self._proc), name="exit-" + self.name)
+        hello: m.Hello = await self._await_control(hello_fut, t.spawn_timeout_s, "start-up (spawn to Hello)")
+        if hello.wire_version != m.WIRE_VERSION:
+            raise InferdError(
+                ErrorCode.INTERNAL,
+                f"{self._who()} speaks wire version {hello.wire_version}, the server {m.WIRE_VERSION}"
+                f" (python {hello.python_version})",
+            )
+        if hello.pid != self._proc.pid:
+            log.warning("%s reports pid %s", self._who(), hello.pid)
+        self.hello = hello
+        self._last_hb = self._loop.time()
+        self._hb_task = self._loop.create_task(self._heartbeat_loop(), name="hb-" + self.name)
+
+    def _expect_future(self, cls: type) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._control[cls] = fut
+        if self.error is not None:  # already dead
+            fut.set_exception(self.error)
+        return fut
+
+    async def _expect(self, cls: type, timeout: float, stage: str) -> Any:
+        return await self._await_control(self._expect_future(cls), timeout, stage)
+
+    async def _await_control(self, fut: asyncio.Future[Any], timeout: float, stage: str) -> Any:
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise InferdError(
+                ErrorCode.UNAVAILABLE, f"{self._who()}: {stage} timed out after {timeout:g} s"
+            ) from None
+
+    async def _abort(self, exc: BaseException) -> None:
+        """A start that failed: kill, reap, mark failed (even when the caller was cancelled)."""
+        self._stopping = True
+        if self.error is None:
+            self.error = exc if isinstance(exc, InferdError) else InferdError(ErrorCode.INTERNAL, str(exc))
+        self.state = WorkerState.FAILED
+        self._kill("start failed")
+        await asyncio.shield(self._reap())
+
+    async def _reap(self) -> None:
+        if self._exit_task is not None:
+            await self._exit_task
+        else:
+            self._cleanup()
+
+    # ---- execution ----
+    async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
+        """Run one batch. One Execute is in flight per worker: callers queue here in FIFO order.
+
+        Raises InferdError(UNAVAILABLE) when the worker is not ready or dies meanwhile. Cancelling the
+        caller sends Cancel to the worker; the batch still occupies the worker until its reply.
+        """
+        if self.state is not WorkerState.READY:
+            raise self._not_ready()
+        if self._busy:
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._release_slot()  # ownership was handed over just before the cancel
+                raise
+            if self.state is not WorkerState.READY:
+                self._release_slot()
+                raise self._not_ready()
+        self._busy = True
+        try:
+            batch_id = next(self._batch_ids)
+            frames, items, ids, leases, forget = self._build(requests)
+        except BaseException:
+            self._release_slot()
+            raise
+        fut: asyncio.Future[BatchResult] = self._loop.create_future()
+        batch = _Batch(batch_id, fut, requests, ids, leases)
+        self._batch = batch
+        try:
+            self._channel.send(self.identity, [codec.execute_header(batch_id, items, forget), *frames])
+        except InferdError:
+            self._batch = None
+            self._release_leases(leases)
+            self._release_slot()
+            raise
+        fut.add_done_callback(self._on_batch_future_done)
+        return await fut
+
+    def cancel(self, requests: Iterable[InferRequest]) -> None:
+        """Tell the worker that these requests (of the batch in flight) are cancelled."""
+        batch = self._batch
+        if batch is None:
+            return
+        wanted = {id(r) for r in requests}
+        ids = [rid for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
+        if ids:
+            self._send_quiet(m.Cancel(ids))
+
+    def _not_ready(self) -> InferdError:
+        if self.error is not None:
+            return InferdError(ErrorCode.UNAVAILABLE, self.error.message)
+        return InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} is {self.state.value}")
+
+    def _build(self, requests: Sequence[InferRequest]) -> tuple[list[Any], list[dict[str, Any]], list[int],
+                                                                list[Any], list[str]]:
+        frames: list[Any] = []
+        items: list[dict[str, Any]] = []
+        ids: list[int] = []
+        leases: list[Any] = []
+        forget: list[str] = []
+        pool = self._pool
+        if pool is not None and pool.epoch != self._pool_epoch:
+            self._pool_epoch = pool.epoch
+            forget = [name for name in self._regions_seen if not pool.is_live(name)]
+            self._regions_seen.difference_update(forget)
+        try:
+            for req in requests:
+                rid = next(self._request_ids)
+                refs = []
+                for t in req.inputs:
+                    data = t.data
+                    nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
+                    if nbytes <= m.INLINE_MAX_BYTES:
+                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
+                                                     nbytes))
+                        frames.append(data)
+                        continue
+                    if pool is None:
+                        raise InferdError(ErrorCode.UNAVAILABLE, f"no shared memory for input '{t.name}'")
+                    lease = pool.lease(nbytes)
+                    leases.append(lease)
+                    lease.write(data)
+                    self._regions_seen.add(lease.name)
+                    refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, lease.name,
+                                                 lease.offset, nbytes))
+                items.append(codec.request_item(rid, req, refs))
+                ids.append(rid)
+        except BaseException:
+            self._release_leases(leases)
+            raise
+        return frames, items, ids, leases, forget
+
+    def _on_batch_future_done(self, fut: asyncio.Future[BatchResult]) -> None:
+        batch = self._batch
+        if fut.cancelled() and batch is not None and batch.fut is fut:
+            self._send_quiet(m.Cancel(list(batch.ids)))
+
+    def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
+        batch = self._batch
+        batch_id = msg.get("batch_id")
+        if batch is None or batch_id != batch.batch_id:
+            log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
+            return
+        self._batch = None
+        self._release_leases(batch.leases)
+        try:
+            result = self._batch_result(batch, msg, data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            result = None
+            self._kill(f"sent a malformed result ({exc!r})")
+            if not batch.fut.done():
+                batch.fut.set_exception(
+                    InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
+        if result is not None and not batch.fut.done():
+            batch.fut.set_result(result)
+        self._release_slot()
+
+    def _batch_result(self, batch: _Batch, msg: dict[str, Any], data: Sequence[Any]) -> BatchResult:
+        responses = msg["responses"]
+        if len(responses) != len(batch.requests):
+            raise ValueError(f"{len(responses)} responses for {len(batch.requests)} requests")
+        out: list[InferResponse | InferdError] = []
+        version = self.model_version
+        for req, rid, item in zip(batch.requests, batch.ids, responses, strict=True):
+            if item["request_id"] != rid:
+                raise ValueError("responses out of order")
+            err = item.get("error")
+            if err is not None:
+                try:
+                    code = ErrorCode(err["code"])
+                except ValueError:
+                    code = ErrorCode.INTERNAL
+                out.append(InferdError(code, str(err["message"])))
+                continue
+            outputs = []
+            for ref in item.get("outputs") or ():
+                frame = ref.get("frame", -1)
+                if ref.get("loc", "frame") != "frame" or type(frame) is not int or not 0 <= frame < len(data):
+                    raise ValueError(f"output '{ref.get('name')}' has a bad reference")
+                outputs.append(Tensor(ref["name"], ref["datatype"], ref["shape"], data[frame].buffer))
+            out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs,
+                                     item.get("parameters") or {}))
+        return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
+                           int(msg.get("compute_output_ns", 0)))
+
+    def _release_slot(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # hand the slot over: _busy stays True
+                return
+        self._busy = False
+
+    def _release_leases(self, leases: list[Any]) -> None:
+        for lease in leases:
+            lease.release()
+        leases.clear()
+
+    # ---- messages ----
+    def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:
+        self._channel.send(self.identity, m.encode(msg, frames))
+
+    def _send_quiet(self, msg: Any) -> None:
+        try:
+            self._send(msg)
+        except InferdError:
+            pass
+
+    def _on_heartbeat(self, frames: list[Any]) -> None:
+        self._last_hb = self._loop.time()
+
+    def _on_message(self, frames: list[Any]) -> None:
+        try:
+            msg, data = codec.parse(frames)
+        except m.ProtocolError as exc:
+            self._kill(f"sent a malformed message ({exc})")
+            return
+        cls = type(msg)
+        if cls is dict:
+            self._on_execute_result(msg, data)
+        elif cls is m.Log:
+            self._log.log(_LOG_LEVELS.get(msg.level, logging.INFO), "%s", msg.message)
+        elif cls is m.Bye:
+            if msg.error is not None:
+                self._log.warning("finalize failed: %s", msg.error.message)
+        else:
+            fut = self._control.pop(cls, None)
+            if fut is None or fut.done():
+                self._log.warning("unexpected %s from %s", cls.__name__, self._who())
+            else:
+                fut.set_result(msg)
+
+    # ---- liveness ----
+    async def _heartbeat_loop(self) -> None:
+        interval = self._timings.heartbeat_interval_s
+        limit = interval * self._timings.heartbeat_misses
+        seq = 0
+        while not self._exited.is_set():
+            await asyncio.sleep(interval)
+            seq += 1
+            self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq)))
+            silent = self._loop.time() - self._last_hb
+            if silent > limit:
+                self._channel.poll_now()  # the loop may have been busy: read what is queued first
+                silent = self._loop.time() - self._last_hb
+                if silent > limit:
+                    self._kill(f"hung: no heartbeat for {silent:.1f} s")
+                    return
+
+    def _kill(self, reason: str) -> None:
+        if self._proc is None or self._proc.returncode is not None:
+            return
+        if not self._kill_reason:
+            self._kill_reason = reason
+        try:
+            self._proc.kill()
+        except ProcessLookupError:
+            pass
+
+    async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
+        rc = await proc.wait()
+        self.returncode = rc
+        if self._stopping:
+            err = self.error or InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} was stopped")
+        elif self._kill_reason:
+            err = InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} {self._kill_reason}; killed")
+        else:
+            stage = " during start-up" if self.state is WorkerState.STARTING else ""
+            err = InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} died{stage}: {describe_exit(rc)}")
+        was = self.state
+        unexpected = not self._stopping
+        if self.error is None and unexpected:
+            self.error = err
+        if unexpected:
+            self.state = WorkerState.FAILED
+        elif self.state is not WorkerState.FAILED:  # a failed start stays failed
+            self.state = WorkerState.STOPPED
+        self._fail_all(err)
+        self._cleanup()
+        if unexpected:
+            log.warning("%s", err.message)
+            if was in (WorkerState.READY, WorkerState.DRAINING) and self._on_exit is not None:
+                self._on_exit(self, err)
+
+    def _fail_all(self, err: InferdError) -> None:
+        for fut in self._control.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._control.clear()
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            self._release_leases(batch.leases)
+            if not batch.fut.done():
+                batch.fut.set_exception(err)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # it re-checks the state and raises
+        self._busy = False
+
+    def _cleanup(self) -> None:
+        self._channel.unregister(self.identity)
+        if self._hb_task is not None and self._hb_task is not asyncio.current_task():
+            self._hb_task.cancel()
+        if self._proc is not None and self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._exited.set()
+
+    # ---- shutdown ----
+    async def stop(self, timeout: float | None = None) -> None:
+        """Shutdown → Bye → exit within `timeout` (default stop_timeout_s), else SIGKILL. Always reaped."""
+        if self._proc is None:
+            self.state = WorkerState.STOPPED
+            return
+        if self._exited.is_set():
+            return
+        timeout = self._timings.stop_timeout_s if timeout is None else timeout
+        self._stopping = True
+        if self.state in (WorkerState.READY, WorkerState.STARTING):
+            self.state = WorkerState.DRAINING
+        if self.hello is None:
+            self._kill("stopped before start-up completed")
+        else:
+            try:
+                self._send(m.Shutdown())
+            except InferdError:
+                self._kill("not reachable for Shutdown")
+        try:
+            await asyncio.wait_for(self._exited.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("%s did not exit within %g s of Shutdown; killing it", self._who(), timeout)
+            self._kill("did not exit after Shutdown")
+        await asyncio.shield(self._reap())
+
+    def kill(self, reason: str = "killed by the supervisor") -> None:
+        """SIGKILL now (as an unrequested death: in-flight requests fail, on_exit is told)."""
+        self._kill(reason)

@@ -1,0 +1,106 @@
+"""The ROUTER channel: routing by identity, heartbeat identities, bursts, unreachable peers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+
+import pytest
+import zmq
+from inferd.supervisor.instances.channel import Channel
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+
+def dealer(ctx: zmq.Context, channel: Channel, identity: str) -> zmq.Socket:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.IDENTITY, identity.encode())
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(channel.endpoint)
+    return s
+
+
+async def recv_async(sock: zmq.Socket, timeout: float = 5.0) -> list[bytes]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if sock.poll(0):
+            return sock.recv_multipart()
+        await asyncio.sleep(0.005)
+    raise TimeoutError
+
+
+async def test_routes_by_identity_and_heartbeat(channel):
+    got: dict[str, list] = {"a": [], "a/hb": [], "b": []}
+    done = asyncio.Event()
+
+    def handler(key):
+        def h(frames):
+            got[key].append([bytes(f.buffer) for f in frames])
+            if sum(map(len, got.values())) == 4:
+                done.set()
+        return h
+
+    channel.register("a", handler("a"), handler("a/hb"))
+    channel.register("b", handler("b"), handler("b/hb"))
+    ctx = zmq.Context()
+    try:
+        a, ahb, b, stray = (dealer(ctx, channel, i) for i in ("a", "a/hb", "b", "stray"))
+        a.send_multipart([b"h", b"data"])
+        ahb.send(b"beat")
+        b.send(b"x")
+        stray.send(b"nobody")
+        b.send(b"y")
+        await asyncio.wait_for(done.wait(), 5)
+        assert got == {"a": [[b"h", b"data"]], "a/hb": [[b"beat"]], "b": [[b"x"], [b"y"]]}
+        channel.send("a", [b"reply", memoryview(b"zero-copy")])
+        assert await recv_async(a) == [b"reply", b"zero-copy"]
+        assert channel.send_heartbeat("a", [b"hb"])
+        assert await recv_async(ahb) == [b"hb"]
+        assert channel.dropped >= 1
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_burst_larger_than_one_drain(channel):
+    n = 3000
+    count = 0
+    done = asyncio.Event()
+
+    def h(frames):
+        nonlocal count
+        count += 1
+        if count == n:
+            done.set()
+
+    channel.register("w", h, h)
+    ctx = zmq.Context()
+    try:
+        s = dealer(ctx, channel, "w")
+        for i in range(n):
+            s.send(b"%d" % i)
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        ctx.destroy(linger=0)
+
+
+async def test_send_to_unknown_peer_is_unavailable(channel):
+    with pytest.raises(InferdError) as info:
+        channel.send("nobody", [b"x"])
+    assert info.value.code == ErrorCode.UNAVAILABLE
+    assert channel.send_heartbeat("nobody", [b"x"]) is False
+
+
+async def test_socket_is_private_and_removed(run_dir):
+    ch = Channel(run_dir)
+    ch.open()
+    assert stat.S_IMODE(os.stat(ch.path).st_mode) & 0o077 == 0
+    ch.close()
+    assert not os.path.exists(ch.path)
+    with pytest.raises(InferdError):
+        ch.send("a", [b"x"])
+
+
+def test_long_run_dir_refused():
+    with pytest.raises(ValueError, match="too long"):
+        Channel("/tmp/" + "x" * 120)

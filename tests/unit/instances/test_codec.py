@@ -1,0 +1,57 @@
+"""The hot-path Execute/ExecuteResult framing stays equivalent to wire.messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
+from inferd.supervisor.instances import codec
+from inferd.worker.wire import messages as m
+
+
+class Frame:
+    def __init__(self, data: bytes) -> None:
+        self.bytes = data
+        self.buffer = memoryview(data)
+
+
+def test_execute_header_matches_wire_encoding():
+    req = InferRequest("m", id="abc", outputs=[RequestedOutput("OUT")], parameters={"p": 1},
+                       correlation_id="seq-1", flags=3, timeout_us=5)
+    refs = [codec.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
+            codec.tensor_ref("BIG", "INT8", [1 << 20], "shm", -1, "inferd_1_0", 0, 1 << 20)]
+    fast = codec.execute_header(7, [codec.request_item(11, req, refs)], ["inferd_1_9"])
+    typed = m.Execute(7, [m.RequestItem(
+        11, "abc",
+        [m.TensorRef("IN", "FP32", [2], "frame", 0, "", 0, 8),
+         m.TensorRef("BIG", "INT8", [1 << 20], "shm", -1, "inferd_1_0", 0, 1 << 20)],
+        ["OUT"], json.dumps({"p": 1}), "seq-1", 3, 5)], ["inferd_1_9"])
+    assert json.loads(fast) == json.loads(m.encode(typed)[0])
+    decoded, _ = m.decode([Frame(fast)])
+    assert decoded == typed
+    assert set(json.loads(fast)) - {"t"} == {f for f in m.Execute.__dataclass_fields__}
+    item_fields = set(json.loads(fast)["requests"][0])
+    assert item_fields == set(m.RequestItem.__dataclass_fields__)
+    assert set(json.loads(fast)["requests"][0]["inputs"][0]) == set(m.TensorRef.__dataclass_fields__)
+    unused = InferRequest("m", inputs=[Tensor("X", "FP32", [1], b"1234")])
+    assert json.loads(codec.execute_header(1, [codec.request_item(1, unused, [])], []))["requests"][0][
+        "parameters"] == "{}"
+
+
+def test_parse_execute_result_and_others():
+    res = m.ExecuteResult(3, [m.ResponseItem(5, [m.TensorRef("O", "FP32", [1], "frame", 0)],
+                                             None, {"k": "v"}),
+                              m.ResponseItem(6, [], m.WireError(3, "bad"))], 1, 2, 3)
+    frames = [Frame(f if isinstance(f, bytes) else bytes(f)) for f in m.encode(res, [b"abcd"])]
+    header, data = codec.parse(frames)
+    assert header["t"] == "execute_result" and header["batch_id"] == 3 and len(data) == 1
+    assert header["responses"][1]["error"] == {"code": 3, "message": "bad"}
+    msg, _ = codec.parse([Frame(m.encode(m.Hello(1, 2, "x", "3.11", "2", "4"))[0])])
+    assert isinstance(msg, m.Hello)
+    with pytest.raises(m.ProtocolError):
+        codec.parse([Frame(b"{nope")])
+    with pytest.raises(m.ProtocolError):
+        codec.parse([Frame(b'{"t":"what"}')])
+    with pytest.raises(m.ProtocolError):
+        codec.parse([])
