@@ -157,6 +157,13 @@ class Router:
             return None
         if p == ["trace", "setting"]:
             return TRACE, GET_POST, self._trace, ("",)
+        if head == "inferd" and n >= 2 and p[1] == "status":
+            # inferd's own status view (infer-ctl status; not a Triton endpoint)
+            if n == 2:
+                return MODEL_REPOSITORY, GET, self._inferd_status, ("",)
+            if n == 4 and p[2] == "models" and p[3]:
+                return MODEL_REPOSITORY, GET, self._inferd_status, (p[3],)
+            return None
         if p == ["logging"]:
             return LOGGING, GET_POST, self._logging, ()
         return None
@@ -327,6 +334,9 @@ class Router:
                 raise invalid_arg("'raw_handle' is not valid base64") from None
             self.dp.shm_register(kind, region, raw_handle=raw, device_id=device, byte_size=size)
         return _EMPTY_OK
+
+    def _inferd_status(self, req: Request, model: str) -> Response:
+        return _json(self.dp.status(model))
 
     # ------------------------------------------------------------ settings
     def _trace(self, req: Request, model: str) -> Response:

@@ -134,6 +134,20 @@ def test_restricted_api(loop_thread: Any) -> None:
         loop_thread.run(server.wait_closed(2.0))
 
 
+def test_inferd_status_route(served: Any) -> None:
+    assert request(served.port, "GET", "/v2/inferd/status")[0] == 501  # the ABC's default: UNSUPPORTED
+    served.dp.status = lambda name="": {"models": [{"name": name or "all"}]}
+    try:
+        status, _, body = request(served.port, "GET", "/v2/inferd/status")
+        assert status == 200 and json.loads(body) == {"models": [{"name": "all"}]}
+        status, _, body = request(served.port, "GET", "/v2/inferd/status/models/simple")
+        assert status == 200 and json.loads(body) == {"models": [{"name": "simple"}]}
+        assert request(served.port, "POST", "/v2/inferd/status")[0] == 405
+        assert request(served.port, "GET", "/v2/inferd/status/other")[0] == 404
+    finally:
+        del served.dp.status
+
+
 def test_error_table() -> None:
     assert HTTP_STATUS[ErrorCode.INTERNAL] == 500
     assert HTTP_STATUS[ErrorCode.NOT_FOUND] == 404
