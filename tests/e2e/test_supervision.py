@@ -161,8 +161,9 @@ def test_crash_loop_ends_unavailable(server_factory):
 
     def gave_up():
         model = server.model_status("crash")
-        return model if model and _state(model) != "ready" and not any(
-            _state(i) in ("starting", "ready") for i in model.get("instances", [])) else None
+        # instance states: starting, ready, restarting, draining, stopped, failed
+        return model if model and _state(model) != "ready" and all(
+            _state(i) in ("failed", "stopped") for i in model.get("instances", [])) else None
 
     model = server.wait_until(gave_up, timeout=30, what="crash model to give up restarting")
     assert model.get("reason"), model
@@ -254,8 +255,8 @@ def test_sigterm_drains_in_flight_requests(server_factory, harness):
     rc = server.proc.wait(timeout=10)
     assert rc == 0, server.log_tail()
     assert time.monotonic() - term_at < 5 + 1
-    server.wait_until(lambda: not any(harness.pid_alive(p) for p in pids), 3, "workers to exit")
-    owners = server.remember_pids()
+    harness.wait_for(lambda: not any(harness.pid_alive(p) for p in pids), 3, "workers to exit")
+    owners = server.known_pids | {server.pid}
     assert harness.leak_free(shm_before, harness.shm_snapshot(), owners), \
         harness.leak_diff(shm_before, harness.shm_snapshot(), owners)
 
