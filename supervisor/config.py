@@ -101,9 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
-    if args.model_control_mode == "explicit":
-        if "*" in args.load_model and len(args.load_model) > 1:
-            raise SystemExit("error: --load-model=* must be the only --load-model")
+    if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
+        raise SystemExit("error: --load-model=* must be the only --load-model")
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="inferd-")
     os.makedirs(run_dir, exist_ok=True)
     timings = WorkerTimings(

@@ -94,8 +94,7 @@ class ModelManager:
             return e.versions[max(ready)]
         if e.versions:
             return e.versions[max(e.versions)]
-        state, reason = next(iter(e.records.values()))
-        raise InferdError(ErrorCode.UNAVAILABLE, "Request for unavailable model: '%s' (%s)" % (name, reason or state))
+        raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' has no available versions" % name)
 
     def resolve_ready(self, name: str, version: str = "") -> ModelVersion:
         mv = self.resolve(name, version)
@@ -143,8 +142,10 @@ class ModelManager:
             try:
                 plan = await loader.plan_load(self.settings, name, config_override, files)
             except InferdError as exc:
-                e.records = {None: (UNAVAILABLE, exc.message)}
-                self._forget_if_empty(e)
+                if exc.code == ErrorCode.NOT_FOUND and not e.versions:
+                    self.entries.pop(name, None)  # nothing on disk: no index entry, as Triton
+                else:
+                    e.records = {None: (UNAVAILABLE, exc.message)}
                 raise
             new_versions: dict[int, ModelVersion] = {}
             errors: list[str] = []
@@ -160,8 +161,6 @@ class ModelManager:
                 for mv in new_versions.values():
                     await self._stop_version(mv, drain_timeout=0)
                 # a failed reload keeps the old versions serving
-                if not e.versions:
-                    self._forget_if_empty(e)
                 raise InferdError(ErrorCode.INVALID_ARG,
                                   "failed to load '%s': %s" % (name, "; ".join(errors)))
             old = e.versions
@@ -206,9 +205,6 @@ class ModelManager:
                              return_exceptions=True)
 
     # ---- internals ----
-    def _forget_if_empty(self, e: ModelEntry) -> None:
-        pass  # failed entries stay, so the index shows the reason
-
     async def _start_version(self, plan: loader.LoadPlan, version: int) -> ModelVersion:
         config = plan.config
         stats = self.stats_registry.get(plan.name, str(version))
@@ -244,5 +240,6 @@ def _row(name: str, version: str, state: str, reason: str) -> dict[str, Any]:
     if version:
         row["version"] = version
     row["state"] = state
-    row["reason"] = reason
+    if reason:
+        row["reason"] = reason
     return row

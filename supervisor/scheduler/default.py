@@ -181,8 +181,10 @@ class DefaultScheduler:
         else:
             responses = result.responses
         end = time.monotonic_ns()
-        if result is not None:
-            self.stats.record_execution(len(batch), result.compute_input_ns, result.compute_infer_ns,
+        successes = sum(1 for r in responses if not isinstance(r, InferdError))
+        if result is not None and successes:
+            # as Triton: inference_count counts the items that succeeded
+            self.stats.record_execution(successes, result.compute_input_ns, result.compute_infer_ns,
                                         result.compute_output_ns)
         for item, response in zip(batch, responses):
             request_ns = end - item.request.arrival_ns

@@ -216,7 +216,11 @@ class Tensor:
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._datatype == "BYTES":
             raise TritonModelException("DLPack does not support BYTES tensors ('%s')" % self._name)
-        capsule = self._array.__dlpack__()
+        array = self._array
+        if not array.flags.writeable:
+            # numpy refuses to export read-only views (inputs are shared, zero-copy): hand out a copy
+            array = array.copy()
+        capsule = array.__dlpack__()
         if self._datatype == "BF16":  # numpy exports uint16: relabel the capsule as bfloat16
             _relabel_capsule(capsule, _DL_UINT, _DL_BFLOAT)
         return capsule
