@@ -17,7 +17,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from inferd.supervisor.config import WorkerTimings
 from inferd.supervisor.core.types import InferRequest, Tensor
 from inferd.supervisor.instances.channel import Channel

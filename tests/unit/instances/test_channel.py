@@ -78,7 +78,12 @@ async def test_burst_larger_than_one_drain(channel):
     try:
         s = dealer(ctx, channel, "w")
         for i in range(n):
-            s.send(b"%d" % i)
+            while True:  # never block the loop that drains the other end
+                try:
+                    s.send(b"%d" % i, zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    await asyncio.sleep(0.001)
         await asyncio.wait_for(done.wait(), 10)
     finally:
         ctx.destroy(linger=0)

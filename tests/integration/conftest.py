@@ -1,0 +1,3 @@
+"""Fixtures for the integration tests (helpers live in harness.py)."""
+
+from .harness import env  # noqa: F401
