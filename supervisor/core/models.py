@@ -222,7 +222,7 @@ class ModelManager:
         except BaseException:
             await asyncio.gather(*(inst.stop() for inst in instances), return_exceptions=True)
             raise
-        scheduler.start()
+        scheduler.start(runners_per_instance=self.settings.timings.pipeline_depth)
         mv.state = READY
         return mv
 

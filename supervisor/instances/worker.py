@@ -123,8 +123,11 @@ class WorkerProcess:
         self._control: dict[type, asyncio.Future[Any]] = {}
         self._stopping = False
         self._kill_reason = ""
-        self._batch: _Batch | None = None
-        self._busy = False
+        # Up to max_inflight batches are sent ahead, so the worker starts the next one without waiting
+        # for a round trip; it still executes them one at a time, in order.
+        self.max_inflight = max(1, timings.pipeline_depth)
+        self._batches: dict[int, _Batch] = {}
+        self._slots = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._batch_ids = itertools.count(1)
         self._request_ids = itertools.count(1)
@@ -140,11 +143,11 @@ class WorkerProcess:
 
     @property
     def busy(self) -> bool:
-        return self._busy
+        return self._slots >= self.max_inflight
 
     @property
     def inflight(self) -> int:
-        return len(self._batch.requests) if self._batch is not None else 0
+        return sum(len(b.requests) for b in self._batches.values())
 
     @property
     def exited(self) -> bool:
@@ -258,14 +261,14 @@ class WorkerProcess:
 
     # ---- execution ----
     async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
-        """Run one batch. One Execute is in flight per worker: callers queue here in FIFO order.
+        """Run one batch. Up to max_inflight Executes are in flight per worker; callers queue here (FIFO).
 
         Raises InferdError(UNAVAILABLE) when the worker is not ready or dies meanwhile. Cancelling the
         caller sends Cancel to the worker; the batch still occupies the worker until its reply.
         """
         if self.state is not WorkerState.READY:
             raise self._not_ready()
-        if self._busy:
+        if self._slots >= self.max_inflight:
             waiter: asyncio.Future[None] = self._loop.create_future()
             self._waiters.append(waiter)
             try:
@@ -277,7 +280,8 @@ class WorkerProcess:
             if self.state is not WorkerState.READY:
                 self._release_slot()
                 raise self._not_ready()
-        self._busy = True
+        else:
+            self._slots += 1
         try:
             batch_id = next(self._batch_ids)
             frames, items, ids, leases, forget = self._build(requests)
@@ -286,11 +290,11 @@ class WorkerProcess:
             raise
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
         batch = _Batch(batch_id, fut, requests, ids, leases)
-        self._batch = batch
+        self._batches[batch_id] = batch
         try:
             self._channel.send(self.identity, [codec.execute_header(batch_id, items, forget), *frames])
         except InferdError:
-            self._batch = None
+            self._batches.pop(batch_id, None)
             self._release_leases(leases)
             self._release_slot()
             raise
@@ -299,11 +303,9 @@ class WorkerProcess:
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""
-        batch = self._batch
-        if batch is None:
-            return
         wanted = {id(r) for r in requests}
-        ids = [rid for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
+        ids = [rid for batch in self._batches.values()
+               for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
         if ids:
             self._send_quiet(m.Cancel(ids))
 
@@ -352,17 +354,18 @@ class WorkerProcess:
         return frames, items, ids, leases, forget
 
     def _on_batch_future_done(self, fut: asyncio.Future[BatchResult]) -> None:
-        batch = self._batch
-        if fut.cancelled() and batch is not None and batch.fut is fut:
-            self._send_quiet(m.Cancel(list(batch.ids)))
+        if not fut.cancelled():
+            return
+        for batch in self._batches.values():
+            if batch.fut is fut:
+                self._send_quiet(m.Cancel(list(batch.ids)))
 
     def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
-        batch = self._batch
         batch_id = msg.get("batch_id")
-        if batch is None or batch_id != batch.batch_id:
+        batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
+        if batch is None:
             log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
             return
-        self._batch = None
         self._release_leases(batch.leases)
         try:
             result = self._batch_result(batch, msg, data)
@@ -408,9 +411,9 @@ class WorkerProcess:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)  # hand the slot over: _busy stays True
+                waiter.set_result(None)  # hand the slot over: the count stays
                 return
-        self._busy = False
+        self._slots = max(0, self._slots - 1)
 
     def _release_leases(self, leases: list[Any]) -> None:
         for lease in leases:
@@ -508,8 +511,8 @@ class WorkerProcess:
             if not fut.done():
                 fut.set_exception(err)
         self._control.clear()
-        batch, self._batch = self._batch, None
-        if batch is not None:
+        batches, self._batches = self._batches, {}
+        for batch in batches.values():
             self._release_leases(batch.leases)
             if not batch.fut.done():
                 batch.fut.set_exception(err)
@@ -517,7 +520,7 @@ class WorkerProcess:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)  # it re-checks the state and raises
-        self._busy = False
+        self._slots = 0
 
     def _cleanup(self) -> None:
         self._channel.unregister(self.identity)

@@ -58,10 +58,12 @@ class DefaultScheduler:
         self._closed = False
 
     # ---- lifecycle ----
-    def start(self) -> None:
+    def start(self, runners_per_instance: int = 1) -> None:
+        """One runner per batch an instance may hold at once (its pipeline depth)."""
         for ex in self.executors:
             self.instance_changed(ex)
-            self._tasks.append(asyncio.create_task(self._runner(ex), name="runner-" + ex.name))
+            for _ in range(max(1, runners_per_instance)):
+                self._tasks.append(asyncio.create_task(self._runner(ex), name="runner-" + ex.name))
 
     def instance_changed(self, executor: Executor) -> None:
         """Called whenever an instance's readiness may have changed."""

@@ -154,6 +154,7 @@ async def test_missing_heartbeats_mean_hung(channel, run_dir):
 
 async def test_batches_are_serialized_and_cancel_is_forwarded(channel, fake_launcher):
     w = make(channel, fake_launcher)
+    w.max_inflight = 1
     await w.start(LOAD)
     try:
         slow = asyncio.ensure_future(w.execute([req(sleep=0.3)]))
@@ -183,3 +184,21 @@ async def test_autocomplete(channel, fake_launcher):
     w = make(channel, fake_launcher)
     out = await w.autocomplete(m.AutoComplete("fake", "/x", "1", "{}", "python"))
     assert out == '{"done":1}' and w.exited and w.returncode == 0
+
+
+async def test_pipeline_sends_batches_ahead_in_order(channel, fake_launcher):
+    w = make(channel, fake_launcher)
+    assert w.max_inflight == 2  # the default pipeline depth
+    await w.start(LOAD)
+    try:
+        first = asyncio.ensure_future(w.execute([req(1.0, sleep=0.2)]))
+        second = asyncio.ensure_future(w.execute([req(2.0)]))
+        third = asyncio.ensure_future(w.execute([req(3.0)]))
+        await asyncio.sleep(0.05)
+        assert w.busy and w.inflight == 2 and not third.done()  # two sent, the third waits for a slot
+        results = await asyncio.wait_for(asyncio.gather(first, second, third), 5)
+        values = [np.frombuffer(r.responses[0].outputs[0].data, np.float32)[0] for r in results]
+        assert values == [1.0, 2.0, 3.0]
+        assert not w.busy and w.inflight == 0
+    finally:
+        await w.stop()
