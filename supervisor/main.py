@@ -24,11 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
-        runner = asyncio.run
-    return runner(App(config).run())
+        return asyncio.run(App(config).run())
+    return uvloop.run(App(config).run())
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ class ClientShm:
         for label, value in (("offset", offset), ("byte_size", byte_size)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value >= 1 << 62:
                 raise _bad("invalid %s %r for shared memory region '%s'" % (label, value, name))
+        assert isinstance(offset, int) and isinstance(byte_size, int)
         if byte_size == 0:
             raise _bad("byte_size must be positive for shared memory region '%s'" % name)
         path = os.path.join(SHM_DIR, key.lstrip("/"))

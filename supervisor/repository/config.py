@@ -92,7 +92,7 @@ def _fix_field(v: Any, f: FieldDescriptor, where: str) -> Any:
             return v
         value_field = f.message_type.fields_by_name["value"]
         return {k: _fix_single(x, value_field, where) for k, x in v.items()}
-    if f.label == FieldDescriptor.LABEL_REPEATED and isinstance(v, list):
+    if f.is_repeated and isinstance(v, list):
         return [_fix_single(x, f, where) for x in v]
     return _fix_single(v, f, where)
 
