@@ -37,7 +37,7 @@ test-gpu: venv protos
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
 
 bench: venv protos
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) supervisor/_gen build *.egg-info
