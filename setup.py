@@ -4,7 +4,7 @@ import os
 
 from setuptools import setup
 
-ROOTS = {"supervisor": "inferd.supervisor", "worker": "inferd.worker"}
+ROOTS = {"supervisor": "inferd.supervisor", "worker": "inferd.worker", "envs": "inferd.envs"}
 
 
 def find_packages() -> tuple[list[str], dict[str, str]]:
@@ -21,4 +21,5 @@ def find_packages() -> tuple[list[str], dict[str, str]]:
 
 
 packages, package_dir = find_packages()
-setup(packages=packages, package_dir=package_dir, package_data={"inferd.worker": ["compat/*.py"]})
+setup(packages=packages, package_dir=package_dir,
+      package_data={"inferd.worker": ["compat/*.py"], "inferd.envs": ["*.yml"]})

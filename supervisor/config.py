@@ -62,6 +62,8 @@ class ServerConfig:
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
+    env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
+    env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
     worker: WorkerTimings = field(default_factory=WorkerTimings)
 
 
@@ -92,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--run-dir", default="", help="directory for worker sockets (default: a temp dir)")
     p.add_argument("--max-queue-size", type=int, default=4096)
+    p.add_argument("--env-cache-dir", default="",
+                   help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
+    p.add_argument("--env-cache-max-gb", type=float, default=20.0,
+                   help="evict least recently used environments no loaded model uses beyond this size")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-misses", type=int, default=4)
     p.add_argument("--worker-start-timeout", type=float, default=30.0)
@@ -137,5 +143,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         log_verbose=args.log_verbose,
         run_dir=run_dir,
         max_queue_size=args.max_queue_size,
+        env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
+        else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
+        env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),
         worker=timings,
     )

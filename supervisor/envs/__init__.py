@@ -1,0 +1,9 @@
+"""Per-model execution environments (EXECUTION_ENV_PATH): conda-pack tarballs or unpacked env dirs.
+
+`EnvironmentManager.resolve()` turns the parameter's path into an `ExecEnv` (an unpacked, relocated,
+probed environment in the cache) that the launcher starts workers in.
+"""
+
+from .manager import EnvError, EnvironmentManager, ExecEnv, default_cache_dir
+
+__all__ = ["EnvError", "EnvironmentManager", "ExecEnv", "default_cache_dir"]
