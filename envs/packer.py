@@ -196,7 +196,7 @@ def _copy_prefix(src: str, dst: str, xy: str, keep_pip: bool) -> None:
         out: set[str] = set()
         for n in names:
             r = os.path.normpath(os.path.join(rel, n))
-            if r in skip or n == "__pycache__":
+            if r in skip:
                 out.add(n)
             elif r.startswith(os.path.join(stdlib, "config-")) and n.endswith(".a"):
                 out.add(n)  # the static libpython
@@ -281,7 +281,8 @@ def _install(prefix: str, xy: str, requirements: Sequence[str]) -> None:
     env = dict(os.environ, UV_PYTHON_DOWNLOADS="never", PYTHONNOUSERSITE="1")
     env.pop("VIRTUAL_ENV", None)
     if uv:
-        cmd = [uv, "pip", "install", "--quiet", "--python", python, "--link-mode", "copy", *requirements]
+        cmd = [uv, "pip", "install", "--quiet", "--python", python, "--link-mode", "copy",
+               "--compile-bytecode", *requirements]
     else:
         cmd = [python, "-m", "pip", "install", "--quiet", "--no-warn-script-location", *requirements]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 from urllib.parse import quote
 
+from . import env as env_cmd
 from . import render
 from .client import DEFAULT_URL, Client, CtlError, model_path
 
@@ -262,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--version", dest="model_version", default="", help="model version")
     add("server", cmd_server, "server name, version and protocol extensions")
+    env_cmd.add_parser(sub, _common)
     return parser
 
 
@@ -277,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args.timeout = client_timeout = args.timeout if args.timeout > 0 else None
     try:
+        if getattr(args, "local", False):
+            return env_cmd.run(args)
         client = Client(url, timeout=client_timeout)
         return int(args.fn(args, client))
     except CtlError as exc:

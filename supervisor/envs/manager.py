@@ -37,7 +37,6 @@ KEY_LEN = 32
 MARKER_SUFFIX = ".ready.json"
 LOCK_SUFFIX = ".lock"
 TMP_DIR = ".tmp"
-PYCACHE_DIR = ".pycache"
 RECENT_USE_S = 120.0  # an env used this recently is never evicted (another server may be starting it)
 
 
@@ -53,7 +52,6 @@ class ExecEnv:
     key: str  # cache key ("" for an unpacked directory given directly)
     source: str
     info: Mapping[str, Any] = field(default_factory=dict)
-    pycache: str = ""  # PYTHONPYCACHEPREFIX: bytecode of the env, the worker and the model, kept out of their dirs
     seconds: Mapping[str, float] = field(default_factory=dict)  # what this resolve cost, by stage
 
     @property
@@ -62,12 +60,8 @@ class ExecEnv:
 
     @property
     def extra_env(self) -> dict[str, str]:
-        env = {"CONDA_PREFIX": self.root}
-        if self.pycache:
-            env["PYTHONPYCACHEPREFIX"] = self.pycache
-        else:
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
-        return env
+        # the env's own .pyc files are read; nothing is written into the server's worker package
+        return {"CONDA_PREFIX": self.root, "PYTHONDONTWRITEBYTECODE": "1"}
 
     @property
     def path_prefix(self) -> tuple[str, ...]:
@@ -139,8 +133,6 @@ class EnvironmentManager:
         self._dirs: dict[tuple[str, int], dict[str, Any]] = {}
         self._in_use: dict[str, str] = {}  # model name -> env root
         self._lock = threading.Lock()
-        self.pycache = os.path.join(self.cache_dir, PYCACHE_DIR)
-        self._base_env["PYTHONPYCACHEPREFIX"] = self.pycache  # the probe warms the bytecode workers use
 
     # ---- public ----
     async def resolve(self, model: str, path: str) -> ExecEnv:
@@ -180,7 +172,7 @@ class EnvironmentManager:
             info = unpack.probe(path, path, self._base_env, self.probe_timeout_s)
             with self._lock:
                 self._dirs[memo] = info
-        return ExecEnv(path, "", path, info, self.pycache, {"probe": time.monotonic() - t0})
+        return ExecEnv(path, "", path, info, {"probe": time.monotonic() - t0})
 
     # ---- tarballs: content-addressed cache ----
     def _hash(self, path: str, st: os.stat_result) -> str:
@@ -215,7 +207,7 @@ class EnvironmentManager:
             if info is not None and os.path.isdir(root):
                 os.utime(marker)
                 seconds["total"] = time.monotonic() - t0
-                return ExecEnv(root, key, path, info, self.pycache, seconds)
+                return ExecEnv(root, key, path, info, seconds)
         with _flock(lock, fcntl.LOCK_EX):
             info = read_marker(marker)
             if info is None or not os.path.isdir(root):
@@ -227,7 +219,7 @@ class EnvironmentManager:
             log.info("environment %s unpacked into %s in %.2fs (Python %s, numpy %s, pyzmq %s)", path, root,
                      seconds["total"], info.get("python"), info.get("numpy"), info.get("pyzmq"))
             self.evict()
-        return ExecEnv(root, key, path, info, self.pycache, seconds)
+        return ExecEnv(root, key, path, info, seconds)
 
     def _build(self, path: str, digest: str, root: str, marker: str, seconds: dict[str, float]) -> dict[str, Any]:
         """Under the key's exclusive lock: extract, rename into place, relocate, probe, mark ready."""
@@ -321,7 +313,6 @@ def remove_entry(cache_dir: str, key: str) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.rename(root, trash)
         unpack.remove_tree(trash)
-        unpack.remove_tree(os.path.join(cache_dir, PYCACHE_DIR) + os.path.abspath(root))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(root + LOCK_SUFFIX)
     return True

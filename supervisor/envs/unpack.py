@@ -124,9 +124,6 @@ def base_env(env_root: str, inherited: Mapping[str, str]) -> dict[str, str]:
     env["CONDA_PREFIX"] = env_root
     env["PYTHONNOUSERSITE"] = "1"
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    if inherited.get("PYTHONPYCACHEPREFIX"):  # the manager's bytecode cache (outside the env tree)
-        env["PYTHONPYCACHEPREFIX"] = inherited["PYTHONPYCACHEPREFIX"]
-        del env["PYTHONDONTWRITEBYTECODE"]
     return env
 
 
