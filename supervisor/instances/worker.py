@@ -31,6 +31,8 @@ from .launcher import Bootstrap, Launcher
 log = logging.getLogger("inferd.instances.worker")
 
 _identities = itertools.count(1)
+STARTING_SILENCE_S = 15.0  # heartbeat silence tolerated while a worker starts and loads its model
+
 _LOG_LEVELS = {
     "ERROR": logging.ERROR, "WARNING": logging.WARNING, "INFO": logging.INFO, "VERBOSE": logging.DEBUG,
 }
@@ -205,7 +207,7 @@ class WorkerProcess:
             instance_name=self.name,
             supervisor_pid=os.getpid(),
             heartbeat_interval_s=t.heartbeat_interval_s,
-            heartbeat_timeout_s=t.heartbeat_interval_s * t.heartbeat_misses * 2,
+            heartbeat_timeout_s=max(t.heartbeat_interval_s * t.heartbeat_misses * 2, STARTING_SILENCE_S),
             log_verbose=self._log_verbose,
         )
         hello_fut = self._expect_future(m.Hello)
@@ -298,8 +300,13 @@ class WorkerProcess:
             self._release_leases(leases)
             self._release_slot()
             raise
-        fut.add_done_callback(self._on_batch_future_done)
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # the caller was cancelled (which cancels `fut`): tell the worker, whose reply still frees the slot
+            if fut.cancelled() and self._batches.get(batch_id) is batch:
+                self._send_quiet(m.Cancel(list(batch.ids)))
+            raise
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""
@@ -352,13 +359,6 @@ class WorkerProcess:
             self._release_leases(leases)
             raise
         return frames, items, ids, leases, forget
-
-    def _on_batch_future_done(self, fut: asyncio.Future[BatchResult]) -> None:
-        if not fut.cancelled():
-            return
-        for batch in self._batches.values():
-            if batch.fut is fut:
-                self._send_quiet(m.Cancel(list(batch.ids)))
 
     def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
         batch_id = msg.get("batch_id")
@@ -464,10 +464,13 @@ class WorkerProcess:
             seq += 1
             self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq)))
             silent = self._loop.time() - self._last_hb
-            if silent > limit:
+            # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
+            # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
+            allowed = max(limit, STARTING_SILENCE_S) if self.state is WorkerState.STARTING else limit
+            if silent > allowed:
                 self._channel.poll_now()  # the loop may have been busy: read what is queued first
                 silent = self._loop.time() - self._last_hb
-                if silent > limit:
+                if silent > allowed:
                     self._kill(f"hung: no heartbeat for {silent:.1f} s")
                     return
 

@@ -7,9 +7,13 @@ import importlib
 from ..wire.errors import ErrorCode, InferdError
 from .base import Backend
 
-# backend name -> (module relative to this package, class). onnxruntime / pytorch come later.
+# backend name -> (module relative to this package, class); a module is imported only when a model
+# of that backend is loaded, so a Python-model worker never imports onnxruntime, torch or tensorrt.
 _REGISTRY: dict[str, tuple[str, str]] = {
     "python": (".python_model", "PythonBackend"),
+    "onnxruntime": (".onnxruntime", "OnnxRuntimeBackend"),
+    "pytorch": (".pytorch", "PyTorchBackend"),
+    "tensorrt": (".tensorrt", "TensorRTBackend"),
 }
 
 

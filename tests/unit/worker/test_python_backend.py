@@ -194,5 +194,5 @@ def test_finalize_error_is_reported(tmp_path):
 
 def test_unknown_backend():
     with pytest.raises(InferdError) as err:
-        create("onnxruntime")
+        create("tensorflow")
     assert err.value.code == ErrorCode.UNSUPPORTED

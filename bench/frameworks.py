@@ -1,0 +1,178 @@
+"""Framework backends: inferd gRPC infer/s vs the same onnxruntime session / TorchScript module called in a
+plain Python loop (the floor).
+
+    .venv/bin/python bench/frameworks.py [--seconds 3] [--backends onnxruntime,pytorch]
+
+Models (built on the spot, tests/framework_models.py): add/sub on FP32 [16] (no batching) and an MLP
+1024 -> 256 -> 16 with a 1x1024 input (max_batch_size 8, dynamic batching). One instance, one intra-op
+thread, on both sides. Overhead per request = 1 / (inferd infer/s at c=1) - floor time per call; it
+includes the tritonclient gRPC client's own CPU time, which shares this machine's cores with the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+import framework_models as fm  # noqa: E402
+
+ONE = 'instance_group [ { kind: KIND_CPU count: 1 } ]\nparameters { key: "%s" value: { string_value: "1" } }\n'
+
+
+def build(repo: Path, backends: list[str]) -> dict[str, dict]:
+    cases: dict[str, dict] = {}
+    if "onnxruntime" in backends:
+        fm.onnx_add_sub(repo, "ort_small", "FP32", extra_config=ONE % "intra_op_thread_count")
+        path = fm.onnx_mlp(repo, "ort_mlp")
+        cfg = repo / "ort_mlp" / "config.pbtxt"
+        cfg.write_text(cfg.read_text() + ONE % "intra_op_thread_count")
+        cases["ort_small"] = {"path": repo / "ort_small/1/model.onnx", "inputs": {"INPUT0": (16,), "INPUT1": (16,)}}
+        cases["ort_mlp"] = {"path": path, "inputs": {"X": (1, 1024)}}
+    if "pytorch" in backends:
+        mods = fm.torch_modules()
+        extra = ONE % "INTRA_OP_THREAD_COUNT"
+        small, mlp = mods["AddSub"](), mods["MLP"]()
+        fm.torch_save(repo, "pt_small", small, fm.config_pbtxt(
+            "pt_small", "pytorch", [("INPUT__0", "FP32", [16]), ("INPUT__1", "FP32", [16])],
+            [("OUTPUT__0", "FP32", [16]), ("OUTPUT__1", "FP32", [16])], extra=extra))
+        fm.torch_save(repo, "pt_mlp", mlp, fm.config_pbtxt(
+            "pt_mlp", "pytorch", [("INPUT__0", "FP32", [1024])], [("OUTPUT__0", "FP32", [16])], 8,
+            "dynamic_batching { }\n" + extra))
+        cases["pt_small"] = {"path": repo / "pt_small/1/model.pt", "inputs": {"INPUT__0": (16,), "INPUT__1": (16,)}}
+        cases["pt_mlp"] = {"path": repo / "pt_mlp/1/model.pt", "inputs": {"INPUT__0": (1, 1024)}}
+    return cases
+
+
+def feeds(case: dict) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in case["inputs"].items()}
+
+
+def floor(name: str, case: dict, seconds: float) -> float:
+    """Seconds per call of the framework itself in a plain loop."""
+    x = feeds(case)
+    if name.startswith("ort"):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        sess = ort.InferenceSession(str(case["path"]), options, providers=["CPUExecutionProvider"])
+
+        def call() -> None:
+            sess.run(None, x)
+    else:
+        import torch
+
+        torch.set_num_threads(1)
+        module = torch.jit.load(str(case["path"])).eval()
+        args = [torch.from_numpy(a) for a in x.values()]
+
+        def call() -> None:
+            with torch.inference_mode():
+                r = module(*args)
+            [t.numpy() for t in (r if isinstance(r, tuple) else (r,))]
+    for _ in range(50):
+        call()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(100):
+            call()
+        n += 100
+    return (time.perf_counter() - t0) / n
+
+
+def grpc_rate(url: str, name: str, case: dict, concurrency: int, seconds: float) -> float:
+    import tritonclient.grpc as grpcclient
+
+    x = feeds(case)
+    counts = [0] * concurrency
+    stop = time.perf_counter() + seconds
+    start = threading.Barrier(concurrency + 1)
+
+    def worker(i: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        inputs = []
+        for n, a in x.items():
+            inp = grpcclient.InferInput(n, list(a.shape), "FP32")
+            inp.set_data_from_numpy(a)
+            inputs.append(inp)
+        for _ in range(20):
+            client.infer(name, inputs)
+        start.wait()
+        while time.perf_counter() < stop:
+            client.infer(name, inputs)
+            counts[i] += 1
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    stop = t0 + seconds
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--backends", default="onnxruntime,pytorch")
+    args = ap.parse_args()
+    repo = Path(tempfile.mkdtemp(prefix="inferd-fw-bench-")) / "models"
+    cases = build(repo, args.backends.split(","))
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = open(repo.parent / "server.log", "wb")  # noqa: SIM115  (closed in the finally below)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "inferd"), "--model-repository", str(repo), "--http-port", str(http),
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                ready = all(urllib.request.urlopen("http://127.0.0.1:%d/v2/models/%s/ready" % (http, n),
+                                                   timeout=1).status == 200 for n in cases)
+                if ready:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or server.poll() is not None:
+                raise SystemExit("server did not get ready; log in %s" % log.name)
+            time.sleep(0.2)
+        print("| model | floor µs/call | c=1 infer/s | c=1 µs/req | overhead µs | ratio | c=8 infer/s |")
+        print("|---|---|---|---|---|---|---|")
+        for name, case in cases.items():
+            f = floor(name, case, args.seconds)
+            r1 = grpc_rate("127.0.0.1:%d" % grpc, name, case, 1, args.seconds)
+            r8 = grpc_rate("127.0.0.1:%d" % grpc, name, case, 8, args.seconds)
+            per = 1e6 / r1
+            print("| %s | %.1f | %.0f | %.0f | %.0f | %.1f× | %.0f |"
+                  % (name, f * 1e6, r1, per, per - f * 1e6, per / (f * 1e6), r8), flush=True)
+    finally:
+        server.terminate()
+        server.wait(15)
+        log.close()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

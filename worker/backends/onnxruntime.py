@@ -1,0 +1,177 @@
+"""Triton's onnxruntime backend: `model.onnx` (a file, or a directory holding model.onnx plus its
+external data) run by an onnxruntime InferenceSession.
+
+- Execution providers: CPU; on a KIND_GPU instance CUDA (device `device_id`), and TensorRT first when
+  `optimization { execution_accelerators { gpu_execution_accelerator: [{ name: "tensorrt" }] } }`
+  asks for it. A GPU instance without onnxruntime-gpu is UNAVAILABLE with the install hint.
+- `parameters`: intra_op_thread_count, inter_op_thread_count, execution_mode (0 sequential,
+  1 parallel), enable_mem_arena / enable_mem_pattern (0/1); `optimization { graph { level } }`:
+  -1 basic, 0 (default) all, 1 extended.
+- Auto-complete (triton.md §4.3): inputs and outputs the config lacks are added with the model's
+  datatypes and dims; with no I/O and no max_batch_size configured, a model whose every input and
+  output has a dynamic first dimension gets max_batch_size 4 (Triton's default-max-batch-size) and
+  dynamic batching.
+- A batch of requests is concatenated along dim 0 into one session run and split back.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import numpy as np
+
+from ..wire.errors import ErrorCode, InferdError
+from . import framework
+from .base import ModelSpec, Request, Response, WorkerContext
+
+DEFAULT_MODEL_FILENAME = "model.onnx"
+DEFAULT_MAX_BATCH_SIZE = 4
+
+_ORT_TYPES = {
+    "tensor(bool)": "TYPE_BOOL", "tensor(uint8)": "TYPE_UINT8", "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32", "tensor(uint64)": "TYPE_UINT64", "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16", "tensor(int32)": "TYPE_INT32", "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16", "tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64",
+    "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
+}
+
+
+def _onnx_file(spec: ModelSpec) -> str:
+    path = framework.model_path(spec, DEFAULT_MODEL_FILENAME)
+    if os.path.isdir(path):  # model.onnx/ holding model.onnx + external data files
+        inner = os.path.join(path, DEFAULT_MODEL_FILENAME)
+        if not os.path.isfile(inner):
+            raise InferdError(ErrorCode.NOT_FOUND, "directory '%s' holds no %s" % (path, DEFAULT_MODEL_FILENAME))
+        return inner
+    return path
+
+
+def _dims(shape: Any) -> list[int]:
+    return [int(d) if isinstance(d, int) and d >= 0 else -1 for d in (shape or [])]
+
+
+def _session_options(ort: Any, config: dict[str, Any]) -> Any:
+    options = ort.SessionOptions()
+    intra = framework.int_parameter(config, "intra_op_thread_count", 0)
+    inter = framework.int_parameter(config, "inter_op_thread_count", 0)
+    if intra > 0:
+        options.intra_op_num_threads = intra
+    if inter > 0:
+        options.inter_op_num_threads = inter
+    if framework.int_parameter(config, "execution_mode", 0) == 1:
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    if framework.parameter(config, "enable_mem_arena", "").strip() == "0":
+        options.enable_cpu_mem_arena = False
+    if framework.parameter(config, "enable_mem_pattern", "").strip() == "0":
+        options.enable_mem_pattern = False
+    level = int(((config.get("optimization") or {}).get("graph") or {}).get("level", 0) or 0)
+    options.graph_optimization_level = {
+        -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    }.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    return options
+
+
+def _providers(ort: Any, spec: ModelSpec) -> list[Any]:
+    if spec.instance_kind != "GPU":
+        return ["CPUExecutionProvider"]
+    available = set(ort.get_available_providers())
+    if "CUDAExecutionProvider" not in available:
+        raise InferdError(ErrorCode.UNAVAILABLE,
+                          "model '%s' asks for a GPU instance but this onnxruntime has no CUDA execution "
+                          "provider: pip install 'inferd[gpu]'" % spec.model_name)
+    providers: list[Any] = []
+    for accel in framework.gpu_accelerators(spec.config):
+        if accel.get("name") == "tensorrt" and "TensorrtExecutionProvider" in available:
+            params = {k: str(v) for k, v in (accel.get("parameters") or {}).items()}
+            params["device_id"] = str(spec.device_id)
+            providers.append(("TensorrtExecutionProvider", params))
+    providers.append(("CUDAExecutionProvider", {"device_id": str(spec.device_id)}))
+    providers.append("CPUExecutionProvider")
+    return providers
+
+
+class OnnxRuntimeBackend:
+    name = "onnxruntime"
+    supports_auto_complete = True
+    supports_decoupled = False
+
+    def __init__(self) -> None:
+        self._session: Any = None
+        self._spec: Optional[ModelSpec] = None
+        self._batching = False
+        self._outputs: list[str] = []
+        self._string_inputs: set[str] = set()
+
+    # ---- auto-complete ---------------------------------------------------------------------------
+
+    def auto_complete(self, model: ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
+        ort = framework.import_framework("onnxruntime", self.name)
+        session = ort.InferenceSession(_onnx_file(model), providers=["CPUExecutionProvider"])
+        inputs, outputs = session.get_inputs(), session.get_outputs()
+        have_in = {i.get("name") for i in config.get("input") or []}
+        have_out = {o.get("name") for o in config.get("output") or []}
+        mbs = int(config.get("max_batch_size") or 0)
+        if not have_in and not have_out and mbs == 0:
+            shapes = [_dims(t.shape) for t in list(inputs) + list(outputs)]
+            if shapes and all(s and s[0] == -1 for s in shapes):
+                mbs = DEFAULT_MAX_BATCH_SIZE
+                config["max_batch_size"] = mbs
+                scheduled = any(k in config for k in ("dynamic_batching", "sequence_batching",
+                                                      "ensemble_scheduling"))
+                if mbs > 1 and not scheduled:
+                    config["dynamic_batching"] = {}
+        skip = 1 if mbs > 0 else 0
+        for key, tensors, have in (("input", inputs, have_in), ("output", outputs, have_out)):
+            entries = list(config.get(key) or [])
+            for t in tensors:
+                if t.name in have:
+                    continue
+                data_type = _ORT_TYPES.get(t.type)
+                if data_type is None:
+                    raise InferdError(ErrorCode.UNSUPPORTED, "model '%s': %s '%s' has unsupported type %s"
+                                      % (model.model_name, key, t.name, t.type))
+                dims = _dims(t.shape)[skip:] or [1]
+                entries.append({"name": t.name, "data_type": data_type, "dims": dims})
+            config[key] = entries
+        return config
+
+    # ---- load / execute / unload -----------------------------------------------------------------
+
+    def load(self, model: ModelSpec, context: WorkerContext) -> None:
+        ort = framework.import_framework("onnxruntime", self.name)
+        path = _onnx_file(model)
+        try:
+            self._session = ort.InferenceSession(path, sess_options=_session_options(ort, model.config),
+                                                 providers=_providers(ort, model))
+        except InferdError:
+            raise
+        except Exception as exc:
+            raise InferdError(ErrorCode.INVALID_ARG, "failed to load model '%s' from '%s': %s"
+                              % (model.model_name, path, exc)) from None
+        self._spec = model
+        self._batching = int(model.config.get("max_batch_size") or 0) > 0
+        self._outputs = model.output_names or [o.name for o in self._session.get_outputs()]
+        self._string_inputs = {i.name for i in self._session.get_inputs() if i.type == "tensor(string)"}
+
+    def execute(self, requests: list[Request]) -> list[Response]:
+        merged = framework.batch_requests(requests, self._batching)
+        if merged is None:  # mixed shapes: one run per request
+            return [self.execute([request])[0] for request in requests]
+        feeds, sizes = merged
+        for name in self._string_inputs & set(feeds):
+            feeds[name] = np.array([b.decode("utf-8") if isinstance(b, bytes) else b
+                                    for b in feeds[name].reshape(-1)], dtype=object).reshape(feeds[name].shape)
+        names = framework.wanted_outputs(requests, self._outputs)
+        try:
+            results = self._session.run(names, feeds)
+        except Exception as exc:
+            model = self._spec.model_name if self._spec else ""
+            error = InferdError(ErrorCode.INTERNAL, "onnxruntime failed to run model '%s': %s" % (model, exc))
+            return [Response(error=error) for _ in requests]
+        return framework.split_batch(requests, list(zip(names, results)), sizes, self._outputs)
+
+    def unload(self) -> Optional[InferdError]:
+        self._session = None
+        return None
