@@ -17,6 +17,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import metrics as metrics_mod
 from ..config import ServerConfig, WorkerTimings
+from ..envs import EnvironmentManager, ExecEnv
 from ..instances.channel import Channel
 from ..instances.instance import Instance, run_autocomplete
 from ..instances.launcher import Launcher
@@ -39,17 +40,22 @@ class Runtime:
     launcher: Launcher
     pool: ShmPool
     client_shm: ClientShm
+    envs: EnvironmentManager | None = None  # EXECUTION_ENV_PATH environments
 
     @classmethod
     async def start(cls, config: ServerConfig) -> Runtime:
         ShmPool.sweep_stale()
         channel = Channel(config.run_dir)
         channel.open()
-        return cls(config.run_dir, channel, Launcher(config.run_dir), ShmPool(), ClientShm())
+        envs = EnvironmentManager(config.env_cache_dir or os.path.expanduser("~/.cache/inferd/envs"),
+                                  max_bytes=config.env_cache_max_bytes)
+        return cls(config.run_dir, channel, Launcher(config.run_dir), ShmPool(), ClientShm(), envs)
 
     async def close(self) -> None:
         self.pool.close()
         self.channel.close()
+        if self.envs is not None:
+            self.envs.close()
         shutil.rmtree(os.path.join(self.run_dir, "overrides"), ignore_errors=True)
 
 
@@ -79,6 +85,22 @@ class LoadPlan:
     config_json: str
     versions: tuple[int, ...]
     metadata_base: dict[str, Any]
+    env: ExecEnv | None = None  # the model's EXECUTION_ENV_PATH environment, resolved once per load
+
+
+async def _resolve_env(settings: LoaderSettings, name: str, cfg: Any, model_dir: str) -> ExecEnv | None:
+    """EXECUTION_ENV_PATH (after $$TRITON_MODEL_DIRECTORY substitution; relative: to the model dir)."""
+    param = cfg.parameters.get(normalize.EXECUTION_ENV_PATH)
+    envs = settings.runtime.envs
+    if param is None or not param.string_value or envs is None:
+        return None
+    return await envs.resolve(name, os.path.join(model_dir, param.string_value))
+
+
+def _env_kwargs(env: ExecEnv | None) -> dict[str, Any]:
+    if env is None:
+        return {}
+    return {"python": env.python, "extra_env": env.extra_env, "path_prefix": env.path_prefix}
 
 
 def check_model_name(name: str) -> None:
@@ -123,20 +145,21 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
     if not source.versions and not normalize.is_ensemble(cfg):
         raise InferdError(ErrorCode.INVALID_ARG,
                           "failed to load '%s': no version directory found in %s" % (name, source.path))
+    env = await _resolve_env(settings, name, cfg, source.path)
     if cfg.backend in _AUTOCOMPLETE_BACKENDS and autocomplete.needs_autocomplete(cfg, settings.disable_autocomplete):
         rt = settings.runtime
         completed = await run_autocomplete(
             m.AutoComplete(model_name=name, model_dir=source.path, version=str(max(source.versions)),
                            config_json=repo_config.to_json(cfg), backend=cfg.backend),
             channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
-            log_verbose=settings.log_verbose)
+            log_verbose=settings.log_verbose, **_env_kwargs(env))
         cfg = autocomplete.apply_autocompleted(cfg, completed)
     cfg = normalize.normalize(cfg, source, has_gpu=settings.has_gpu)
     chosen = versions.select_versions(name, cfg.version_policy, source.versions).versions
     config = repo_config.to_json_dict(cfg)
     meta = metadata.model_metadata(cfg, [])
     meta.pop("versions", None)
-    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta)
+    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env)
 
 
 def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> list[Instance]:
@@ -152,7 +175,7 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
                     instance_name="%s_%d" % (group.name, len(out) if len(devices) > 1 else k),
                     instance_kind=_KIND_NAMES.get(group.kind, "CPU"), device_id=device)
                 out.append(Instance(load, channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
-                                    pool=rt.pool, log_verbose=settings.log_verbose))
+                                    pool=rt.pool, log_verbose=settings.log_verbose, **_env_kwargs(plan.env)))
     return out
 
 

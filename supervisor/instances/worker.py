@@ -32,7 +32,6 @@ log = logging.getLogger("inferd.instances.worker")
 
 _identities = itertools.count(1)
 STARTING_SILENCE_S = 15.0  # heartbeat silence tolerated while a worker starts and loads its model
-
 _LOG_LEVELS = {
     "ERROR": logging.ERROR, "WARNING": logging.WARNING, "INFO": logging.INFO, "VERBOSE": logging.DEBUG,
 }
@@ -300,13 +299,8 @@ class WorkerProcess:
             self._release_leases(leases)
             self._release_slot()
             raise
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            # the caller was cancelled (which cancels `fut`): tell the worker, whose reply still frees the slot
-            if fut.cancelled() and self._batches.get(batch_id) is batch:
-                self._send_quiet(m.Cancel(list(batch.ids)))
-            raise
+        fut.add_done_callback(self._on_batch_future_done)
+        return await fut
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""
@@ -359,6 +353,13 @@ class WorkerProcess:
             self._release_leases(leases)
             raise
         return frames, items, ids, leases, forget
+
+    def _on_batch_future_done(self, fut: asyncio.Future[BatchResult]) -> None:
+        if not fut.cancelled():
+            return
+        for batch in self._batches.values():
+            if batch.fut is fut:
+                self._send_quiet(m.Cancel(list(batch.ids)))
 
     def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
         batch_id = msg.get("batch_id")
