@@ -1,14 +1,19 @@
 """ModelInferRequest -> core InferRequest and core InferResponse -> ModelInferResponse.
 
-Tensor bytes stay in wire form: `raw_input_contents[i]` is already a bytes object and is passed on
-as is. Every size the client declares is checked against the bytes it actually sent before
-anything is allocated from it (reference/reliability.md D6).
+A request reaches `to_core` as a `ParsedRequest`: plain Python values, built either by the
+hand-written wire parser (`wire.parse_request`, the hot path) or from a protobuf message
+(`from_message`, for everything the fast parser leaves to protobuf). Both share every check below.
+
+Tensor bytes stay in wire form: `raw_input_contents[i]` (bytes, or a memoryview into the received
+message) is passed on as is. Every size the client declares is checked against the bytes it
+actually sent before anything is allocated from it (reference/reliability.md D6).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,14 +22,13 @@ from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import invalid_arg
 
 from ..core.dataplane import DataPlane
-from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, RequestedOutput, Tensor
+from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
 
 MAX_TENSORS = 1024  # inputs or requested outputs per request (D8)
 MAX_PARAMETERS = 256
 MAX_CORRELATION_ID_CHARS = 128  # Triton's limit for string sequence ids
 
 _LEN = struct.Struct("<I")
-_INT64_MAX = 2**63 - 1
 
 # datatype -> (InferTensorContents field, dtype of that field's values); FP16/BF16 have none
 _CONTENTS: dict[str, tuple[str, np.dtype | None]] = {
@@ -69,34 +73,93 @@ def deserializer(cls: Any) -> Callable[[bytes], Any]:
 # shm output name -> (region, offset, byte_size)
 ShmOutputs = dict[str, tuple[str, int, int]]
 
+# one InferParameter: (name of the oneof member that is set, or None; its value)
+Param = tuple[str | None, Any]
+Params = dict[str, Param]
 
-def param_value(p: pb.InferParameter, what: str) -> Any:
-    which = p.WhichOneof("parameter_choice")
-    if which is None:
+
+@dataclass(slots=True)
+class ParsedInput:
+    name: str = ""
+    datatype: str = ""
+    shape: list[int] = field(default_factory=list)
+    parameters: Params = field(default_factory=dict)
+    contents: Any = None  # the InferTensorContents message when the request has one (protobuf path)
+
+
+@dataclass(slots=True)
+class ParsedOutput:
+    name: str = ""
+    parameters: Params = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    model_name: str = ""
+    model_version: str = ""
+    id: str = ""
+    parameters: Params = field(default_factory=dict)
+    inputs: list[ParsedInput] = field(default_factory=list)
+    outputs: list[ParsedOutput] = field(default_factory=list)
+    raw: list[Any] = field(default_factory=list)  # raw_input_contents: bytes or memoryviews
+
+
+def _params_of(params: Any) -> Params:
+    out: Params = {}
+    for key, p in params.items():
+        which = p.WhichOneof("parameter_choice")
+        out[key] = (which, getattr(p, which) if which is not None else None)
+    return out
+
+
+def from_message(msg: pb.ModelInferRequest) -> ParsedRequest:
+    """The protobuf path: a parsed ModelInferRequest message as a ParsedRequest."""
+    inputs = [
+        ParsedInput(
+            t.name,
+            t.datatype,
+            list(t.shape),
+            _params_of(t.parameters) if t.parameters else {},
+            t.contents if t.HasField("contents") else None,
+        )
+        for t in msg.inputs
+    ]
+    outputs = [ParsedOutput(o.name, _params_of(o.parameters) if o.parameters else {}) for o in msg.outputs]
+    return ParsedRequest(
+        msg.model_name,
+        msg.model_version,
+        msg.id,
+        _params_of(msg.parameters) if msg.parameters else {},
+        inputs,
+        outputs,
+        list(msg.raw_input_contents),
+    )
+
+
+def param_value(p: Param, what: str) -> Any:
+    if p[0] is None:
         raise invalid_arg(f"parameter '{what}' has no value")
-    return getattr(p, which)
+    return p[1]
 
 
-def _int_param(p: pb.InferParameter, what: str) -> int:
-    which = p.WhichOneof("parameter_choice")
-    if which not in ("int64_param", "uint64_param"):
+def _int_param(p: Param, what: str) -> int:
+    if p[0] not in ("int64_param", "uint64_param"):
         raise invalid_arg(f"invalid value type for '{what}' parameter, expected int64_param")
-    return int(getattr(p, which))
+    return int(p[1])
 
 
-def _request_parameters(params: Any, req: InferRequest) -> None:
+def _request_parameters(params: Params, req: InferRequest) -> None:
     if len(params) > MAX_PARAMETERS:
         raise invalid_arg(f"too many request parameters ({len(params)} > {MAX_PARAMETERS})")
     custom = req.parameters
-    for key, p in params.items():
-        which = p.WhichOneof("parameter_choice")
+    for key, (which, value) in params.items():
         if key == "sequence_id":
             if which == "int64_param":
-                req.correlation_id = p.int64_param
+                req.correlation_id = value
             elif which == "string_param":
-                if len(p.string_param) > MAX_CORRELATION_ID_CHARS:
+                if len(value) > MAX_CORRELATION_ID_CHARS:
                     raise invalid_arg(f"string sequence_id must be at most {MAX_CORRELATION_ID_CHARS} characters")
-                req.correlation_id = p.string_param
+                req.correlation_id = value
             else:
                 raise invalid_arg(
                     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
@@ -104,19 +167,17 @@ def _request_parameters(params: Any, req: InferRequest) -> None:
         elif key == "sequence_start" or key == "sequence_end":
             if which != "bool_param":
                 raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param")
-            if p.bool_param:
+            if value:
                 req.flags |= SEQUENCE_START if key == "sequence_start" else SEQUENCE_END
         elif key == "priority":
-            if which == "int64_param" and p.int64_param >= 0:
-                req.priority = p.int64_param
-            elif which == "uint64_param":
-                req.priority = p.uint64_param
+            if (which == "int64_param" and value >= 0) or which == "uint64_param":
+                req.priority = value
             else:
                 raise invalid_arg("invalid value for 'priority' parameter, expected non-negative int64_param or uint64")
         elif key == "timeout":
-            if which != "int64_param" or p.int64_param < 0:
+            if which != "int64_param" or value < 0:
                 raise invalid_arg("invalid value for 'timeout' parameter, expected non-negative int64_param")
-            req.timeout_us = p.int64_param
+            req.timeout_us = value
         elif key == "triton_enable_empty_final_response":
             if which != "bool_param":
                 raise invalid_arg(f"invalid value type for '{key}' parameter, expected bool_param")
@@ -128,11 +189,10 @@ def _request_parameters(params: Any, req: InferRequest) -> None:
         elif which is None:
             raise invalid_arg(f"parameter '{key}' has no value")
         else:
-            custom[key] = getattr(p, which)
+            custom[key] = value
 
 
-def _shape_and_count(name: str, shape: Any) -> tuple[list[int], int]:
-    dims = list(shape)
+def _shape_and_count(name: str, dims: list[int]) -> tuple[list[int], int]:
     count = 1
     for d in dims:
         if d < 0:
@@ -156,7 +216,7 @@ def check_bytes_framing(buf: Any, count: int, name: str) -> None:
         raise invalid_arg(f"input '{name}' BYTES data does not hold exactly {count} length-prefixed elements")
 
 
-def _typed_contents(t: Any, datatype: str, count: int) -> bytes:
+def _typed_contents(t: ParsedInput, datatype: str, count: int) -> bytes:
     entry = _CONTENTS.get(datatype)
     if entry is None:
         raise invalid_arg(f"input '{t.name}': datatype {datatype} cannot use typed contents, send raw bytes")
@@ -173,14 +233,14 @@ def _typed_contents(t: Any, datatype: str, count: int) -> bytes:
     return np.asarray(values, dtype=src).astype(target, copy=False).tobytes()
 
 
-def _region(params: Any, name: str) -> str:
-    p = params["shared_memory_region"]
-    if p.WhichOneof("parameter_choice") != "string_param":
+def _region(params: Params, name: str) -> str:
+    which, value = params["shared_memory_region"]
+    if which != "string_param":
         raise invalid_arg(f"'{name}': 'shared_memory_region' must be a string_param")
-    return str(p.string_param)
+    return str(value)
 
 
-def _shm_input(t: Any, count: int, itemsize: int, dataplane: DataPlane) -> Any:
+def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) -> Any:
     params = t.parameters
     region = _region(params, t.name)
     if "shared_memory_byte_size" not in params:
@@ -191,7 +251,7 @@ def _shm_input(t: Any, count: int, itemsize: int, dataplane: DataPlane) -> Any:
     )
     if byte_size < 0 or offset < 0:
         raise invalid_arg(f"input '{t.name}': negative shared memory offset or byte size")
-    if t.HasField("contents"):
+    if t.contents is not None:
         raise invalid_arg(f"input '{t.name}' cannot give both shared memory and typed contents")
     if itemsize and byte_size != count * itemsize:
         raise invalid_arg(
@@ -201,12 +261,12 @@ def _shm_input(t: Any, count: int, itemsize: int, dataplane: DataPlane) -> Any:
     return dataplane.shm_read(region, offset, byte_size)
 
 
-def to_core(msg: pb.ModelInferRequest, dataplane: DataPlane) -> tuple[InferRequest, ShmOutputs | None]:
+def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, ShmOutputs | None]:
     """Build the core request; returns it with the outputs to be written to shared memory."""
     req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
     if msg.parameters:
         _request_parameters(msg.parameters, req)
-    raw = msg.raw_input_contents
+    raw = msg.raw
     n_raw = len(raw)
     if len(msg.inputs) > MAX_TENSORS or len(msg.outputs) > MAX_TENSORS:
         raise invalid_arg(f"too many inputs or outputs (limit {MAX_TENSORS})")
@@ -224,7 +284,7 @@ def to_core(msg: pb.ModelInferRequest, dataplane: DataPlane) -> tuple[InferReque
             data = _shm_input(t, count, dt.itemsize, dataplane)
             if not dt.itemsize:
                 check_bytes_framing(data, count, name)
-        elif t.HasField("contents"):
+        elif t.contents is not None:
             if n_raw:
                 raise invalid_arg(
                     f"contents field must not be specified when using raw_input_contents for '{name}' "
@@ -270,7 +330,7 @@ def to_core(msg: pb.ModelInferRequest, dataplane: DataPlane) -> tuple[InferReque
     return req, shm_out
 
 
-def _shm_output(o: Any) -> tuple[str, int, int]:
+def _shm_output(o: ParsedOutput) -> tuple[str, int, int]:
     params = o.parameters
     if "shared_memory_byte_size" not in params:
         raise invalid_arg(f"output '{o.name}': 'shared_memory_byte_size' is required with a shm region")
@@ -281,65 +341,3 @@ def _shm_output(o: Any) -> tuple[str, int, int]:
     if size < 0 or offset < 0:
         raise invalid_arg(f"output '{o.name}': negative shared memory offset or byte size")
     return _region(params, o.name), offset, size
-
-
-def set_parameters(target: Any, values: dict[str, Any]) -> None:
-    """Fill a map<string, InferParameter> from Python values (bool before int: bool is an int)."""
-    for k, v in values.items():
-        p = target[k]
-        if isinstance(v, bool):
-            p.bool_param = v
-        elif isinstance(v, int):
-            if v > _INT64_MAX:
-                p.uint64_param = v
-            else:
-                p.int64_param = v
-        elif isinstance(v, float):
-            p.double_param = v
-        elif isinstance(v, (bytes, bytearray)):
-            p.string_param = bytes(v).decode("utf-8", "replace")
-        else:
-            p.string_param = str(v)
-
-
-def to_proto(
-    resp: InferResponse,
-    shm_out: ShmOutputs | None,
-    dataplane: DataPlane,
-    out: pb.ModelInferResponse | None = None,
-) -> pb.ModelInferResponse:
-    """Every output gets outputs[i] and raw_output_contents[i] (empty for shm outputs).
-
-    `out` lets the stream fill the response nested in its message instead of copying one in.
-    """
-    if out is None:
-        msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
-    else:
-        msg = out
-        msg.model_name = resp.model_name
-        msg.model_version = resp.model_version
-        msg.id = resp.id
-    if resp.parameters:
-        set_parameters(msg.parameters, resp.parameters)
-    raws = []
-    add = msg.outputs.add
-    for t in resp.outputs:
-        o = add(name=t.name, datatype=t.datatype, shape=t.shape)
-        if t.parameters:
-            set_parameters(o.parameters, t.parameters)
-        data = t.data
-        shm = shm_out.get(t.name) if shm_out else None
-        if shm is not None:
-            region, offset, size = shm
-            nbytes = memoryview(data).nbytes
-            if nbytes > size:
-                raise invalid_arg(
-                    f"shared memory size specified with the request for output '{t.name}' ({size} bytes) "
-                    f"should be at least {nbytes} bytes to hold the results"
-                )
-            dataplane.shm_write(region, offset, data)
-            raws.append(b"")
-        else:
-            raws.append(data if type(data) is bytes else bytes(data))
-    msg.raw_output_contents.extend(raws)
-    return msg

@@ -18,7 +18,7 @@ from inferd.supervisor._gen import health_pb2
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
 from ..core.dataplane import DataPlane
-from . import convert
+from . import convert, wire
 from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
 from .stream import StreamInfer
@@ -33,7 +33,15 @@ DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transact
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
 
-def _unary(fn: Handler, req_cls: Any, resp_cls: Any) -> grpc.RpcMethodHandler:
+def _unary(
+    fn: Handler,
+    req_cls: Any,
+    resp_cls: Any,
+    decode: Callable[[bytes], Any] | None = None,
+    encode: Callable[[Any], bytes] | None = None,
+) -> grpc.RpcMethodHandler:
+    """`decode`/`encode` replace the protobuf (de)serializers; None with a None class = raw bytes."""
+
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if request is BAD:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, PARSE_ERROR)
@@ -48,7 +56,9 @@ def _unary(fn: Handler, req_cls: Any, resp_cls: Any) -> grpc.RpcMethodHandler:
             await context.abort(grpc.StatusCode.INTERNAL, "internal error")
 
     return grpc.unary_unary_rpc_method_handler(
-        handle, request_deserializer=deserializer(req_cls), response_serializer=resp_cls.SerializeToString
+        handle,
+        request_deserializer=decode if req_cls is None else deserializer(req_cls),
+        response_serializer=encode if resp_cls is None else resp_cls.SerializeToString,
     )
 
 
@@ -121,14 +131,15 @@ class InferenceService:
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # ---- inference ----
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: convert.ParsedRequest, context: Any) -> bytes:
+        """Takes what `wire.decode_request` made of the bytes; answers serialized bytes."""
         dp = self.dp
         if dp.model_is_decoupled(request.model_name, request.model_version):
             raise InferdError(ErrorCode.UNSUPPORTED, DECOUPLED_UNARY)
         req, shm_out = convert.to_core(request, dp)
         # a client cancel cancels this task, and with it the awaiting infer (never swallowed)
         resp = await dp.infer(req)
-        return convert.to_proto(resp, shm_out, dp)
+        return wire.encode_response(resp, shm_out, dp)
 
     # ---- repository ----
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
@@ -247,7 +258,6 @@ class InferenceService:
             "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
             "ServerMetadata": (pb.ServerMetadataRequest, pb.ServerMetadataResponse),
             "ModelMetadata": (pb.ModelMetadataRequest, pb.ModelMetadataResponse),
-            "ModelInfer": (pb.ModelInferRequest, pb.ModelInferResponse),
             "ModelConfig": (pb.ModelConfigRequest, pb.ModelConfigResponse),
             "ModelStatistics": (pb.ModelStatisticsRequest, pb.ModelStatisticsResponse),
             "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
@@ -280,10 +290,10 @@ class InferenceService:
         handlers: dict[str, grpc.RpcMethodHandler] = {
             name: _unary(getattr(self, name), req, resp) for name, (req, resp) in unary.items()
         }
+        # the hot path: hand-written wire codec, responses leave as bytes (wire.py)
+        handlers["ModelInfer"] = _unary(self.ModelInfer, None, None, decode=wire.decode_request)
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.stream.handle,
-            request_deserializer=deserializer(pb.ModelInferRequest),
-            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+            self.stream.handle, request_deserializer=wire.decode_request, response_serializer=None
         )
         health = {"Check": _unary(self.HealthCheck, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)}
         return [

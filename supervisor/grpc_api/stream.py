@@ -18,12 +18,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from inferd.supervisor._gen import grpc_service_pb2 as pb
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
 from ..core.dataplane import DataPlane
 from ..core.types import InferRequest, InferResponse
-from . import convert
+from . import convert, wire
 from .errors import status_of
 
 log = logging.getLogger("inferd.grpc")
@@ -52,11 +51,9 @@ class StreamInfer:
         self.dp = dataplane
         self.window = window
 
-    def _message(self, resp: InferResponse, shm: convert.ShmOutputs | None, final: bool) -> pb.ModelStreamInferResponse:
-        msg = pb.ModelStreamInferResponse()
-        convert.to_proto(resp, shm, self.dp, out=msg.infer_response)
-        msg.infer_response.parameters[FINAL].bool_param = final
-        return msg
+    def _message(self, resp: InferResponse, shm: convert.ShmOutputs | None, final: bool) -> bytes:
+        """A serialized ModelStreamInferResponse (the stream's serializer passes bytes through)."""
+        return wire.encode_stream_response(resp, shm, self.dp, {FINAL: final})
 
     async def handle(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         grpc_error = wants_grpc_error(context)
@@ -73,7 +70,7 @@ class StreamInfer:
                 if isinstance(item, InferdError):
                     if grpc_error:
                         await context.abort(status_of(item), item.message)
-                    yield pb.ModelStreamInferResponse(error_message=item.message)
+                    yield wire.encode_stream_error(item.message)
                 else:
                     yield item
             await reader
@@ -101,7 +98,8 @@ class StreamInfer:
                     await queue.put(exc)
                     continue
                 if decoupled:
-                    empty_final = EMPTY_FINAL in msg.parameters and msg.parameters[EMPTY_FINAL].bool_param
+                    flag = msg.parameters.get(EMPTY_FINAL)
+                    empty_final = flag is not None and flag[0] == "bool_param" and bool(flag[1])
                     task = asyncio.create_task(self._decoupled(req, shm, empty_final, queue))
                     producers.add(task)
                     task.add_done_callback(producers.discard)
