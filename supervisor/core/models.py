@@ -65,6 +65,13 @@ class ModelManager:
         self.settings = settings
         self.stats_registry = stats_registry
         self.entries: dict[str, ModelEntry] = {}
+        # name -> the version a request without a version resolves to, only while it is ready; cleared on
+        # every change that can alter readiness or the version set (instance state, load, unload)
+        self._ready_cache: dict[str, ModelVersion] = {}
+
+    def invalidate(self, *_: Any) -> None:
+        """Forget cached resolutions (called on every instance state change, load and unload)."""
+        self._ready_cache.clear()
 
     # ---- queries ----
     def entry(self, name: str) -> ModelEntry:
@@ -75,6 +82,10 @@ class ModelManager:
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         """The version a request targets: "" = highest ready version (policy already applied at load)."""
+        if not version:
+            cached = self._ready_cache.get(name)
+            if cached is not None:
+                return cached
         e = self.entries.get(name)
         if e is None or (not e.versions and not e.records):
             raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' is not found" % name)
@@ -91,12 +102,18 @@ class ModelManager:
             return mv
         ready = [v for v, mv in e.versions.items() if mv.ready]
         if ready:
-            return e.versions[max(ready)]
+            mv = e.versions[max(ready)]
+            self._ready_cache[name] = mv
+            return mv
         if e.versions:
             return e.versions[max(e.versions)]
         raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' has no available versions" % name)
 
     def resolve_ready(self, name: str, version: str = "") -> ModelVersion:
+        if not version:
+            cached = self._ready_cache.get(name)
+            if cached is not None:
+                return cached
         mv = self.resolve(name, version)
         if not mv.ready:
             detail = mv.reason or "no ready instance"
@@ -137,6 +154,7 @@ class ModelManager:
                    files: dict[str, bytes] | None = None) -> None:
         loader.check_model_name(name)
         e = self.entry(name)
+        self.invalidate()
         async with e.lock:
             started = time.monotonic()
             try:
@@ -165,6 +183,7 @@ class ModelManager:
                                   "failed to load '%s': %s" % (name, "; ".join(errors)))
             old = e.versions
             e.versions = new_versions
+            self.invalidate()
             e.records = {}
             e.loaded_once = True
             elapsed = time.monotonic() - started
@@ -188,11 +207,13 @@ class ModelManager:
             versions = e.versions
             for mv in versions.values():
                 mv.state = UNLOADING
+            self.invalidate()
             for v, mv in versions.items():
                 await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
                 self.stats_registry.remove(name, str(v))
                 e.records[v] = (UNAVAILABLE, "unloaded")
             e.versions = {}
+            self.invalidate()
             if not versions:
                 e.records = {None: (UNAVAILABLE, "unloaded")}
             log.info("successfully unloaded '%s'", name)
@@ -201,6 +222,7 @@ class ModelManager:
         versions = self.loaded_versions()
         for mv in versions:
             mv.state = UNLOADING
+        self.invalidate()
         await asyncio.gather(*(self._stop_version(mv, drain_timeout) for mv in versions),
                              return_exceptions=True)
 
@@ -215,8 +237,12 @@ class ModelManager:
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
                           metadata_base=plan.metadata_base)
+        def on_change(inst: Any) -> None:
+            self.invalidate()
+            scheduler.instance_changed(inst)
+
         for inst in instances:
-            inst.on_change = scheduler.instance_changed
+            inst.on_change = on_change
         try:
             await asyncio.gather(*(inst.start() for inst in instances))
         except BaseException:
@@ -224,6 +250,7 @@ class ModelManager:
             raise
         scheduler.start(runners_per_instance=self.settings.timings.pipeline_depth)
         mv.state = READY
+        self.invalidate()
         return mv
 
     async def _stop_version(self, mv: ModelVersion, drain_timeout: float) -> None:
@@ -233,6 +260,7 @@ class ModelManager:
         await asyncio.gather(*(inst.stop() for inst in mv.instances), return_exceptions=True)
         mv.state = UNAVAILABLE
         mv.reason = "unloaded"
+        self.invalidate()
 
 
 def _row(name: str, version: str, state: str, reason: str) -> dict[str, Any]:

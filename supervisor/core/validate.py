@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from inferd.worker.wire import dtypes
@@ -35,6 +36,11 @@ class IOSpec:
     # control inputs the scheduler injects (sequence batching), never sent by clients
     injected: frozenset[str] = frozenset()
 
+    @cached_property
+    def required(self) -> list[str]:
+        """Inputs a client must send (not optional, not injected by the scheduler), in config order."""
+        return [n for n, ts in self.inputs.items() if not ts.optional and n not in self.injected]
+
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> IOSpec:
         def spec(entry: dict[str, Any], allow_optional: bool) -> TensorSpec:
@@ -54,7 +60,10 @@ class IOSpec:
 def _shape_matches(dims: tuple[int, ...], shape: list[int]) -> bool:
     if len(dims) != len(shape):
         return False
-    return all(d == -1 or d == s for d, s in zip(dims, shape))
+    for d, s in zip(dims, shape):  # noqa: SIM110 (a plain loop: no generator per request)
+        if d != s and d != -1:
+            return False
+    return True
 
 
 def bytes_element_count(data: Any, limit: int) -> int:
@@ -84,60 +93,77 @@ def validate_request(spec: IOSpec, request: InferRequest) -> None:
 
 def _validate(spec: IOSpec, request: InferRequest) -> None:
     model = spec.model_name
-    given = [t.name for t in request.inputs]
-    required = [n for n, ts in spec.inputs.items() if not ts.optional and n not in spec.injected]
-    missing = [n for n in required if n not in given]
-    if missing or len(given) > len(spec.inputs):
+    inputs = request.inputs
+    spec_inputs = spec.inputs
+    required = spec.required
+    given = [t.name for t in inputs]
+    for n in required:
+        if n not in given:
+            break
+    else:
+        n = ""
+    if n or len(given) > len(spec_inputs):
+        missing = [n for n in required if n not in given]
         raise invalid_arg("expected %d inputs but got %d inputs for model '%s'. Got input(s) %s, but missing "
                           "required input(s) %s. Please provide all required input(s)."
                           % (len(required), len(given), model, _names(given), _names(missing)))
     seen: set[str] = set()
     batch_size: int | None = None
-    for tensor in request.inputs:
-        if tensor.name in seen:
-            raise invalid_arg("input '%s' is specified more than once for model '%s'" % (tensor.name, model))
-        seen.add(tensor.name)
-        ts = spec.inputs.get(tensor.name)
+    max_batch = spec.max_batch_size
+    for tensor in inputs:
+        name = tensor.name
+        if name in seen:
+            raise invalid_arg("input '%s' is specified more than once for model '%s'" % (name, model))
+        seen.add(name)
+        ts = spec_inputs.get(name)
         if ts is None:
-            raise invalid_arg("unexpected inference input '%s' for model '%s'" % (tensor.name, model))
-        if tensor.datatype != ts.datatype:
+            raise invalid_arg("unexpected inference input '%s' for model '%s'" % (name, model))
+        datatype = tensor.datatype
+        if datatype != ts.datatype:
             raise invalid_arg("inference input '%s' data-type is '%s', but model '%s' expects '%s'"
-                              % (tensor.name, tensor.datatype, model, ts.datatype))
-        shape = list(tensor.shape)
-        if any(s < 0 for s in shape):
-            raise invalid_arg("input '%s' has a negative dimension %s" % (tensor.name, shape))
-        if spec.max_batch_size > 0:
+                              % (name, datatype, model, ts.datatype))
+        shape = tensor.shape
+        count = 1
+        for s in shape:
+            if s < 0:
+                raise invalid_arg("input '%s' has a negative dimension %s" % (name, list(shape)))
+            count *= s
+        if max_batch > 0:
             if not shape:
-                raise invalid_arg("input '%s' for model '%s' needs a batch dimension" % (tensor.name, model))
+                raise invalid_arg("input '%s' for model '%s' needs a batch dimension" % (name, model))
             item_shape = shape[1:]
             if batch_size is None:
                 batch_size = shape[0]
             elif shape[0] != batch_size:
                 raise invalid_arg("input '%s' batch size %d does not match %d of the other inputs for model '%s'"
-                                  % (tensor.name, shape[0], batch_size, model))
+                                  % (name, shape[0], batch_size, model))
         else:
             item_shape = shape
         if not _shape_matches(ts.dims, item_shape):
-            expected = ([-1] if spec.max_batch_size > 0 else []) + list(ts.dims)
+            expected = ([-1] if max_batch > 0 else []) + list(ts.dims)
             raise invalid_arg("unexpected shape for input '%s' for model '%s'. Expected %s, got %s"
-                              % (tensor.name, model, _fmt(expected), _fmt(shape)))
-        count = dtypes.element_count(shape)
-        if tensor.datatype == "BYTES":
+                              % (name, model, _fmt(expected), _fmt(list(shape))))
+        if datatype == "BYTES":
             if bytes_element_count(tensor.data, count) != count:
                 raise invalid_arg("input '%s' for model '%s' expects %d BYTES elements with 4-byte length "
-                                  "prefixes; the data does not match" % (tensor.name, model, count))
+                                  "prefixes; the data does not match" % (name, model, count))
         else:
-            expected_bytes = count * dtypes.BY_NAME[tensor.datatype].itemsize
-            if len(memoryview(tensor.data).cast("B")) != expected_bytes:
+            expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
+            data = tensor.data
+            got = len(data) if type(data) is bytes else len(memoryview(data).cast("B"))
+            if got != expected_bytes:
                 raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
-                                  % (tensor.name, model, expected_bytes, memoryview(tensor.data).nbytes))
-    if batch_size is not None and batch_size > spec.max_batch_size:
-        raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (spec.max_batch_size, model))
-    for out in request.outputs:
-        if out.name not in spec.outputs:
-            raise invalid_arg("unexpected inference output '%s' for model '%s'" % (out.name, model))
-    if len({o.name for o in request.outputs}) != len(request.outputs):
-        raise invalid_arg("output requested more than once for model '%s'" % model)
+                                  % (name, model, expected_bytes, memoryview(data).nbytes))
+    if batch_size is not None and batch_size > max_batch:
+        raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (max_batch, model))
+    outputs = request.outputs
+    if outputs:
+        spec_outputs = spec.outputs
+        for out in outputs:
+            if out.name not in spec_outputs:
+                raise invalid_arg("unexpected inference output '%s' for model '%s'" % (out.name, model))
+        if len({o.name for o in outputs}) != len(outputs):
+            raise invalid_arg("output requested more than once for model '%s'" % model)
 
 
 def _fmt(shape: list[int]) -> str:

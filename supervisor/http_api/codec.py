@@ -153,7 +153,8 @@ class InferCodec:
             if has_data + (bsize is not None) + has_shm != 1:
                 raise invalid_arg(f"input '{name}' must give exactly one of 'data', 'binary_data_size' or "
                                   "'shared_memory_region'")
-            extra = {k: v for k, v in params.items() if k != "binary_data_size" and k not in _SHM_KEYS}
+            extra = ({k: v for k, v in params.items() if k != "binary_data_size" and k not in _SHM_KEYS}
+                     if params else {})
             if has_data:
                 data: Any = tensors.json_to_raw(datatype, shape, item["data"], name, lim.max_depth)
             elif bsize is not None:

@@ -31,6 +31,7 @@ _EMPTY_OK = Response(200, b"", None)
 _NOT_READY = Response(400, b"", None)
 _VERSION_NOT_READY = Response(400, b'{"error":"Model version not ready"}')
 _DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
+_ROUTE_CACHE_SIZE = 1024  # distinct paths remembered (cleared when full)
 _OFFLOAD_BYTES = 256 * 1024  # (de)compression above this size runs in the default executor
 
 GET = frozenset({"GET"})
@@ -69,18 +70,20 @@ class Router:
         self.max_input_size = self.limits.max_input_size
         self.codec = InferCodec(dataplane, self.limits)
         self.restricted = {k: (h.lower(), v.encode("latin-1")) for k, (h, v) in (restricted or {}).items()}
+        self._routes: dict[str, Route] = {}  # path -> route (a route depends on the path alone)
 
     # ------------------------------------------------------------ dispatch
     def __call__(self, req: Request) -> HandlerResult:
         path = req.path
-        parts = path.split("/")
-        if "%" in path:
-            parts = [unquote(p, errors="replace") if "%" in p else p for p in parts]
-        if len(parts) < 2 or parts[0] != "" or parts[1] != "v2":
-            return errors.NOT_FOUND
-        route = self._match(parts[2:])
+        route = self._routes.get(path)
         if route is None:
-            return errors.NOT_FOUND
+            route = self._route(path)
+            if route is None:
+                return errors.NOT_FOUND
+            if len(path) <= 256:
+                if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                    self._routes.clear()
+                self._routes[path] = route
         category, methods, fn, args = route
         if self.restricted and category in self.restricted:
             header, value = self.restricted[category]
@@ -93,6 +96,14 @@ class Router:
             return fn(req, *args)
         except Exception as exc:
             return errors.from_exception(exc)
+
+    def _route(self, path: str) -> Route | None:
+        parts = path.split("/")
+        if "%" in path:
+            parts = [unquote(p, errors="replace") if "%" in p else p for p in parts]
+        if len(parts) < 2 or parts[0] != "" or parts[1] != "v2":
+            return None
+        return self._match(parts[2:])
 
     def _match(self, p: list[str]) -> Route | None:
         n = len(p)

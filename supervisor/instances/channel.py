@@ -24,6 +24,9 @@ Handler = Callable[[list[Any]], None]  # receives the message frames (zmq.Frame)
 HB_SUFFIX = "/hb"
 _DRAIN_BATCH = 512  # messages per wake-up before yielding to other callbacks
 _MAX_SUN_PATH = 107
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_ZERO_COPY_MIN = zmq.COPY_THRESHOLD  # smaller frames are copied (pyzmq would copy them anyway)
 
 
 class ChannelError(InferdError):
@@ -100,12 +103,27 @@ class Channel:
         self._handlers.pop(ident + HB_SUFFIX.encode(), None)
 
     def send(self, identity: str, frames: Sequence[Any]) -> None:
-        """Send one message (frames zero-copy) to a worker; raises InferdError(UNAVAILABLE) if it cannot."""
+        """Send one message to a worker; raises InferdError(UNAVAILABLE) if it cannot.
+
+        Frames are sent one by one with plain int flags (pyzmq's send_multipart builds enum flags per
+        frame); small frames are copied into the message (cheaper than a zero-copy Frame), frames of
+        at least _ZERO_COPY_MIN bytes go zero-copy. A multipart message is atomic in ZeroMQ: once the
+        identity frame is accepted the remaining frames cannot fail for HWM or routing.
+        """
         sock = self._sock
         if sock is None:
             raise ChannelError(ErrorCode.UNAVAILABLE, "worker channel is closed")
+        send = sock.send
         try:
-            sock.send_multipart([identity.encode(), *frames], flags=zmq.NOBLOCK, copy=False)
+            last = len(frames) - 1
+            send(identity.encode(), _MORE if last >= 0 else _NOBLOCK)
+            for i, frame in enumerate(frames):
+                flags = _MORE if i < last else _NOBLOCK
+                if type(frame) is bytes and len(frame) < _ZERO_COPY_MIN:
+                    send(frame, flags)
+                else:
+                    nbytes = frame.nbytes if type(frame) is memoryview else memoryview(frame).nbytes
+                    send(frame, flags, copy=nbytes < _ZERO_COPY_MIN)
         except zmq.Again:
             raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading") from None
         except zmq.ZMQError as exc:

@@ -299,8 +299,13 @@ class WorkerProcess:
             self._release_leases(leases)
             self._release_slot()
             raise
-        fut.add_done_callback(self._on_batch_future_done)
-        return await fut
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            # the caller was cancelled (which cancels `fut`): tell the worker, whose reply still frees the slot
+            if fut.cancelled() and self._batches.get(batch_id) is batch:
+                self._send_quiet(m.Cancel(list(batch.ids)))
+            raise
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""
@@ -353,13 +358,6 @@ class WorkerProcess:
             self._release_leases(leases)
             raise
         return frames, items, ids, leases, forget
-
-    def _on_batch_future_done(self, fut: asyncio.Future[BatchResult]) -> None:
-        if not fut.cancelled():
-            return
-        for batch in self._batches.values():
-            if batch.fut is fut:
-                self._send_quiet(m.Cancel(list(batch.ids)))
 
     def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
         batch_id = msg.get("batch_id")

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
@@ -22,12 +21,14 @@ from .queue import WorkQueue
 log = logging.getLogger("inferd.scheduler")
 
 
-@dataclass(eq=False)
 class Pending:
-    request: InferRequest
-    future: asyncio.Future[InferResponse]
-    deadline_ns: int = 0  # 0 = no queue timeout
-    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    __slots__ = ("request", "future", "deadline_ns", "timer")
+
+    def __init__(self, request: InferRequest, future: asyncio.Future[InferResponse]) -> None:
+        self.request = request
+        self.future = future
+        self.deadline_ns = 0  # 0 = no queue timeout
+        self.timer: asyncio.TimerHandle | None = None
 
 
 class StatsSink:
@@ -56,6 +57,7 @@ class DefaultScheduler:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle ----
     def start(self, runners_per_instance: int = 1) -> None:
@@ -106,19 +108,25 @@ class DefaultScheduler:
     def submit(self, request: InferRequest, default_timeout_us: int = 0) -> asyncio.Future[InferResponse]:
         if self._closed:
             raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
-        if not any(e.ready for e in self.executors):
+        for e in self.executors:
+            if e.ready:
+                break
+        else:
             raise InferdError(ErrorCode.UNAVAILABLE,
                               "no ready instance of model '%s'" % self.model_name)
-        if self.queue.full():
+        queue = self.queue
+        if queue.full():
             self.stats.record_failure("REJECTED", 0)
             raise InferdError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         item = Pending(request, loop.create_future())
         timeout_us = request.timeout_us or default_timeout_us
         if timeout_us:
             item.deadline_ns = request.arrival_ns + timeout_us * 1000
             item.timer = loop.call_later(timeout_us / 1e6, self._expire, item)
-        self.queue.put(item)
+        queue.put(item)
         self._idle.clear()
         return item.future
 
@@ -153,9 +161,12 @@ class DefaultScheduler:
 
     async def _runner(self, executor: Executor) -> None:
         ready = self._ready_events[id(executor)]
+        queue = self.queue
         while True:
-            await ready.wait()
-            await self.queue.wait_nonempty()
+            if not ready.is_set():
+                await ready.wait()
+            if not len(queue):
+                await queue.wait_nonempty()
             if not executor.ready:
                 continue
             batch = self._take_batch()
