@@ -246,7 +246,8 @@ def test_sigterm_drains_in_flight_requests(server_factory, harness):
     pids = [i["pid"] for i in wait_all_ready(server, "sleep", 2)]
     with ThreadPoolExecutor(max_workers=6) as pool:
         futures = [pool.submit(sleep_call, server, 1.0) for _ in range(6)]
-        busy_instance(server, "sleep")
+        # SIGTERM only once all 6 are admitted (queued or running): later arrivals are refused by design
+        server.wait_until(lambda: admitted(server, "sleep") == 6, 10, "all 6 requests to be admitted")
         server.send_signal(signal.SIGTERM)
         term_at = time.monotonic()
         server.wait_until(lambda: not _ready(server), 0.5, "readiness to turn false after SIGTERM")
@@ -259,6 +260,16 @@ def test_sigterm_drains_in_flight_requests(server_factory, harness):
     owners = server.known_pids | {server.pid}
     assert harness.leak_free(shm_before, harness.shm_snapshot(), owners), \
         harness.leak_diff(shm_before, harness.shm_snapshot(), owners)
+
+
+def admitted(server, model: str) -> int:
+    """Requests of `model` queued in the scheduler plus those handed to its workers."""
+    running = sum(i.get("inflight", 0) for i in server.instances(model))
+    pending = 0
+    for line in server.metrics(timeout=2).splitlines():
+        if line.startswith("nv_inference_pending_request_count{") and f'model="{model}"' in line:
+            pending += int(float(line.rsplit(" ", 1)[1]))
+    return running + pending
 
 
 def _ready(server) -> bool:
