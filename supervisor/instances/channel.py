@@ -24,6 +24,14 @@ Handler = Callable[[list[Any]], None]  # receives the message frames (zmq.Frame)
 HB_SUFFIX = "/hb"
 _DRAIN_BATCH = 512  # messages per wake-up before yielding to other callbacks
 _MAX_SUN_PATH = 107
+# pyzmq's Socket sugar converts options and flags through enum classes on every call (a few µs per
+# message); the hot path calls the backend methods with plain ints instead.
+_raw_get: Callable[[Any, int], int] = zmq.backend.Socket.get  # type: ignore[assignment]
+_raw_send = zmq.backend.Socket.send
+_raw_recv = zmq.backend.Socket.recv
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
 _ZERO_COPY_MIN = zmq.COPY_THRESHOLD  # smaller frames are copied (pyzmq would copy them anyway)
@@ -113,17 +121,17 @@ class Channel:
         sock = self._sock
         if sock is None:
             raise ChannelError(ErrorCode.UNAVAILABLE, "worker channel is closed")
-        send = sock.send
+        send = _raw_send
         try:
             last = len(frames) - 1
-            send(identity.encode(), _MORE if last >= 0 else _NOBLOCK)
+            send(sock, identity.encode(), _MORE if last >= 0 else _NOBLOCK)
             for i, frame in enumerate(frames):
                 flags = _MORE if i < last else _NOBLOCK
                 if type(frame) is bytes and len(frame) < _ZERO_COPY_MIN:
-                    send(frame, flags)
+                    send(sock, frame, flags)
                 else:
                     nbytes = frame.nbytes if type(frame) is memoryview else memoryview(frame).nbytes
-                    send(frame, flags, copy=nbytes < _ZERO_COPY_MIN)
+                    send(sock, frame, flags, nbytes < _ZERO_COPY_MIN)
         except zmq.Again:
             raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading") from None
         except zmq.ZMQError as exc:
@@ -148,10 +156,8 @@ class Channel:
 
     def _after_send(self) -> None:
         sock = self._sock
-        if sock is not None and not self._drain_scheduled:
-            events: int = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
-            if events & zmq.POLLIN:
-                self._schedule_drain()
+        if sock is not None and not self._drain_scheduled and _raw_get(sock, _EVENTS) & _POLLIN:
+            self._schedule_drain()
 
     def _schedule_drain(self) -> None:
         if not self._drain_scheduled and self._loop is not None:
@@ -168,10 +174,11 @@ class Channel:
             # EVENTS (about 1.5 us) both tells whether a message waits and re-arms the edge-triggered
             # FD; cheaper than ending every drain with a zmq.Again exception (about 4 us).
             try:
-                events: int = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
-                if not events & zmq.POLLIN:
+                if not _raw_get(sock, _EVENTS) & _POLLIN:
                     return
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = [_raw_recv(sock, _NOBLOCK, False)]
+                while _raw_get(sock, _RCVMORE):
+                    frames.append(_raw_recv(sock, _NOBLOCK, False))
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:  # socket closed underneath us
