@@ -233,7 +233,8 @@ class ModelManager:
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
         scheduler = DefaultScheduler(plan.name, instances, stats,
-                                     max_queue_size=self.settings.max_queue_size)
+                                     max_queue_size=self.settings.max_queue_size,
+                                     batched=io.max_batch_size > 0)
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
                           metadata_base=plan.metadata_base)

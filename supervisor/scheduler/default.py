@@ -45,8 +45,9 @@ class StatsSink:
 
 class DefaultScheduler:
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, max_queue_size: int,
-                 max_batch_requests: int = 1) -> None:
+                 max_batch_requests: int = 1, batched: bool = False) -> None:
         self.model_name = model_name
+        self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
         self.executors = executors
         self.stats = stats
         self.queue: WorkQueue[Pending] = WorkQueue(max_queue_size)
@@ -180,6 +181,11 @@ class DefaultScheduler:
                 self.running -= len(batch)
                 self._check_idle()
 
+    def _items(self, request: InferRequest) -> int:
+        if self.batched and request.inputs and request.inputs[0].shape:
+            return max(1, request.inputs[0].shape[0])
+        return 1
+
     async def _execute(self, executor: Executor, batch: list[Pending]) -> None:
         start = time.monotonic_ns()
         try:
@@ -194,10 +200,10 @@ class DefaultScheduler:
         else:
             responses = result.responses
         end = time.monotonic_ns()
-        successes = sum(1 for r in responses if not isinstance(r, InferdError))
-        if result is not None and successes:
-            # as Triton: inference_count counts the items that succeeded
-            self.stats.record_execution(successes, result.compute_input_ns, result.compute_infer_ns,
+        items = sum(self._items(p.request) for p, r in zip(batch, responses) if not isinstance(r, InferdError))
+        if result is not None and items:
+            # as Triton: inference_count counts the batch items that succeeded
+            self.stats.record_execution(items, result.compute_input_ns, result.compute_infer_ns,
                                         result.compute_output_ns)
         for item, response in zip(batch, responses):
             request_ns = end - item.request.arrival_ns

@@ -170,3 +170,24 @@ def test_metrics_exposition_format(server):
     reasons = {lab.get("reason") for n, lab, _ in parse_metrics(text)
                if n == "nv_inference_request_failure" and lab.get("model") == "add_sub"}
     assert {"REJECTED", "CANCELED", "BACKEND", "OTHER"} <= reasons
+
+
+def test_inference_count_counts_batch_items(module_server_factory):
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    server = module_server_factory(["batched_double"])
+    client = server.http_client()
+    try:
+        for batch in (3, 5):
+            data = np.arange(batch * 4, dtype=np.float32).reshape(batch, 4)
+            inp = httpclient.InferInput("INPUT0", [batch, 4], "FP32")
+            inp.set_data_from_numpy(data)
+            out = client.infer("batched_double", [inp]).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, data * 2)
+    finally:
+        client.close()
+    s = server.wait_until(lambda: (x := stats_of(server, "batched_double"))["execution_count"] == 2 and x,
+                          timeout=5, what="two executions counted")
+    assert s["inference_count"] == 8  # 3 + 5 batch items, as Triton counts them
+    assert s["inference_stats"]["success"]["count"] == 2  # requests
