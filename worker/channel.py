@@ -16,9 +16,26 @@ from typing import Any, Optional
 
 import zmq
 
-from .wire.messages import Heartbeat, ProtocolError, decode, encode
+from .wire.messages import (
+    ZERO_COPY_MIN_BYTES,
+    Heartbeat,
+    ProtocolError,
+    decode,
+    decode_header,
+    encode,
+    encode_header,
+)
 
 LINGER_MS = 2000
+# The hot path calls pyzmq's compiled Socket methods with plain int flags: the Python wrapper
+# (zmq.Socket) and its enum conversions cost about as much as the send itself for small frames.
+_BASE = getattr(getattr(zmq, "backend", None), "Socket", None) or zmq.Socket
+_send = _BASE.send
+_recv = _BASE.recv
+_get = _BASE.get if hasattr(_BASE, "get") else zmq.Socket.getsockopt
+_SNDMORE = int(zmq.SNDMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
 
 
 class Channel:
@@ -32,7 +49,32 @@ class Channel:
         self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
 
     def send(self, message: Any, frames: Sequence[Any] = ()) -> None:
-        self._sock.send_multipart(encode(message, frames), copy=False)
+        """Header then data frames: small frames are copied into the message (cheaper than a
+        zero-copy Frame), frames of ZERO_COPY_MIN_BYTES or more are sent zero-copy."""
+        header = encode_header(message)
+        sock = self._sock
+        if not frames:
+            _send(sock, header, 0)
+            return
+        # every frame's size first: a frame that is no buffer raises before anything is queued
+        sizes = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
+        _send(sock, header, _SNDMORE)
+        last = len(frames) - 1
+        for index, frame in enumerate(frames):
+            _send(sock, frame, 0 if index == last else _SNDMORE, sizes[index] < ZERO_COPY_MIN_BYTES)
+
+    def _recv(self, flags: int = 0) -> tuple[Any, list[Any]]:
+        """One multipart message: the header copied (it is parsed at once), data frames zero-copy."""
+        sock = self._sock
+        header = _recv(sock, flags)
+        frames = []
+        if _get(sock, _RCVMORE):
+            while True:
+                frame = _recv(sock, 0, False)
+                frames.append(frame)
+                if not frame.more:
+                    break
+        return decode_header(header), frames
 
     def recv(self) -> tuple[Any, Sequence[Any]]:
         """Next (message, data frames); blocks. Raises ProtocolError on a malformed message."""
@@ -40,18 +82,16 @@ class Channel:
             return self._pending.popleft()
         if self._error is not None:
             raise self._error
-        return decode(self._sock.recv_multipart(copy=False))
+        return self._recv()
 
     def read_ahead(self) -> list[tuple[Any, Sequence[Any]]]:
         """Everything already waiting, without blocking; also queued for later `recv()` calls."""
         got: list[tuple[Any, Sequence[Any]]] = []
         while self._error is None:
             try:
-                parts = self._sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                item = self._recv(_NOBLOCK)
             except zmq.Again:
                 break
-            try:
-                item = decode(parts)
             except ProtocolError as exc:
                 self._error = exc
                 break

@@ -34,6 +34,11 @@ from .wire.messages import (
     WireError,
 )
 
+_now_ns = time.perf_counter_ns
+_input_array = tensors.input_array
+_check_output = tensors.check_output
+_output_frame = tensors.output_frame
+
 
 def wire_error(exc: BaseException) -> WireError:
     if isinstance(exc, InferdError):
@@ -51,8 +56,10 @@ class Runtime:
         self._backend: Optional[Backend] = None
         self._spec: Optional[ModelSpec] = None
         self._outputs: dict[str, tensors.OutputSpec] = {}
+        self._output_names: list[str] = []
         self._cancelled: set[int] = set()
         self._main_thread = threading.current_thread()
+        self._is_cancelled = self.is_cancelled  # one bound method, handed to every Request
         self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled,
                                       poll=self.poll_cancellations)
         self._running = True
@@ -129,6 +136,7 @@ class Runtime:
             return
         self._backend, self._spec = backend, spec
         self._outputs = tensors.output_specs(spec.config)
+        self._output_names = list(self._outputs)
         self._channel.send(LoadResult(backend=backend.name))
 
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
@@ -146,36 +154,40 @@ class Runtime:
         self._running = False
 
     def _on_execute(self, message: Execute, frames: Sequence[Any]) -> None:
-        t0 = time.perf_counter_ns()
+        t0 = _now_ns()
         if message.forget_regions:
             self._cache.forget(message.forget_regions)
-        items: list[Optional[ResponseItem]] = [None] * len(message.requests)
-        runnable: list[tuple[int, Request]] = []
-        for index, item in enumerate(message.requests):
+        cache = self._cache
+        probe = self._is_cancelled
+        entries: list[Any] = []  # per request: its Request, or the ResponseItem of a failed one
+        runnable: list[Request] = []
+        for item in message.requests:
             try:
-                inputs = [Tensor(ref.name, ref.datatype, tensors.input_array(ref, frames, self._cache))
-                          for ref in item.inputs]
+                inputs = [Tensor(ref.name, ref.datatype, _input_array(ref, frames, cache)) for ref in item.inputs]
             except Exception as exc:
-                items[index] = ResponseItem(request_id=item.request_id, error=wire_error(exc))
+                entries.append(ResponseItem(item.request_id, [], wire_error(exc), {}))
                 continue
-            runnable.append((index, Request(
+            request = Request(
                 item.request_id, item.id, inputs, list(item.requested_outputs), item.parameters,
-                item.correlation_id, item.flags, item.timeout_us, self.is_cancelled,
-            )))
-        t1 = time.perf_counter_ns()
-        results = self._run_backend([request for _, request in runnable])
-        t2 = time.perf_counter_ns()
+                item.correlation_id, item.flags, item.timeout_us, probe,
+            )
+            entries.append(request)
+            runnable.append(request)
+        t1 = _now_ns()
+        results = self._run_backend(runnable)
+        t2 = _now_ns()
         out_frames: list[Any] = []
-        for (index, request), result in zip(runnable, results):
-            items[index] = self._encode(request, result, out_frames)
-        t3 = time.perf_counter_ns()
-        responses = [item for item in items if item is not None]
-        self._channel.send(
-            ExecuteResult(batch_id=message.batch_id, responses=responses, compute_input_ns=t1 - t0,
-                          compute_infer_ns=t2 - t1, compute_output_ns=t3 - t2),
-            out_frames,
-        )
-        self._cancelled.clear()
+        encode = self._encode
+        if len(runnable) == len(entries):
+            responses = [encode(request, result, out_frames) for request, result in zip(runnable, results)]
+        else:
+            pending = iter(results)
+            responses = [encode(entry, next(pending), out_frames) if type(entry) is Request else entry
+                         for entry in entries]
+        t3 = _now_ns()
+        self._channel.send(ExecuteResult(message.batch_id, responses, t1 - t0, t2 - t1, t3 - t2), out_frames)
+        if self._cancelled:
+            self._cancelled.clear()
 
     # ---- helpers --------------------------------------------------------------------------------
 
@@ -201,23 +213,23 @@ class Runtime:
     def _encode(self, request: Request, result: Response, out_frames: list[Any]) -> ResponseItem:
         params = result.parameters or {}
         if result.error is not None:
-            return ResponseItem(
-                request_id=request.request_id, error=wire_error(result.error), parameters=params
-            )
+            return ResponseItem(request.request_id, [], wire_error(result.error), params)
         model = self._spec.model_name if self._spec else ""
-        wanted = request.requested_outputs or list(self._outputs)
+        wanted = request.requested_outputs or self._output_names
+        specs = self._outputs
         refs = []
         frames: list[Any] = []
+        base = len(out_frames)
         try:
             for out in result.outputs:
-                if out.name not in wanted:
+                name = out.name
+                if name not in wanted:
                     continue
-                spec = self._outputs.get(out.name)
-                array = tensors.check_output(spec, out.name, out.datatype, out.array, model)
-                ref, data = tensors.output_frame(out.name, out.datatype, array, len(out_frames) + len(frames))
+                array = _check_output(specs.get(name), name, out.datatype, out.array, model)
+                ref, data = _output_frame(name, out.datatype, array, base + len(frames))
                 refs.append(ref)
                 frames.append(data)
         except Exception as exc:
-            return ResponseItem(request_id=request.request_id, error=wire_error(exc), parameters=params)
+            return ResponseItem(request.request_id, [], wire_error(exc), params)
         out_frames.extend(frames)
-        return ResponseItem(request_id=request.request_id, outputs=refs, parameters=params)
+        return ResponseItem(request.request_id, refs, None, params)

@@ -71,47 +71,55 @@ class ShmCache:
             self._drop(name)
 
 
-def _datatype(name: str, tensor: str) -> dtypes.DataType:
-    dt = dtypes.BY_NAME.get(name)
-    if dt is None:
-        raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (name, tensor))
-    return dt
-
-
 def _check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
-    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+    if type(shape) is not list and not isinstance(shape, list):
         raise invalid_arg("invalid shape for tensor '%s'" % tensor)
+    for s in shape:
+        if type(s) is not int or s < 0:
+            raise invalid_arg("invalid shape for tensor '%s'" % tensor)
     return tuple(shape)
 
 
 def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
-    if ref.loc == "frame":
-        if not 0 <= ref.frame < len(frames):
+    loc = ref.loc
+    if loc == "frame":
+        index = ref.frame
+        if not 0 <= index < len(frames):
             raise internal("tensor '%s' refers to a missing data frame" % ref.name)
-        frame = frames[ref.frame]
+        frame = frames[index]
         return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-    if ref.loc == "shm":
+    if loc == "shm":
         return cache.view(ref.region, ref.offset, ref.nbytes)
-    raise internal("tensor '%s' has an unknown location '%s'" % (ref.name, ref.loc))
+    raise internal("tensor '%s' has an unknown location '%s'" % (ref.name, loc))
 
 
 def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.ndarray:
     """The numpy view of one input tensor (see the module docstring)."""
-    dt = _datatype(ref.datatype, ref.name)
-    shape = _check_shape(ref.shape, ref.name)
+    name = ref.name
+    dt = dtypes.BY_NAME.get(ref.datatype)
+    if dt is None:
+        raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (ref.datatype, name))
+    shape = _check_shape(ref.shape, name)
     buf = input_buffer(ref, frames, cache)
-    count = dtypes.element_count(shape)
-    if dt.name == "BYTES":
-        return bytes_codec.deserialize(buf, count=count, name=ref.name).reshape(shape)
+    count = 1
+    for s in shape:
+        count *= s
+    if dt.itemsize == 0:  # BYTES
+        return bytes_codec.deserialize(buf, count=count, name=name).reshape(shape)
     numpy_dtype = _BF16_VIEW if dt.numpy is None else dt.numpy
-    nbytes = memoryview(buf).nbytes
+    if type(buf) is not memoryview:
+        buf = memoryview(buf)
+    nbytes = buf.nbytes
     if nbytes != count * dt.itemsize:
         raise invalid_arg(
             "input '%s': expected %d bytes for shape %s of %s, got %d"
-            % (ref.name, count * dt.itemsize, list(shape), dt.name, nbytes)
+            % (name, count * dt.itemsize, list(shape), dt.name, nbytes)
         )
-    array = np.frombuffer(buf, dtype=numpy_dtype).reshape(shape)
-    array.flags.writeable = False
+    array = np.frombuffer(buf, dtype=numpy_dtype)
+    if len(shape) != 1:
+        array = array.reshape(shape)
+    if not buf.readonly:
+        array.flags.writeable = False
     return array
 
 
@@ -152,7 +160,12 @@ def output_specs(config: dict[str, Any]) -> dict[str, OutputSpec]:
 
 
 def _matches(shape: tuple[int, ...], pattern: list[int]) -> bool:
-    return len(shape) == len(pattern) and all(p == -1 or p == s for s, p in zip(shape, pattern))
+    if len(shape) != len(pattern):
+        return False
+    for s, p in zip(shape, pattern):  # noqa: SIM110 - a plain loop: no generator per output
+        if p != s and p != -1:
+            return False
+    return True
 
 
 def check_output(
@@ -188,17 +201,18 @@ def output_frame(name: str, datatype: str, array: np.ndarray, frame: int) -> tup
         data: Any = bytes_codec.serialize(array)
         nbytes = len(data)
     else:
-        if datatype == "BF16" and array.dtype != _BF16_VIEW:
-            array = array.view(_BF16_VIEW) if array.dtype.itemsize == 2 else array
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
+        dtype = array.dtype
+        if datatype == "BF16" and dtype != _BF16_VIEW:
+            array = array.view(_BF16_VIEW) if dtype.itemsize == 2 else array
+            dtype = array.dtype
+        if dtype.byteorder == ">":
+            array = array.astype(dtype.newbyteorder("<"))
         if not array.flags.c_contiguous:
             array = array.copy(order="C")
         data = array.reshape(-1).view(np.uint8) if array.size else b""
         nbytes = int(array.nbytes)
-    ref = TensorRef(name=name, datatype=datatype, shape=[int(s) for s in array.shape], loc="frame",
-                    frame=frame, nbytes=nbytes)
-    return ref, data
+    # ndarray.shape holds Python ints already
+    return TensorRef(name, datatype, list(array.shape), "frame", frame, "", 0, nbytes), data
 
 
 def error_code(exc: BaseException) -> ErrorCode:

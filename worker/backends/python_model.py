@@ -58,6 +58,7 @@ class PythonBackend:
         self._loop: Any = None
         self._loop_thread: Optional[threading.Thread] = None
         self._output_names: list[str] = []
+        self._version = -1
         self._poll: Optional[Callable[[], None]] = None
 
     # ---- import ---------------------------------------------------------------------------------
@@ -139,6 +140,7 @@ class PythonBackend:
         module = self._import_model(model, context.log_verbose)
         self._poll = context.poll
         self._spec = model
+        self._version = int(model.version) if model.version.isdigit() else -1
         self._output_names = model.output_names
         args = {
             "model_config": model.config_json,
@@ -164,14 +166,17 @@ class PythonBackend:
         if spec is None or self._model is None:
             raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
         pb = self._pb
-        version = int(spec.version) if spec.version.isdigit() else -1
+        version = self._version
+        wrap = pb.Tensor._wrap
+        from_worker = pb.InferenceRequest._from_worker
+        model_name = spec.model_name
         pb_requests = []
         for r in requests:
-            inputs = [pb.Tensor._wrap(t.name, t.array, t.datatype) for t in r.inputs]
+            inputs = [wrap(t.name, t.array, t.datatype) for t in r.inputs]
             requested = list(r.requested_outputs) if r.requested_outputs else list(self._output_names)
             pb_requests.append(
-                pb.InferenceRequest._from_worker(
-                    r.id, r.correlation_id, inputs, requested, spec.model_name, version, r.flags,
+                from_worker(
+                    r.id, r.correlation_id, inputs, requested, model_name, version, r.flags,
                     r.timeout_us, r.parameters, r.is_cancelled,
                 )
             )

@@ -112,9 +112,7 @@ _BF16_STORAGE = np.dtype("<u2")
 
 
 def _datatype_of(array: np.ndarray) -> str:
-    if array.dtype.name == "bfloat16":  # ml_dtypes
-        return "BF16"
-    dt = dtypes.from_numpy(array.dtype)
+    dt = dtypes.from_numpy(array.dtype)  # BF16 for ml_dtypes' bfloat16
     if dt is None:
         raise TritonModelException("Unsupported numpy dtype %s for a Triton tensor" % array.dtype)
     return dt.name

@@ -41,9 +41,26 @@ BY_CONFIG_NAME: dict[str, DataType] = {d.config_name: d for d in _TABLE}
 BY_CONFIG_NUMBER: dict[int, DataType] = {d.config_number: d for d in _TABLE}
 
 
+_BY_DTYPE: dict[np.dtype, DataType] = {}  # from_numpy's answers (fixed-size dtypes only: bounded)
+
+
 def from_numpy(dtype: np.dtype) -> DataType | None:
     """Protocol datatype of a numpy dtype (object, bytes_ and str_ arrays are BYTES)."""
+    try:
+        return _BY_DTYPE[dtype]
+    except (KeyError, TypeError):
+        pass
     dtype = np.dtype(dtype)
+    found = _BY_DTYPE.get(dtype)
+    if found is not None:
+        return found
+    found = _from_numpy(dtype)
+    if found is not None and dtype.kind not in ("S", "U") and len(_BY_DTYPE) < 64:
+        _BY_DTYPE[dtype] = found
+    return found
+
+
+def _from_numpy(dtype: np.dtype) -> DataType | None:
     if dtype.kind in ("O", "S", "U"):
         return BY_NAME["BYTES"]
     if dtype.name == "bfloat16":

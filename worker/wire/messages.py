@@ -12,14 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import json.scanner
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
 WIRE_VERSION = 1
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
+
+# Data frames at least this big are sent zero-copy (ZeroMQ keeps a reference to the buffer); smaller
+# ones, and every header, are copied into the message: for small frames a copy is cheaper than the
+# Frame object and reference tracking a zero-copy send needs.
+ZERO_COPY_MIN_BYTES = 64 * 1024
 
 
 @dataclass
@@ -184,11 +191,26 @@ class ProtocolError(Exception):
     """A peer sent something that is not a valid message of this wire version."""
 
 
+_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+
+
 def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
     """Frames for `message`: a JSON header then the given data frames (buffers, sent zero-copy)."""
+    return [encode_header(message), *frames]
+
+
+def encode_header(message: Any) -> bytes:
+    """The JSON header frame of `message` (what `encode` puts first)."""
+    if type(message) is ExecuteResult:
+        try:
+            text = _execute_result_json(message)
+        except (TypeError, ValueError):  # e.g. parameters json cannot encode: the generic path says so
+            text = None
+        if text is not None:
+            return text.encode()
     header = _plain(message)
     header["t"] = TAGS[type(message)]
-    return [json.dumps(header, separators=(",", ":")).encode(), *frames]
+    return _dumps(header).encode()
 
 
 def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
@@ -196,15 +218,42 @@ def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
     if not frames:
         raise ProtocolError("empty message")
     first = frames[0]
-    raw = first.bytes if hasattr(first, "bytes") else bytes(first)
+    return decode_header(first if type(first) is bytes else first.bytes if hasattr(first, "bytes")
+                         else bytes(first)), frames[1:]
+
+
+def decode_header(raw: bytes) -> Any:
+    """The message of a JSON header frame; raises ProtocolError on anything malformed."""
     try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
+        header = _loads(raw)
+        if type(header) is not dict:
             raise TypeError("message header is not a JSON object")
         cls = MESSAGE_TYPES[header.pop("t")]
-        return _build(cls, header), frames[1:]
+        if cls is Execute:
+            message = _execute_fast(header)
+            if message is not None:
+                return message
+        return _build(cls, header)
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ProtocolError("malformed message: %s" % exc) from None
+
+
+_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+
+
+def _loads(raw: bytes) -> Any:
+    """`json.loads(raw)` for a UTF-8 JSON object without surrounding whitespace (every header the
+    supervisor sends), minus json.loads's encoding detection and regex passes; anything else, and
+    every error, is left to json.loads itself."""
+    if raw[:1] == b"{" and raw[1:2] != b"\x00":
+        try:
+            text = raw.decode("utf-8", "surrogatepass")
+            value, end = _scan_once(text, 0)
+            if end == len(text):
+                return value
+        except Exception:  # noqa: S110 - json.loads below raises its own error
+            pass
+    return json.loads(raw)
 
 
 _NESTED = {
@@ -256,3 +305,90 @@ def _build(cls: type[Any], data: dict[str, Any]) -> Any:
             value = WireError(**value)
         kwargs[key] = value
     return cls(**kwargs)
+
+
+# ---- hot path: Execute in, ExecuteResult out --------------------------------------------------
+# Same results as the generic `_build` / `_plain` + json.dumps above (tests pin the equivalence);
+# anything unusual (a missing or extra field, a value of another type) takes the generic path.
+
+_EXECUTE_KEYS = frozenset(_field_names(Execute))
+_REQUEST_KEYS = frozenset(_field_names(RequestItem))
+_TENSOR_KEYS = frozenset(_field_names(TensorRef))
+_new = object.__new__
+
+
+def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
+    """An Execute carrying every field (as the supervisor sends it), built without `_build`:
+    the parsed JSON objects become the instances' attribute dicts. None: use `_build` (nothing
+    has been changed in `header` then)."""
+    if header.keys() != _EXECUTE_KEYS:
+        return None
+    items = header["requests"]
+    if type(items) is not list:
+        return None
+    built = []
+    for item in items:
+        if type(item) is not dict or item.keys() != _REQUEST_KEYS:
+            return None
+        refs = item["inputs"]
+        if type(refs) is not list:
+            return None
+        inputs = []
+        for ref in refs:
+            if type(ref) is not dict or ref.keys() != _TENSOR_KEYS:
+                return None
+            tensor = _new(TensorRef)
+            tensor.__dict__ = ref
+            inputs.append(tensor)
+        built.append((item, inputs))
+    requests = []
+    for item, inputs in built:
+        item["inputs"] = inputs
+        request = _new(RequestItem)
+        request.__dict__ = item
+        requests.append(request)
+    header["requests"] = requests
+    message = _new(Execute)
+    message.__dict__ = header
+    return message
+
+
+def _execute_result_json(message: ExecuteResult) -> Optional[str]:
+    """The JSON text `_plain` + `_dumps` would give for an ExecuteResult whose fields have their
+    declared types (None otherwise)."""
+    batch_id = message.batch_id
+    t_in, t_infer, t_out = message.compute_input_ns, message.compute_infer_ns, message.compute_output_ns
+    if not (type(batch_id) is int and type(t_in) is int and type(t_infer) is int and type(t_out) is int):
+        return None
+    items = []
+    for item in message.responses:
+        if type(item) is not ResponseItem:
+            return None
+        request_id, error, params = item.request_id, item.error, item.parameters
+        if type(request_id) is not int or type(params) is not dict:
+            return None
+        refs = []
+        for ref in item.outputs:
+            if type(ref) is not TensorRef:
+                return None
+            name, datatype, shape, loc, region = ref.name, ref.datatype, ref.shape, ref.loc, ref.region
+            frame, offset, nbytes = ref.frame, ref.offset, ref.nbytes
+            if not (type(name) is str and type(datatype) is str and type(loc) is str and type(region) is str
+                    and type(frame) is int and type(offset) is int and type(nbytes) is int
+                    and type(shape) in (list, tuple) and all(type(s) is int for s in shape)):
+                return None
+            refs.append('{"name":%s,"datatype":%s,"shape":[%s],"loc":%s,"frame":%d,"region":%s,'
+                        '"offset":%d,"nbytes":%d}' % (
+                            _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(loc),
+                            frame, _json_str(region), offset, nbytes))
+        if error is None:
+            error_json = "null"
+        elif type(error) is WireError and type(error.code) is int and type(error.message) is str:
+            error_json = '{"code":%d,"message":%s}' % (error.code, _json_str(error.message))
+        else:
+            return None
+        items.append('{"request_id":%d,"outputs":[%s],"error":%s,"parameters":%s}' % (
+            request_id, ",".join(refs), error_json, _dumps(params) if params else "{}"))
+    return ('{"batch_id":%d,"responses":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
+            '"compute_output_ns":%d,"t":"execute_result"}' % (
+                batch_id, ",".join(items), t_in, t_infer, t_out))
