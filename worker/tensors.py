@@ -6,7 +6,8 @@ inputs; the same region may feed several models). BYTES inputs decode into objec
 `bytes`; BF16 stays a raw little-endian uint16 view, marked "BF16" by its datatype.
 
 Outputs are checked against the model configuration (declared, same datatype, compatible shape) and
-leave as frames sent zero-copy from the array's buffer; BYTES are serialized with the wire codec.
+leave as frames from the array's buffer (zero-copy from `wire.messages.ZERO_COPY_MIN_BYTES` up,
+copied below); BYTES are serialized with the wire codec.
 """
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def check_output(
 
 
 def output_frame(name: str, datatype: str, array: np.ndarray, frame: int) -> tuple[TensorRef, Any]:
-    """(TensorRef, buffer to send) for one output; numeric buffers are sent without a copy."""
+    """(TensorRef, buffer to send) for one output; numeric buffers are not copied here."""
     if datatype == "BYTES":
         data: Any = bytes_codec.serialize(array)
         nbytes = len(data)
