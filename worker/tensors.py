@@ -1,8 +1,9 @@
 """Tensor conversion between the wire (TensorRef + frames / shm) and numpy, both ways.
 
 Inputs become numpy views without a copy: `np.frombuffer` on the ZeroMQ frame or on a cached
-read-only mapping of the supervisor's shm region. They are read-only (the worker never writes
-inputs; the same region may feed several models). BYTES inputs decode into object arrays of
+mapping of the supervisor's shm region. They are writable, as in Triton (models edit inputs in
+place): a frame belongs to this worker's message, and an input region is leased to one request only.
+A region shared between requests (ensembles) must be handed out as a copy-on-write view instead. BYTES inputs decode into object arrays of
 `bytes`; BF16 stays a raw little-endian uint16 view, marked "BF16" by its datatype.
 
 Outputs are checked against the model configuration (declared, same datatype, compatible shape) and
@@ -26,7 +27,7 @@ _BF16_VIEW = np.dtype("<u2")
 
 
 class ShmCache:
-    """Read-only mappings of supervisor-created regions, kept between Executes (LRU, bounded).
+    """Mappings of supervisor-created regions, kept between Executes (LRU, bounded).
 
     The worker never unlinks. A region the supervisor has unlinked is dropped when it is listed in
     `Execute.forget_regions`, or when the name is found to point at a new file (inode changed).
@@ -48,7 +49,7 @@ class ShmCache:
             self._drop(name)
             region = None
         if region is None:
-            region = shm.attach(name, readonly=True)
+            region = shm.attach(name)
             self._regions[name] = region
             while len(self._regions) > self._max:
                 self._drop(next(iter(self._regions)))
@@ -119,8 +120,6 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
     array = np.frombuffer(buf, dtype=numpy_dtype)
     if len(shape) != 1:
         array = array.reshape(shape)
-    if not buf.readonly:
-        array.flags.writeable = False
     return array
 
 

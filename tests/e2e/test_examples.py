@@ -167,3 +167,18 @@ def test_infer_ctl_status(server):
     two = models["add_sub_two_instances"]
     assert len(two["instances"]) == 2
     assert all(i["pid"] for i in two["instances"])
+
+
+@pytest.mark.parametrize("elements", [16, 1 << 20])  # a ZeroMQ frame and a shared-memory region
+def test_models_may_edit_inputs_in_place(server_factory, elements):
+    server = server_factory(["inplace_double"])
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for _ in range(3):  # regions are reused: each request must see its own data
+            data = np.random.default_rng(elements).standard_normal(elements).astype(np.float32)
+            inp = grpcclient.InferInput("INPUT0", [elements], "FP32")
+            inp.set_data_from_numpy(data)
+            out = client.infer("inplace_double", [inp], client_timeout=30).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, data * 2)
+    finally:
+        client.close()

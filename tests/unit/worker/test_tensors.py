@@ -27,12 +27,12 @@ def cache():
     "datatype,dtype",
     [("FP32", "<f4"), ("INT64", "<i8"), ("UINT8", "u1"), ("FP16", "<f2"), ("BOOL", "?"), ("FP64", "<f8")],
 )
-def test_frame_inputs_are_zero_copy_readonly_views(datatype, dtype, cache):
+def test_frame_inputs_are_zero_copy_writable_views(datatype, dtype, cache):
     data = np.arange(6).astype(dtype).reshape(2, 3)
     frame = zmq.Frame(data.tobytes())
     arr = tensors.input_array(ref("X", datatype, [2, 3]), [frame], cache)
     np.testing.assert_array_equal(arr, data)
-    assert arr.dtype == np.dtype(dtype) and not arr.flags.writeable
+    assert arr.dtype == np.dtype(dtype) and arr.flags.writeable
     assert np.shares_memory(arr, np.frombuffer(frame.buffer, dtype=np.uint8))
 
 
@@ -75,7 +75,7 @@ def test_shm_inputs_cached_forgotten_and_recreated(cache):
         r = ref("X", "FP32", [4], loc="shm", region=name, offset=16, nbytes=16)
         a = tensors.input_array(r, [], cache)
         np.testing.assert_array_equal(a, [0, 1, 2, 3])
-        assert not a.flags.writeable and name in cache
+        assert a.flags.writeable and name in cache
         region.buf[16:20] = np.array([9], dtype="<f4").tobytes()  # shared mapping: visible
         assert tensors.input_array(r, [], cache)[0] == 9
         with pytest.raises(InferdError):
