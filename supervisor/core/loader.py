@@ -146,7 +146,8 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
         raise InferdError(ErrorCode.INVALID_ARG,
                           "failed to load '%s': no version directory found in %s" % (name, source.path))
     env = await _resolve_env(settings, name, cfg, source.path)
-    if cfg.backend in _AUTOCOMPLETE_BACKENDS and autocomplete.needs_autocomplete(cfg, settings.disable_autocomplete):
+    if (cfg.backend in _AUTOCOMPLETE_BACKENDS and autocomplete.needs_autocomplete(cfg, settings.disable_autocomplete)
+            and not (cfg.backend == "python" and not _mentions_auto_complete(source.path))):
         rt = settings.runtime
         completed = await run_autocomplete(
             m.AutoComplete(model_name=name, model_dir=source.path, version=str(max(source.versions)),
@@ -160,6 +161,29 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
     meta = metadata.model_metadata(cfg, [])
     meta.pop("versions", None)
     return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env)
+
+
+def _mentions_auto_complete(model_dir: str, max_bytes: int = 4 << 20) -> bool:
+    """Whether any Python file of the model could define `auto_complete_config`.
+
+    Triton calls it only when the model class has it; when no source file in the model directory or
+    its version directories names it, the throw-away auto-complete worker (a whole process start)
+    is skipped. A method inherited from an installed package is the one case this misses.
+    """
+    needle = b"auto_complete_config"
+    for root, dirs, files in os.walk(model_dir):
+        if os.path.relpath(root, model_dir).count(os.sep) >= 2:
+            dirs[:] = []  # model.py lives in <model>/<version>/; helper packages one level below
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            try:
+                with open(os.path.join(root, f), "rb") as fh:
+                    if needle in fh.read(max_bytes):
+                        return True
+            except OSError:
+                return True  # unreadable: let the worker decide
+    return False
 
 
 def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> list[Instance]:
