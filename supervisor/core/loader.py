@@ -97,6 +97,12 @@ async def _resolve_env(settings: LoaderSettings, name: str, cfg: Any, model_dir:
     return await envs.resolve(name, os.path.join(model_dir, param.string_value))
 
 
+def release_env(settings: LoaderSettings, name: str) -> None:
+    """An unloaded model no longer keeps its environment from eviction."""
+    if settings.runtime.envs is not None:
+        settings.runtime.envs.release(name)
+
+
 def _env_kwargs(env: ExecEnv | None) -> dict[str, Any]:
     if env is None:
         return {}

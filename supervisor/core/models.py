@@ -216,6 +216,7 @@ class ModelManager:
             self.invalidate()
             if not versions:
                 e.records = {None: (UNAVAILABLE, "unloaded")}
+            loader.release_env(self.settings, name)
             log.info("successfully unloaded '%s'", name)
 
     async def shutdown(self, drain_timeout: float) -> None:
