@@ -188,7 +188,7 @@ async def test_autocomplete(channel, fake_launcher):
 
 async def test_pipeline_sends_batches_ahead_in_order(channel, fake_launcher):
     w = make(channel, fake_launcher)
-    assert w.max_inflight == 2  # the default pipeline depth
+    w.max_inflight = 2
     await w.start(LOAD)
     try:
         first = asyncio.ensure_future(w.execute([req(1.0, sleep=0.2)]))
