@@ -6,7 +6,6 @@ them keep working.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -14,9 +13,8 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
+from .tensors import check_bytes_framing
 from .types import InferRequest
-
-_LEN = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -64,21 +62,6 @@ def _shape_matches(dims: tuple[int, ...], shape: list[int]) -> bool:
         if d != s and d != -1:
             return False
     return True
-
-
-def bytes_element_count(data: Any, limit: int) -> int:
-    """Count BYTES elements by walking the length prefixes (no copies); -1 if the framing is bad."""
-    view = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" else data
-    total = len(view)
-    pos = 0
-    count = 0
-    while pos < total:
-        if pos + 4 > total or count > limit:
-            return -1
-        (n,) = _LEN.unpack_from(view, pos)
-        pos += 4 + n
-        count += 1
-    return count if pos == total else -1
 
 
 def validate_request(spec: IOSpec, request: InferRequest) -> None:
@@ -144,9 +127,7 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
             raise invalid_arg("unexpected shape for input '%s' for model '%s'. Expected %s, got %s"
                               % (name, model, _fmt(expected), _fmt(list(shape))))
         if datatype == "BYTES":
-            if bytes_element_count(tensor.data, count) != count:
-                raise invalid_arg("input '%s' for model '%s' expects %d BYTES elements with 4-byte length "
-                                  "prefixes; the data does not match" % (name, model, count))
+            check_bytes_framing(tensor.data, count, name)
         else:
             expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
             data = tensor.data

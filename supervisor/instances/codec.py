@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from inferd.supervisor.core.types import InferRequest
+from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
 def tensor_ref(name: str, datatype: str, shape: Sequence[int], loc: str, frame: int, region: str,
@@ -52,3 +54,44 @@ def parse(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
     if type(header) is dict and header.get("t") == "execute_result":
         return header, frames[1:]
     return m.decode(frames)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What one Execute returned: a response or an error per request (same order), and compute times."""
+
+    responses: list[InferResponse | InferdError]
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict[str, Any], data: Sequence[Any],
+                 version: str) -> BatchResult:
+    """An ExecuteResult header (as `parse` returns it) and its data frames as core responses; output
+    tensors are views of the frames. KeyError/TypeError/ValueError when the worker sent nonsense."""
+    responses = msg["responses"]
+    if len(responses) != len(requests):
+        raise ValueError(f"{len(responses)} responses for {len(requests)} requests")
+    out: list[InferResponse | InferdError] = []
+    for req, rid, item in zip(requests, ids, responses, strict=True):
+        if item["request_id"] != rid:
+            raise ValueError("responses out of order")
+        err = item.get("error")
+        if err is not None:
+            try:
+                code = ErrorCode(err["code"])
+            except ValueError:
+                code = ErrorCode.INTERNAL
+            out.append(InferdError(code, str(err["message"])))
+            continue
+        outputs = []
+        for ref in item.get("outputs") or ():
+            frame = ref.get("frame", -1)
+            if ref.get("loc", "frame") != "frame" or type(frame) is not int or not 0 <= frame < len(data):
+                raise ValueError(f"output '{ref.get('name')}' has a bad reference")
+            outputs.append(Tensor(ref["name"], ref["datatype"], ref["shape"], data[frame].buffer))
+        out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs,
+                                 item.get("parameters") or {}))
+    return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
+                       int(msg.get("compute_output_ns", 0)))

@@ -22,8 +22,9 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .channel import Channel
+from .codec import BatchResult
 from .launcher import Launcher
-from .worker import BatchResult, WorkerProcess
+from .worker import WorkerProcess
 
 log = logging.getLogger("inferd.instances")
 

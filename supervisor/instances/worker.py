@@ -16,16 +16,16 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.core.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from . import codec
 from .channel import Channel
+from .codec import BatchResult
 from .launcher import Bootstrap, Launcher
 
 log = logging.getLogger("inferd.instances.worker")
@@ -43,17 +43,6 @@ class WorkerState(str, enum.Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
-
-
-@dataclass(slots=True)
-class BatchResult:
-    """What one Execute returned: a response or an error per request (same order), and compute times."""
-
-    responses: list[InferResponse | InferdError]
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class _Batch:
@@ -367,7 +356,7 @@ class WorkerProcess:
             return
         self._release_leases(batch.leases)
         try:
-            result = self._batch_result(batch, msg, data)
+            result = codec.batch_result(batch.requests, batch.ids, msg, data, self.model_version)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             result = None
             self._kill(f"sent a malformed result ({exc!r})")
@@ -377,34 +366,6 @@ class WorkerProcess:
         if result is not None and not batch.fut.done():
             batch.fut.set_result(result)
         self._release_slot()
-
-    def _batch_result(self, batch: _Batch, msg: dict[str, Any], data: Sequence[Any]) -> BatchResult:
-        responses = msg["responses"]
-        if len(responses) != len(batch.requests):
-            raise ValueError(f"{len(responses)} responses for {len(batch.requests)} requests")
-        out: list[InferResponse | InferdError] = []
-        version = self.model_version
-        for req, rid, item in zip(batch.requests, batch.ids, responses, strict=True):
-            if item["request_id"] != rid:
-                raise ValueError("responses out of order")
-            err = item.get("error")
-            if err is not None:
-                try:
-                    code = ErrorCode(err["code"])
-                except ValueError:
-                    code = ErrorCode.INTERNAL
-                out.append(InferdError(code, str(err["message"])))
-                continue
-            outputs = []
-            for ref in item.get("outputs") or ():
-                frame = ref.get("frame", -1)
-                if ref.get("loc", "frame") != "frame" or type(frame) is not int or not 0 <= frame < len(data):
-                    raise ValueError(f"output '{ref.get('name')}' has a bad reference")
-                outputs.append(Tensor(ref["name"], ref["datatype"], ref["shape"], data[frame].buffer))
-            out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs,
-                                     item.get("parameters") or {}))
-        return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
-                           int(msg.get("compute_output_ns", 0)))
 
     def _release_slot(self) -> None:
         while self._waiters:
