@@ -15,7 +15,8 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..scheduler.default import DefaultScheduler
+from ..scheduler.base import Scheduler
+from ..scheduler.factory import SchedulerSettings, make_scheduler
 from . import loader
 from .validate import IOSpec
 
@@ -35,7 +36,7 @@ class ModelVersion:
     config_json: str
     io: IOSpec
     instances: list[Any]
-    scheduler: DefaultScheduler
+    scheduler: Scheduler
     stats: Any
     decoupled: bool = False
     metadata_base: dict[str, Any] = field(default_factory=dict)  # metadata without "versions"
@@ -233,9 +234,8 @@ class ModelManager:
         stats = self.stats_registry.get(plan.name, str(version))
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
-        scheduler = DefaultScheduler(plan.name, instances, stats,
-                                     max_queue_size=self.settings.max_queue_size,
-                                     batched=io.max_batch_size > 0)
+        scheduler = make_scheduler(plan.name, config, instances, stats, SchedulerSettings(
+            max_queue_size=self.settings.max_queue_size, pipeline_depth=self.settings.timings.pipeline_depth))
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
                           metadata_base=plan.metadata_base)
@@ -250,7 +250,7 @@ class ModelManager:
         except BaseException:
             await asyncio.gather(*(inst.stop() for inst in instances), return_exceptions=True)
             raise
-        scheduler.start(runners_per_instance=self.settings.timings.pipeline_depth)
+        scheduler.start()
         mv.state = READY
         self.invalidate()
         return mv

@@ -1,11 +1,14 @@
-"""What a scheduler needs from an instance: kept tiny so that the default scheduler, the dynamic
-batcher and the sequence batcher share one shape (instances.instance.Instance fits it)."""
+"""What a scheduler needs from an instance (Executor) and what the core needs from a scheduler
+(Scheduler): kept tiny so that the default scheduler, the dynamic batcher and the sequence batcher
+share one shape (instances.instance.Instance is an Executor)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..core.types import InferRequest
+from ..core.types import InferRequest, InferResponse
 
 
 class Executor(Protocol):
@@ -18,3 +21,31 @@ class Executor(Protocol):
 
     async def execute(self, requests: list[InferRequest]) -> Any:
         """A BatchResult: .responses (InferResponse | InferdError per request) and compute_*_ns."""
+
+    def cancel(self, requests: Iterable[InferRequest]) -> None:
+        """Tell the worker that these requests (in flight on this instance) are cancelled."""
+
+
+class Scheduler(Protocol):
+    """A model version's request queue(s) and the runners that feed its instances."""
+
+    def start(self) -> None:
+        """Start serving (called once every instance has started)."""
+
+    def instance_changed(self, executor: Executor) -> None:
+        """An instance's readiness may have changed."""
+
+    @property
+    def pending_count(self) -> int:
+        """Requests waiting in the queue(s) (not yet handed to an instance)."""
+
+    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        """Queue one request; raises InferdError (UNAVAILABLE, INVALID_ARG) when it cannot be queued.
+        Cancelling the returned future cancels the request (dropped from the queue, or Cancel sent to
+        the worker running it)."""
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests; wait (bounded) until queued and running ones are answered."""
+
+    async def close(self) -> None:
+        """Stop the runners; fail what is still queued with UNAVAILABLE."""

@@ -45,13 +45,14 @@ class StatsSink:
 
 class DefaultScheduler:
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, max_queue_size: int,
-                 max_batch_requests: int = 1, batched: bool = False) -> None:
+                 max_batch_requests: int = 1, batched: bool = False, runners_per_instance: int = 1) -> None:
         self.model_name = model_name
         self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
         self.executors = executors
         self.stats = stats
         self.queue: WorkQueue[Pending] = WorkQueue(max_queue_size)
         self.max_batch_requests = max_batch_requests
+        self.runners_per_instance = runners_per_instance
         self.running = 0  # requests handed to instances and not yet answered
         self._ready_events = {id(e): asyncio.Event() for e in executors}
         self._tasks: list[asyncio.Task[None]] = []
@@ -61,11 +62,11 @@ class DefaultScheduler:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle ----
-    def start(self, runners_per_instance: int = 1) -> None:
+    def start(self) -> None:
         """One runner per batch an instance may hold at once (its pipeline depth)."""
         for ex in self.executors:
             self.instance_changed(ex)
-            for _ in range(max(1, runners_per_instance)):
+            for _ in range(max(1, self.runners_per_instance)):
                 self._tasks.append(asyncio.create_task(self._runner(ex), name="runner-" + ex.name))
 
     def instance_changed(self, executor: Executor) -> None:
@@ -106,7 +107,7 @@ class DefaultScheduler:
         self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
 
     # ---- request path ----
-    def submit(self, request: InferRequest, default_timeout_us: int = 0) -> asyncio.Future[InferResponse]:
+    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         if self._closed:
             raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
         for e in self.executors:
@@ -123,7 +124,7 @@ class DefaultScheduler:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         item = Pending(request, loop.create_future())
-        timeout_us = request.timeout_us or default_timeout_us
+        timeout_us = request.timeout_us
         if timeout_us:
             item.deadline_ns = request.arrival_ns + timeout_us * 1000
             item.timer = loop.call_later(timeout_us / 1e6, self._expire, item)

@@ -1,0 +1,28 @@
+"""Picks a model's scheduler from its normalised config (Triton JSON rendering).
+
+`scheduling_choice` in model_config: none -> default scheduler (one request per execution),
+`dynamic_batching` -> dynamic batcher, `sequence_batching` -> sequence batcher. Every scheduler has
+the shape of scheduler.base.Scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .base import Executor, Scheduler
+from .default import DefaultScheduler, StatsSink
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    max_queue_size: int = 0  # server-wide bound for a model without its own queue policy (0 = none)
+    pipeline_depth: int = 1  # batches sent ahead to one worker
+
+
+def make_scheduler(model_name: str, config: dict[str, Any], executors: Sequence[Executor], stats: StatsSink,
+                   settings: SchedulerSettings) -> Scheduler:
+    max_batch_size = int(config.get("max_batch_size") or 0)
+    return DefaultScheduler(model_name, executors, stats, max_queue_size=settings.max_queue_size,
+                            batched=max_batch_size > 0, runners_per_instance=settings.pipeline_depth)
