@@ -8,6 +8,7 @@ ready they fail at once with UNAVAILABLE, because readiness must tell the truth.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -22,13 +23,14 @@ log = logging.getLogger("inferd.scheduler")
 
 
 class Pending:
-    __slots__ = ("request", "future", "deadline_ns", "timer")
+    __slots__ = ("request", "future", "deadline_ns", "timer", "executor")
 
     def __init__(self, request: InferRequest, future: asyncio.Future[InferResponse]) -> None:
         self.request = request
         self.future = future
         self.deadline_ns = 0  # 0 = no queue timeout
         self.timer: asyncio.TimerHandle | None = None
+        self.executor: Executor | None = None  # the instance running it, once dispatched
 
 
 class StatsSink:
@@ -129,8 +131,21 @@ class DefaultScheduler:
             item.deadline_ns = request.arrival_ns + timeout_us * 1000
             item.timer = loop.call_later(timeout_us / 1e6, self._expire, item)
         queue.put(item)
+        item.future.add_done_callback(functools.partial(self._on_done, item))
         self._idle.clear()
         return item.future
+
+    def _on_done(self, item: Pending, future: asyncio.Future[InferResponse]) -> None:
+        """A cancelled request leaves the queue at once, or is cancelled in the worker running it."""
+        if not future.cancelled():
+            return
+        if item.timer is not None:
+            item.timer.cancel()
+        if item.executor is not None:
+            item.executor.cancel([item.request])
+        elif self.queue.remove(item):
+            self.stats.record_failure("CANCELED", time.monotonic_ns() - item.request.arrival_ns)
+            self._check_idle()
 
     def _expire(self, item: Pending) -> None:
         if not item.future.done():
@@ -148,7 +163,7 @@ class DefaultScheduler:
         if self.running == 0 and not len(self.queue):
             self._idle.set()
 
-    def _take_batch(self) -> list[Pending]:
+    def _take_batch(self, executor: Executor) -> list[Pending]:
         batch: list[Pending] = []
         while len(batch) < self.max_batch_requests:
             item = self.queue.pop_nowait()
@@ -158,6 +173,7 @@ class DefaultScheduler:
                 continue
             if item.timer is not None:
                 item.timer.cancel()
+            item.executor = executor
             batch.append(item)
         return batch
 
@@ -171,7 +187,7 @@ class DefaultScheduler:
                 await queue.wait_nonempty()
             if not executor.ready:
                 continue
-            batch = self._take_batch()
+            batch = self._take_batch(executor)
             if not batch:
                 self._check_idle()
                 continue
@@ -208,7 +224,9 @@ class DefaultScheduler:
                                         result.compute_output_ns)
         for item, response in zip(batch, responses):
             request_ns = end - item.request.arrival_ns
-            if isinstance(response, InferdError):
+            if item.future.cancelled():  # the client gave up while it ran: its answer is dropped
+                self.stats.record_failure("CANCELED", request_ns)
+            elif isinstance(response, InferdError):
                 reason = "CANCELED" if response.code == ErrorCode.CANCELLED else "BACKEND"
                 self.stats.record_failure(reason, request_ns)
                 if not item.future.done():

@@ -32,6 +32,14 @@ class WorkQueue(Generic[T]):
     def pop_nowait(self) -> T | None:
         return self._items.popleft() if self._items else None
 
+    def remove(self, item: T) -> bool:
+        """Take `item` out of the queue (O(n): cancellations are rare); False if it is not queued."""
+        try:
+            self._items.remove(item)
+        except ValueError:
+            return False
+        return True
+
     def drain(self) -> list[T]:
         items = list(self._items)
         self._items.clear()
