@@ -40,6 +40,9 @@ _check_output = tensors.check_output
 _output_frame = tensors.output_frame
 
 
+_CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
+
+
 def wire_error(exc: BaseException) -> WireError:
     if isinstance(exc, InferdError):
         return WireError(code=int(exc.code), message=exc.message)
@@ -161,7 +164,11 @@ class Runtime:
         probe = self._is_cancelled
         entries: list[Any] = []  # per request: its Request, or the ResponseItem of a failed one
         runnable: list[Request] = []
+        cancelled = self._cancelled  # Cancels read ahead while an earlier batch ran
         for item in message.requests:
+            if cancelled and item.request_id in cancelled:  # cancelled before it started: never run it
+                entries.append(ResponseItem(item.request_id, [], _CANCELLED, {}))
+                continue
             try:
                 inputs = [Tensor(ref.name, ref.datatype, _input_array(ref, frames, cache)) for ref in item.inputs]
             except Exception as exc:
@@ -186,8 +193,10 @@ class Runtime:
                          for entry in entries]
         t3 = _now_ns()
         self._channel.send(ExecuteResult(message.batch_id, responses, t1 - t0, t2 - t1, t3 - t2), out_frames)
-        if self._cancelled:
-            self._cancelled.clear()
+        if self._cancelled and message.requests:
+            # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
+            last = message.requests[-1].request_id
+            self._cancelled = {rid for rid in self._cancelled if rid > last}
 
     # ---- helpers --------------------------------------------------------------------------------
 
