@@ -12,7 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import Executor, Scheduler
+from .batching import BatchRules
 from .default import DefaultScheduler, StatsSink
+from .dynamic import DynamicBatcher
+from .policy import PriorityPolicy
+from .sequence import SequenceScheduler
 
 
 @dataclass(frozen=True)
@@ -24,5 +28,12 @@ class SchedulerSettings:
 def make_scheduler(model_name: str, config: dict[str, Any], executors: Sequence[Executor], stats: StatsSink,
                    settings: SchedulerSettings) -> Scheduler:
     max_batch_size = int(config.get("max_batch_size") or 0)
+    if "dynamic_batching" in config:
+        db = config["dynamic_batching"] or {}
+        return DynamicBatcher(model_name, executors, stats, BatchRules.from_config(config),
+                              PriorityPolicy.from_dynamic_batching(db, settings.max_queue_size),
+                              preserve_ordering=bool(db.get("preserve_ordering")), depth=settings.pipeline_depth)
+    if "sequence_batching" in config:
+        return SequenceScheduler(model_name, config, executors, stats, max_queue_size=settings.max_queue_size)
     return DefaultScheduler(model_name, executors, stats, max_queue_size=settings.max_queue_size,
                             batched=max_batch_size > 0, runners_per_instance=settings.pipeline_depth)

@@ -1,0 +1,292 @@
+"""The dynamic batcher (`dynamic_batching {}`): priority-level queues with queue policies, batches formed
+when an instance can take them (scheduler.batching), spread over the instances, optionally answered in
+request order (`preserve_ordering`).
+
+A batch is formed only when an instance has room for it, never eagerly: an idle instance gets the best
+batch the rules allow now; an instance already running a batch (up to the worker pipeline depth) only
+takes one that cannot get better by waiting, so a backlog keeps the worker busy while a light load
+still forms big batches. Forming runs once per event-loop pass after arrivals, completions, readiness
+changes and delay timers, so requests arriving together are considered together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from ..core.types import InferRequest, InferResponse
+from .base import Executor
+from .batching import BatchRules, form_batch
+from .default import StatsSink
+from .policy import REJECT, PriorityPolicy
+from .queue import PriorityQueue
+
+log = logging.getLogger("inferd.scheduler")
+
+_UNSET = object()
+
+
+class Pending:
+    __slots__ = ("request", "future", "level", "items", "key", "arrival_ns", "timer", "executor", "outcome")
+
+    def __init__(self, request: InferRequest, future: asyncio.Future[InferResponse], level: int, items: int,
+                 key: Any) -> None:
+        self.request = request
+        self.future = future
+        self.level = level
+        self.items = items
+        self.key = key
+        self.arrival_ns = request.arrival_ns
+        self.timer: asyncio.TimerHandle | None = None
+        self.executor: Executor | None = None  # the instance running it, once dispatched
+        self.outcome: Any = _UNSET  # preserve_ordering: the answer, held until earlier ones are out
+
+
+class DynamicBatcher:
+    def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, rules: BatchRules,
+                 policy: PriorityPolicy, preserve_ordering: bool = False, depth: int = 1) -> None:
+        self.model_name = model_name
+        self.executors = list(executors)
+        self.stats = stats
+        self.rules = rules
+        self.policy = policy
+        self.preserve_ordering = preserve_ordering
+        self.depth = max(1, depth)  # batches one instance may hold at once
+        self.queue: PriorityQueue[Pending] = PriorityQueue([p.max_queue_size for p in policy.levels])
+        self.running = 0  # requests handed to instances and not yet answered
+        self._inflight = {id(e): 0 for e in self.executors}  # batches per instance
+        self._next = 0  # round-robin start among equally loaded instances
+        self._order: deque[Pending] = deque()  # preserve_ordering: dispatched, not yet released
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self._started = False
+        self._kicked = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- lifecycle ----
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._started = True
+        self._kick()
+
+    def instance_changed(self, executor: Executor) -> None:
+        if executor.ready:
+            self._kick()
+        elif not any(e.ready for e in self.executors):
+            self._fail_queued(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
+
+    @property
+    def pending_count(self) -> int:
+        return len(self.queue)
+
+    async def drain(self, timeout: float) -> None:
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._started = False
+        if self._timer is not None:
+            self._timer.cancel()
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._order.clear()
+        self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+
+    # ---- request path ----
+    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        if self._closed:
+            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
+        if not any(e.ready for e in self.executors):
+            raise InferdError(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
+        level = self.policy.level_of(request.priority)
+        if self.queue.full(level):
+            self.stats.record_failure("REJECTED", 0)
+            raise InferdError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        rules = self.rules
+        item = Pending(request, loop.create_future(), level, rules.items_of(request), rules.key_of(request))
+        timeout_us = self.policy.levels[level].timeout_us(request.timeout_us)
+        if timeout_us:
+            remaining_s = (request.arrival_ns + timeout_us * 1000 - time.monotonic_ns()) / 1e9
+            item.timer = loop.call_later(max(0.0, remaining_s), self._expire, item)
+        self.queue.put(level, item)
+        item.future.add_done_callback(functools.partial(self._on_done, item))
+        self._idle.clear()
+        self._kick()
+        return item.future
+
+    def _on_done(self, item: Pending, future: asyncio.Future[InferResponse]) -> None:
+        """A cancelled request leaves the queue at once, or is cancelled in the worker running it."""
+        if not future.cancelled():
+            return
+        if item.timer is not None:
+            item.timer.cancel()
+        if item.executor is not None:
+            item.executor.cancel([item.request])
+        elif self.queue.remove(item.level, item):
+            self.stats.record_failure("CANCELED", time.monotonic_ns() - item.arrival_ns)
+            self._check_idle()
+            self._kick()  # the queue front may have changed
+
+    def _expire(self, item: Pending) -> None:
+        item.timer = None
+        if item.future.done() or item.executor is not None:
+            return
+        if self.policy.levels[item.level].timeout_action == REJECT:
+            if self.queue.remove(item.level, item):
+                self.stats.record_failure("REJECTED", time.monotonic_ns() - item.arrival_ns)
+                item.future.set_exception(InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
+                self._check_idle()
+                self._kick()
+        elif self.queue.delay(item.level, item):
+            self._kick()
+
+    def _fail_queued(self, code: ErrorCode, message: str) -> None:
+        for item in self.queue.drain():
+            if item.timer is not None:
+                item.timer.cancel()
+            if not item.future.done():
+                self.stats.record_failure("OTHER", time.monotonic_ns() - item.arrival_ns)
+                item.future.set_exception(InferdError(code, message))
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self.running == 0 and not len(self.queue):
+            self._idle.set()
+
+    # ---- forming and dispatching batches ----
+    def _kick(self) -> None:
+        """Form batches once this event-loop pass is over (arrivals of the same pass batch together)."""
+        if not self._kicked and self._started and self._loop is not None:
+            self._kicked = True
+            self._loop.call_soon(self._dispatch)
+
+    def _pick_executor(self) -> Executor | None:
+        """The ready instance with the fewest batches in flight (round-robin among equals), if it has room."""
+        best: Executor | None = None
+        best_load = self.depth
+        n = len(self.executors)
+        for i in range(n):
+            e = self.executors[(self._next + i) % n]
+            load = self._inflight[id(e)]
+            if load < best_load and e.ready:
+                best, best_load = e, load
+                if load == 0:
+                    break
+        return best
+
+    def _dispatch(self) -> None:
+        self._kicked = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        queue = self.queue
+        while len(queue) and self._started:
+            executor = self._pick_executor()
+            if executor is None:
+                return
+            now = time.monotonic_ns()
+            decision = form_batch(self.rules, queue, now, busy=self._inflight[id(executor)] > 0)
+            if not decision.count:
+                if decision.wait_until_ns and self._loop is not None:
+                    self._timer = self._loop.call_later((decision.wait_until_ns - now) / 1e9, self._kick)
+                return
+            self._launch(executor, queue.pop_front(decision.count))
+
+    def _launch(self, executor: Executor, batch: list[Pending]) -> None:
+        assert self._loop is not None
+        self._inflight[id(executor)] += 1
+        self._next = (self.executors.index(executor) + 1) % len(self.executors)
+        self.running += len(batch)
+        for item in batch:
+            if item.timer is not None:
+                item.timer.cancel()
+                item.timer = None
+            item.executor = executor
+        if self.preserve_ordering:
+            self._order.extend(batch)
+        task = self._loop.create_task(self._run(executor, batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, executor: Executor, batch: list[Pending]) -> None:
+        try:
+            await self._execute(executor, batch)
+        except asyncio.CancelledError:  # close(): the model is going away
+            error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+            for item in batch:
+                _settle(item.future, error)
+            raise
+        finally:
+            self._inflight[id(executor)] -= 1
+            self.running -= len(batch)
+            self._check_idle()
+            self._kick()
+
+    async def _execute(self, executor: Executor, batch: list[Pending]) -> None:
+        start = time.monotonic_ns()
+        result = None
+        try:
+            result = await executor.execute([p.request for p in batch])
+            responses: list[InferResponse | InferdError] = result.responses
+        except InferdError as exc:
+            responses = [exc] * len(batch)
+        except Exception as exc:  # a bug on our side: fail the batch, keep serving
+            log.exception("instance %s failed a batch", executor.name)
+            responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
+        end = time.monotonic_ns()
+        items = sum(p.items for p, r in zip(batch, responses) if not isinstance(r, InferdError))
+        if result is not None and items:
+            # as Triton: inference_count counts the batch items that succeeded
+            self.stats.record_execution(items, result.compute_input_ns, result.compute_infer_ns,
+                                        result.compute_output_ns)
+        for item, response in zip(batch, responses):
+            request_ns = end - item.arrival_ns
+            if item.future.cancelled():  # the client gave up while it ran: its answer is dropped
+                self.stats.record_failure("CANCELED", request_ns)
+            elif isinstance(response, InferdError):
+                reason = "CANCELED" if response.code == ErrorCode.CANCELLED else "BACKEND"
+                self.stats.record_failure(reason, request_ns)
+            elif result is not None:
+                self.stats.record_success(1, request_ns, start - item.arrival_ns, result.compute_input_ns,
+                                          result.compute_infer_ns, result.compute_output_ns)
+            if self.preserve_ordering:
+                item.outcome = response
+            else:
+                _settle(item.future, response)
+        if self.preserve_ordering:
+            self._release_in_order()
+
+    def _release_in_order(self) -> None:
+        order = self._order
+        while order and (order[0].outcome is not _UNSET or order[0].future.done()):
+            item = order.popleft()
+            if item.outcome is not _UNSET:
+                _settle(item.future, item.outcome)
+
+
+def _settle(future: asyncio.Future[InferResponse], response: InferResponse | InferdError) -> None:
+    if future.done():
+        return
+    if isinstance(response, InferdError):
+        future.set_exception(response)
+    else:
+        future.set_result(response)

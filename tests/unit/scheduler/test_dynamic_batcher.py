@@ -1,0 +1,287 @@
+"""DynamicBatcher over in-process executors that hold each batch until the test releases it: when
+batches form, how they spread, answer order, cancellation, queue limits and timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from supervisor.core.types import InferRequest, InferResponse, Tensor
+from supervisor.scheduler.batching import BatchRules
+from supervisor.scheduler.dynamic import DynamicBatcher
+from supervisor.scheduler.policy import PriorityPolicy
+
+WAIT_S = 10.0
+
+
+@dataclass
+class Result:
+    responses: list[Any]
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+class HeldExecutor:
+    """Runs nothing: each batch waits for `release()`, then answers every request with its id."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.ready = True
+        self.batches: list[list[str]] = []
+        self.cancelled: list[str] = []
+        self._gates: list[asyncio.Future[None]] = []
+        self.arrived = asyncio.Event()
+
+    async def execute(self, requests: list[InferRequest]) -> Result:
+        self.batches.append([r.id for r in requests])
+        gate = asyncio.get_running_loop().create_future()
+        self._gates.append(gate)
+        self.arrived.set()
+        await gate
+        return Result([InferResponse("m", "1", id=r.id) for r in requests])
+
+    def release(self, index: int = 0) -> None:
+        self._gates[index].set_result(None)
+
+    def cancel(self, requests: Any) -> None:
+        self.cancelled.extend(r.id for r in requests)
+
+
+@dataclass
+class Stats:
+    executions: list[int] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    successes: int = 0
+
+    def record_success(self, *args: Any) -> None:
+        self.successes += 1
+
+    def record_failure(self, reason: str, request_ns: int) -> None:
+        self.failures.append(reason)
+
+    def record_execution(self, batch_size: int, *args: Any) -> None:
+        self.executions.append(batch_size)
+
+
+_made: list[DynamicBatcher] = []
+
+
+@pytest.fixture(autouse=True)
+async def close_batchers():
+    yield
+    while _made:
+        await _made.pop().close()  # batches a test left held are cancelled
+
+
+def make(executors, max_batch_size=8, db=None, depth=1, server_max_queue_size=0):
+    db = db or {}
+    config = {"max_batch_size": max_batch_size, "dynamic_batching": db,
+              "input": [{"name": "X", "dims": [-1]}]}
+    stats = Stats()
+    batcher = DynamicBatcher("m", executors, stats, BatchRules.from_config(config),
+                             PriorityPolicy.from_dynamic_batching(db, server_max_queue_size),
+                             preserve_ordering=bool(db.get("preserve_ordering")), depth=depth)
+    batcher.start()
+    _made.append(batcher)
+    return batcher, stats
+
+
+def request(rid: str, cols: int = 2, **kw: Any) -> InferRequest:
+    return InferRequest("m", id=rid, inputs=[Tensor("X", "FP32", [1, cols], b"\0" * 4 * cols)], **kw)
+
+
+async def until(predicate, what: str) -> None:
+    async def poll():
+        while not predicate():
+            await asyncio.sleep(0.001)
+    try:
+        await asyncio.wait_for(poll(), WAIT_S)
+    except asyncio.TimeoutError:
+        pytest.fail("timed out waiting for " + what)
+
+
+async def release_when_sent(ex: HeldExecutor, index: int) -> None:
+    await until(lambda: len(ex.batches) > index, "batch %d" % index)
+    ex.release(index)
+
+
+async def test_requests_arriving_together_share_one_batch():
+    ex = HeldExecutor("a")
+    batcher, stats = make([ex])
+    futures = [batcher.submit(request(str(i))) for i in range(5)]
+    await until(lambda: ex.batches, "a batch")
+    assert ex.batches == [["0", "1", "2", "3", "4"]]
+    ex.release()
+    assert [f.id for f in await asyncio.gather(*futures)] == ["0", "1", "2", "3", "4"]
+    assert stats.executions == [5] and stats.successes == 5
+
+
+async def test_busy_instance_gets_the_next_batch_only_when_free_so_it_grows():
+    ex = HeldExecutor("a")
+    batcher, _ = make([ex], depth=4)
+    first = batcher.submit(request("first"))
+    await until(lambda: ex.batches, "the first batch")
+    later = [batcher.submit(request(str(i))) for i in range(3)]
+    await asyncio.sleep(0.01)
+    assert len(ex.batches) == 1  # not sent ahead in small pieces while the instance is busy
+    ex.release(0)
+    await until(lambda: len(ex.batches) == 2, "the second batch")
+    assert ex.batches[1] == ["0", "1", "2"]
+    ex.release(1)
+    await asyncio.gather(first, *later)
+
+
+async def test_full_batches_are_pipelined_to_a_busy_instance():
+    ex = HeldExecutor("a")
+    batcher, _ = make([ex], max_batch_size=2, depth=2)
+    futures = [batcher.submit(request(str(i))) for i in range(6)]
+    await until(lambda: len(ex.batches) == 2, "two full batches")
+    await asyncio.sleep(0.01)
+    assert ex.batches == [["0", "1"], ["2", "3"]]  # depth 2: the third waits
+    ex.release(0)
+    await until(lambda: len(ex.batches) == 3, "the third batch")
+    ex.release(1)
+    ex.release(2)
+    await asyncio.gather(*futures)
+
+
+async def test_batches_spread_over_instances():
+    a, b = HeldExecutor("a"), HeldExecutor("b")
+    batcher, _ = make([a, b], max_batch_size=2)
+    futures = [batcher.submit(request(str(i))) for i in range(4)]
+    await until(lambda: a.batches and b.batches, "one batch on each instance")
+    assert sorted(a.batches + b.batches) == [["0", "1"], ["2", "3"]]
+    a.release()
+    b.release()
+    await asyncio.gather(*futures)
+
+
+async def test_different_shapes_never_share_a_batch():
+    ex = HeldExecutor("a")
+    batcher, _ = make([ex], depth=4)
+    futures = [batcher.submit(request(str(i), cols=2 + i % 2)) for i in range(4)]
+    await until(lambda: ex.batches, "a batch")
+    ex.release(0)
+    for i in range(1, 4):
+        await release_when_sent(ex, i)
+    await asyncio.gather(*futures)
+    assert ex.batches == [["0"], ["1"], ["2"], ["3"]]
+
+
+async def test_preserve_ordering_holds_later_answers_until_earlier_ones_are_out():
+    a, b = HeldExecutor("a"), HeldExecutor("b")
+    batcher, _ = make([a, b], max_batch_size=1, db={"preserve_ordering": True})
+    first = batcher.submit(request("1"))
+    second = batcher.submit(request("2"))
+    await until(lambda: a.batches and b.batches, "both dispatched")
+    (a if a.batches == [["2"]] else b).release()
+    await asyncio.sleep(0.01)
+    assert not second.done()
+    (a if a.batches == [["1"]] else b).release()
+    await asyncio.wait_for(asyncio.gather(first, second), WAIT_S)
+
+
+async def test_cancel_while_queued_leaves_the_queue_and_while_running_tells_the_instance():
+    ex = HeldExecutor("a")
+    batcher, stats = make([ex], max_batch_size=1)
+    running = batcher.submit(request("run"))
+    queued = batcher.submit(request("queued"))
+    await until(lambda: ex.batches, "the first batch")
+    queued.cancel()
+    running.cancel()
+    await asyncio.sleep(0)
+    assert batcher.pending_count == 0 and stats.failures == ["CANCELED"]
+    assert ex.cancelled == ["run"]
+    ex.release()
+    await until(lambda: batcher.running == 0, "the batch to finish")
+    assert stats.failures == ["CANCELED", "CANCELED"] and ex.batches == [["run"]]
+
+
+async def test_queue_full_is_unavailable():
+    ex = HeldExecutor("a")
+    batcher, stats = make([ex], max_batch_size=1, db={"default_queue_policy": {"max_queue_size": 1}})
+    batcher.submit(request("run"))
+    await until(lambda: ex.batches, "the first batch")
+    batcher.submit(request("queued"))
+    with pytest.raises(InferdError) as info:
+        batcher.submit(request("over"))
+    assert info.value.code == ErrorCode.UNAVAILABLE and info.value.message == "Exceeds maximum queue size"
+    assert stats.failures == ["REJECTED"]
+
+
+async def test_reject_timeout_fails_the_queued_request():
+    ex = HeldExecutor("a")
+    db = {"default_queue_policy": {"default_timeout_microseconds": 60_000_000, "allow_timeout_override": True}}
+    batcher, stats = make([ex], max_batch_size=1, db=db)
+    batcher.submit(request("run"))
+    await until(lambda: ex.batches, "the first batch")
+    expiring = batcher.submit(request("short", timeout_us=20_000))
+    kept = batcher.submit(request("long"))
+    with pytest.raises(InferdError) as info:
+        await asyncio.wait_for(expiring, WAIT_S)
+    assert info.value.code == ErrorCode.UNAVAILABLE and info.value.message == "Request timeout expired"
+    assert stats.failures == ["REJECTED"] and batcher.pending_count == 1 and not kept.done()
+
+
+async def test_delay_timeout_moves_the_request_behind_the_others():
+    ex = HeldExecutor("a")
+    db = {"default_queue_policy": {"default_timeout_microseconds": 60_000_000, "allow_timeout_override": True,
+                                   "timeout_action": "DELAY"}}
+    batcher, _ = make([ex], max_batch_size=1, db=db)
+    futures = [batcher.submit(request("run"))]
+    await until(lambda: ex.batches, "the first batch")
+    futures.append(batcher.submit(request("short", timeout_us=1_000)))
+    futures.append(batcher.submit(request("long")))
+    await until(lambda: [p.request.id for p in batcher.queue] == ["long", "short"], "the delayed request to move")
+    for i in range(3):
+        await release_when_sent(ex, i)
+    await asyncio.gather(*futures)
+    assert ex.batches == [["run"], ["long"], ["short"]]
+
+
+async def test_priority_levels_reorder_a_backlog():
+    ex = HeldExecutor("a")
+    batcher, _ = make([ex], max_batch_size=1, db={"priority_levels": 2, "default_priority_level": 2})
+    futures = [batcher.submit(request("block"))]
+    await until(lambda: ex.batches, "the first batch")
+    futures += [batcher.submit(request("low%d" % i)) for i in range(2)]
+    futures += [batcher.submit(request("high%d" % i, priority=1)) for i in range(2)]
+    for i in range(5):
+        await release_when_sent(ex, i)
+    await asyncio.gather(*futures)
+    assert [b[0] for b in ex.batches] == ["block", "high0", "high1", "low0", "low1"]
+
+
+async def test_queue_delay_sends_a_lone_request_after_the_delay():
+    ex = HeldExecutor("a")
+    batcher, _ = make([ex], db={"max_queue_delay_microseconds": 50_000})
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    future = batcher.submit(request("alone"))
+    await until(lambda: ex.batches, "the delayed batch")
+    assert loop.time() - start >= 0.045
+    ex.release()
+    await future
+
+
+async def test_no_ready_instance_fails_queued_requests():
+    ex = HeldExecutor("a")
+    batcher, _ = make([ex], max_batch_size=1)
+    batcher.submit(request("run"))
+    await until(lambda: ex.batches, "the first batch")
+    queued = batcher.submit(request("queued"))
+    ex.ready = False
+    batcher.instance_changed(ex)
+    with pytest.raises(InferdError) as info:
+        await queued
+    assert info.value.code == ErrorCode.UNAVAILABLE
+    with pytest.raises(InferdError):
+        batcher.submit(request("late"))
+    ex.ready = True
+    ex.release()
+    await batcher.close()
