@@ -157,6 +157,14 @@ def output_specs(config: dict[str, Any]) -> dict[str, OutputSpec]:
         specs[out["name"]] = OutputSpec(
             out["name"], dt.name if dt else "", config_type, batch + dims, reshape_shape
         )
+    # implicit sequence state: the model returns it like an output; the scheduler takes it back
+    for state in (config.get("sequence_batching") or {}).get("state") or []:
+        name = state.get("output_name")
+        if name and name not in specs:
+            config_type = str(state.get("data_type", "TYPE_INVALID"))
+            dt = dtypes.BY_CONFIG_NAME.get(config_type)
+            dims = [int(d) for d in state.get("dims") or []]
+            specs[name] = OutputSpec(name, dt.name if dt else "", config_type, batch + dims, None)
     return specs
 
 
