@@ -78,7 +78,7 @@ class App:
         async def load(name: str) -> bool:
             async with limit:
                 try:
-                    await manager.load(name)
+                    await manager.load_once(name)  # an ensemble may have loaded it already
                     return True
                 except InferdError as exc:
                     log.error("failed to load '%s': %s", name, exc.message)

@@ -87,6 +87,10 @@ class LoadPlan:
     metadata_base: dict[str, Any]
     env: ExecEnv | None = None  # the model's EXECUTION_ENV_PATH environment, resolved once per load
 
+    @property
+    def is_ensemble(self) -> bool:
+        return bool(normalize.is_ensemble(self.proto))
+
 
 async def _resolve_env(settings: LoaderSettings, name: str, cfg: Any, model_dir: str) -> ExecEnv | None:
     """EXECUTION_ENV_PATH (after $$TRITON_MODEL_DIRECTORY substitution; relative: to the model dir)."""

@@ -15,10 +15,13 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
+from ..ensemble.scheduler import EnsembleScheduler
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from . import loader
-from .validate import IOSpec
+from .types import InferRequest, InferResponse
+from .validate import IOSpec, validate_request
 
 log = logging.getLogger("inferd.models")
 
@@ -43,10 +46,11 @@ class ModelVersion:
     state: str = LOADING
     reason: str = ""
     load_seconds: float = 0.0
+    ensemble: EnsemblePlan | None = None  # set for ensembles, which have no instances of their own
 
     @property
     def ready(self) -> bool:
-        return self.state == READY and any(i.ready for i in self.instances)
+        return self.state == READY and (self.ensemble is not None or any(i.ready for i in self.instances))
 
 
 @dataclass(eq=False)
@@ -152,7 +156,8 @@ class ModelManager:
 
     # ---- control ----
     async def load(self, name: str, config_override: str | None = None,
-                   files: dict[str, bytes] | None = None) -> None:
+                   files: dict[str, bytes] | None = None, chain: tuple[str, ...] = ()) -> None:
+        """Load (or reload) every version of `name`. `chain`: the ensembles whose load asked for it."""
         loader.check_model_name(name)
         e = self.entry(name)
         self.invalidate()
@@ -160,6 +165,7 @@ class ModelManager:
             started = time.monotonic()
             try:
                 plan = await loader.plan_load(self.settings, name, config_override, files)
+                ensemble = await self._prepare_ensemble(plan, chain) if plan.is_ensemble else None
             except InferdError as exc:
                 if exc.code == ErrorCode.NOT_FOUND and not e.versions:
                     self.entries.pop(name, None)  # nothing on disk: no index entry, as Triton
@@ -168,7 +174,7 @@ class ModelManager:
                 raise
             new_versions: dict[int, ModelVersion] = {}
             errors: list[str] = []
-            results = await asyncio.gather(*(self._start_version(plan, v) for v in plan.versions),
+            results = await asyncio.gather(*(self._start_version(plan, v, ensemble) for v in plan.versions),
                                            return_exceptions=True)
             for v, res in zip(plan.versions, results):
                 if isinstance(res, ModelVersion):
@@ -197,7 +203,9 @@ class ModelManager:
             log.info("successfully loaded '%s' version(s) %s in %.2fs", name,
                      ",".join(str(v) for v in sorted(new_versions)), elapsed)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload every version; with unload_dependents an ensemble's composing models go too (those no
+        other loaded ensemble uses)."""
         loader.check_model_name(name)
         e = self.entries.get(name)
         if e is None:
@@ -219,6 +227,14 @@ class ModelManager:
                 e.records = {None: (UNAVAILABLE, "unloaded")}
             loader.release_env(self.settings, name)
             log.info("successfully unloaded '%s'", name)
+        if unload_dependents:
+            composing = {c for mv in versions.values() if mv.ensemble is not None
+                         for c in mv.ensemble.composing_models}
+            still_used = {c for mv in self.loaded_versions() if mv.ensemble is not None
+                          for c in mv.ensemble.composing_models}
+            for dep in sorted(composing - still_used):
+                if dep != name and self.entries.get(dep) is not None and self.entries[dep].versions:
+                    await self.unload(dep, unload_dependents=True)
 
     async def shutdown(self, drain_timeout: float) -> None:
         versions = self.loaded_versions()
@@ -228,10 +244,76 @@ class ModelManager:
         await asyncio.gather(*(self._stop_version(mv, drain_timeout) for mv in versions),
                              return_exceptions=True)
 
+    # ---- ensembles ----
+    async def _prepare_ensemble(self, plan: loader.LoadPlan, chain: tuple[str, ...]) -> EnsemblePlan:
+        """Check the step graph, load the composing models that are not loaded yet, check they fit."""
+        graph = build_plan(plan.config)
+        chain = chain + (plan.name,)
+        for dep in graph.composing_models:
+            if dep in chain:
+                raise InferdError(ErrorCode.INVALID_ARG, "circular dependency between ensembles: %s"
+                                  % " -> ".join(chain + (dep,)))
+            await self._ensure_loaded(dep, chain)
+        check_composing(graph, plan.config, self._composing_config)
+        return graph
+
+    async def load_once(self, name: str, chain: tuple[str, ...] = ()) -> None:
+        """Load `name` unless it is loaded already (start-up: an ensemble may have loaded it first)."""
+        e = self.entries.get(name)
+        if e is not None and e.lock.locked():  # being loaded right now: wait for that load
+            async with e.lock:
+                pass
+        e = self.entries.get(name)
+        if e is not None and e.versions:
+            return
+        await self.load(name, chain=chain)
+
+    async def _ensure_loaded(self, name: str, chain: tuple[str, ...]) -> None:
+        try:
+            await self.load_once(name, chain)
+        except InferdError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                return  # reported by check_composing as a model that is not available
+            raise InferdError(ErrorCode.INVALID_ARG, "failed to load composing model '%s': %s"
+                              % (name, exc.message)) from None
+
+    def _composing_config(self, name: str, version: int) -> dict[str, Any] | None:
+        e = self.entries.get(name)
+        if e is None or not e.versions:
+            return None
+        mv = e.versions.get(version) if version >= 0 else e.versions[max(e.versions)]
+        return mv.config if mv is not None else None
+
+    async def call_model(self, request: InferRequest) -> InferResponse:
+        """One internal request (an ensemble step): resolve, validate, schedule, await the answer."""
+        mv = self.resolve_ready(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise InferdError(ErrorCode.UNSUPPORTED, "model '%s' is decoupled; decoupled ensemble steps are "
+                              "not supported yet" % mv.name)
+        try:
+            validate_request(mv.io, request)
+        except InferdError:
+            mv.stats.record_failure("OTHER", 0)
+            raise
+        future = mv.scheduler.submit(request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
     # ---- internals ----
-    async def _start_version(self, plan: loader.LoadPlan, version: int) -> ModelVersion:
+    async def _start_version(self, plan: loader.LoadPlan, version: int,
+                             ensemble: EnsemblePlan | None = None) -> ModelVersion:
         config = plan.config
         stats = self.stats_registry.get(plan.name, str(version))
+        if ensemble is not None:
+            mv = ModelVersion(plan.name, version, config, plan.config_json, IOSpec.from_config(config), [],
+                              EnsembleScheduler(ensemble, self.call_model, stats,
+                                                batched=int(config.get("max_batch_size") or 0) > 0),
+                              stats, metadata_base=plan.metadata_base, ensemble=ensemble)
+            mv.state = READY
+            return mv
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
         scheduler = make_scheduler(plan.name, config, instances, stats, SchedulerSettings(

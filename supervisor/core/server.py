@@ -159,7 +159,7 @@ class ServerDataPlane(DataPlane):
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit()
-        await self.manager.unload(name)
+        await self.manager.unload(name, unload_dependents)
 
     def status(self, name: str = "") -> dict[str, Any]:
         return loader.status_json(self.manager, name)

@@ -1,0 +1,160 @@
+"""The ensemble scheduler: runs one request through the step graph as a dataflow.
+
+Every step whose input tensors all exist is issued at once as an internal request to its composing
+model (which applies its own scheduler, batching included), so independent steps run in parallel.
+Outputs are mapped back into the request's tensor table; the response holds only the ensemble's
+outputs. Intermediate tensors stay in their wire form (the composing models' result frames) and are
+never decoded in the supervisor; above the inline limit they reach the next worker through a
+shared-memory lease. A failing step fails the request and cancels the steps still running;
+cancelling the request cancels them too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from ..core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from .graph import EnsemblePlan, Step
+
+# Runs one request on a composing model: resolve, validate, schedule, await its response.
+CallModel = Callable[[InferRequest], Awaitable[InferResponse]]
+
+
+class EnsembleScheduler:
+    def __init__(self, plan: EnsemblePlan, call: CallModel, stats: Any, batched: bool = False) -> None:
+        self.plan = plan
+        self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
+        self.call = call
+        self.stats = stats
+        self._running: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- Scheduler shape ----
+    def start(self) -> None:
+        pass
+
+    def instance_changed(self, executor: Any) -> None:
+        pass
+
+    @property
+    def pending_count(self) -> int:
+        return 0  # ensemble requests wait in their composing models' queues, counted there
+
+    def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        if self._closed:
+            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.plan.name)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[InferResponse] = loop.create_future()
+        task = loop.create_task(self._run(request, future), name="ensemble-" + self.plan.name)
+        self._running.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._task_done)
+        # the caller cancelling the future cancels the steps in flight
+        future.add_done_callback(lambda f: task.cancel() if f.cancelled() else None)
+        return future
+
+    async def drain(self, timeout: float) -> None:
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._running):
+            task.cancel()
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        if not self._running:
+            self._idle.set()
+
+    # ---- one request ----
+    async def _run(self, request: InferRequest, future: asyncio.Future[InferResponse]) -> None:
+        try:
+            response = await self._dataflow(request)
+        except asyncio.CancelledError:
+            self.stats.record_failure("CANCELED", time.monotonic_ns() - request.arrival_ns)
+            if not future.done():
+                future.cancel()
+            return
+        except InferdError as exc:
+            self.stats.record_failure("BACKEND", time.monotonic_ns() - request.arrival_ns)
+            if not future.done():
+                future.set_exception(exc)
+            return
+        except Exception as exc:  # a bug on our side: answer, keep serving
+            self.stats.record_failure("OTHER", time.monotonic_ns() - request.arrival_ns)
+            if not future.done():
+                future.set_exception(InferdError(ErrorCode.INTERNAL, "ensemble '%s' failed: %s"
+                                                 % (self.plan.name, exc)))
+            return
+        self.stats.record_execution(self._batch_items(request))
+        self.stats.record_success(1, time.monotonic_ns() - request.arrival_ns)
+        if not future.done():
+            future.set_result(response)
+
+    async def _dataflow(self, request: InferRequest) -> InferResponse:
+        plan = self.plan
+        tensors: dict[str, Tensor] = {t.name: t for t in request.inputs}
+        waiting = {s.index: s for s in plan.steps}
+        running: dict[asyncio.Task[InferResponse], Step] = {}
+        try:
+            while waiting or running:
+                for index, step in list(waiting.items()):
+                    if all(t in tensors for t in step.input_map.values()):
+                        del waiting[index]
+                        task = asyncio.ensure_future(self.call(self._step_request(request, step, tensors)))
+                        running[task] = step
+                if not running:  # cannot happen for a checked plan; never spin
+                    raise InferdError(ErrorCode.INTERNAL, "ensemble '%s' stalled" % plan.name)
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    step = running.pop(task)
+                    response = task.result()  # a step error propagates and fails the request
+                    produced = {t.name: t for t in response.outputs}
+                    for model_output, tensor_name in step.output_map.items():
+                        out = produced.get(model_output)
+                        if out is None:
+                            raise InferdError(ErrorCode.INTERNAL, "in ensemble '%s', step %d (%s) returned no "
+                                              "output '%s'" % (plan.name, step.index, step.model_name,
+                                                               model_output))
+                        tensors[tensor_name] = Tensor(tensor_name, out.datatype, out.shape, out.data)
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        wanted = [o.name for o in request.outputs] or list(plan.outputs)
+        outputs = []
+        for name in wanted:
+            t = tensors.get(name)
+            if t is None:
+                raise InferdError(ErrorCode.INVALID_ARG, "unexpected inference output '%s' for model '%s'"
+                                  % (name, plan.name))
+            outputs.append(t)
+        return InferResponse(plan.name, "", request.id, outputs)
+
+    def _step_request(self, request: InferRequest, step: Step, tensors: dict[str, Tensor]) -> InferRequest:
+        inputs = [Tensor(model_input, tensors[name].datatype, tensors[name].shape, tensors[name].data)
+                  for model_input, name in step.input_map.items()]
+        return InferRequest(
+            model_name=step.model_name, model_version=step.version_str, id=request.id, inputs=inputs,
+            outputs=[RequestedOutput(name) for name in step.output_map],
+            parameters=request.parameters, correlation_id=request.correlation_id, flags=request.flags,
+            priority=request.priority, timeout_us=request.timeout_us)
+
+    def _batch_items(self, request: InferRequest) -> int:
+        if self.batched and request.inputs and request.inputs[0].shape:
+            return max(1, request.inputs[0].shape[0])
+        return 1
