@@ -1,0 +1,159 @@
+"""The response cache (Triton's `local` cache): successful responses kept by request hash, LRU by bytes.
+
+A model uses it only when the server was started with `--cache-config local,size=BYTES` and the
+model's config says `response_cache { enable: true }` (and it is neither decoupled nor sequence
+batched: reference/triton.md §6.7). The key is a blake2b hash of a canonical encoding of what
+decides the answer: model name and loaded version (its load generation, so a reload never serves
+answers of the old files), every input (name, datatype, shape, bytes, parameters), the requested
+outputs with the parameters that change them (classification; not transport details such as
+binary_data or shared memory placement) and the request's custom parameters.
+
+Entries own plain `bytes` copies of the output tensors (responses hold views into worker frames);
+a hit hands out fresh response/tensor objects over those immutable bytes, so nothing a frontend
+does to a response can change what the next hit returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from typing import Any
+
+from .core.types import InferRequest, InferResponse, Tensor
+
+ENTRY_OVERHEAD = 128  # bytes charged per entry for its key and bookkeeping
+TENSOR_OVERHEAD = 64  # bytes charged per output tensor for its name, shape and object
+
+# requested-output parameters that only say how or where the bytes travel, not what they are
+_TRANSPORT_PARAMS = ("binary_data", "binary_data_size")
+
+
+class CacheSettings:
+    """What `--cache-config` asked for. Only the `local` cache exists; its one setting is `size`."""
+
+    __slots__ = ("size_bytes",)
+
+    def __init__(self, size_bytes: int) -> None:
+        self.size_bytes = size_bytes
+
+
+def parse_cache_config(values: list[str]) -> CacheSettings | None:
+    """Triton's `--cache-config <cache>,<key>=<value>` (repeatable). Raises ValueError naming the problem."""
+    if not values:
+        return None
+    size: int | None = None
+    for text in values:
+        name, sep, setting = text.partition(",")
+        name = name.strip()
+        if not sep or "=" not in setting:
+            raise ValueError(f"--cache-config expects <cache_name>,<key>=<value>, got {text!r}")
+        if name != "local":
+            raise ValueError(f"cache '{name}' is not supported (inferd has the 'local' cache only)")
+        key, _, value = setting.partition("=")
+        key, value = key.strip(), value.strip()
+        if key != "size":
+            raise ValueError(f"unknown setting '{key}' for the local cache (it takes 'size' in bytes)")
+        try:
+            size = int(value)
+        except ValueError:
+            raise ValueError(f"local cache size must be a whole number of bytes, got {value!r}") from None
+        if size < 0:
+            raise ValueError(f"local cache size must not be negative, got {size}")
+    if size is None:
+        raise ValueError("the local cache needs a size: --cache-config local,size=<bytes>")
+    return CacheSettings(size)
+
+
+def model_wants_cache(config: dict[str, Any]) -> bool:
+    """The model's config enables the cache and its scheduling allows it (not decoupled, not sequences)."""
+    if not (config.get("response_cache") or {}).get("enable"):
+        return False
+    if (config.get("model_transaction_policy") or {}).get("decoupled"):
+        return False
+    return not config.get("sequence_batching")
+
+
+def _nbytes(data: Any) -> int:
+    return data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
+
+
+def _params_text(params: dict[str, Any], skip: tuple[str, ...] = ()) -> str:
+    kept = {k: v for k, v in params.items() if k not in skip and not k.startswith("shared_memory_")}
+    return json.dumps(kept, sort_keys=True, separators=(",", ":"), default=str) if kept else ""
+
+
+def request_key(generation: int, request: InferRequest) -> bytes | None:
+    """The request's cache key, or None when the request must not be cached (sequence requests)."""
+    if request.correlation_id or request.flags:
+        return None
+    h = hashlib.blake2b(digest_size=32)
+    # every variable-length field is length-prefixed, so distinct requests never encode alike
+    head = [request.model_name, str(generation)]
+    for t in sorted(request.inputs, key=lambda t: t.name):
+        head += [t.name, t.datatype, ",".join(map(str, t.shape)), str(_nbytes(t.data)),
+                 _params_text(t.parameters, _TRANSPORT_PARAMS)]
+    head.append("outputs")
+    for o in sorted(request.outputs, key=lambda o: o.name):
+        head += [o.name, _params_text(o.parameters, _TRANSPORT_PARAMS)]
+    head += ["parameters", _params_text(request.parameters)]
+    for field in head:
+        encoded = field.encode("utf-8", "surrogatepass")
+        h.update(len(encoded).to_bytes(8, "little"))
+        h.update(encoded)
+    for t in sorted(request.inputs, key=lambda t: t.name):
+        h.update(t.data)
+    return h.digest()
+
+
+class _Entry:
+    __slots__ = ("outputs", "parameters", "size")
+
+    def __init__(self, outputs: list[Tensor], parameters: dict[str, Any], size: int) -> None:
+        self.outputs = outputs
+        self.parameters = parameters
+        self.size = size
+
+
+class ResponseCache:
+    """Bounded LRU of successful responses by key; everything runs on the supervisor's event loop."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used_bytes = 0
+        self.evictions = 0
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, key: bytes, model_name: str, model_version: str, request_id: str) -> InferResponse | None:
+        """A fresh response built over the cached bytes, or None on a miss."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        outputs = [Tensor(t.name, t.datatype, list(t.shape), t.data, dict(t.parameters)) for t in entry.outputs]
+        return InferResponse(model_name, model_version, request_id, outputs, dict(entry.parameters))
+
+    def insert(self, key: bytes, response: InferResponse) -> bool:
+        """Keep a copy of a successful response; False when it is larger than the whole cache."""
+        size = ENTRY_OVERHEAD + sum(TENSOR_OVERHEAD + _nbytes(t.data) for t in response.outputs)
+        if size > self.max_bytes:
+            return False
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.used_bytes -= old.size
+        while self._entries and self.used_bytes + size > self.max_bytes:
+            _, evicted = self._entries.popitem(last=False)
+            self.used_bytes -= evicted.size
+            self.evictions += 1
+        outputs = [Tensor(t.name, t.datatype, list(t.shape), bytes(t.data), dict(t.parameters))
+                   for t in response.outputs]
+        self._entries[key] = _Entry(outputs, dict(response.parameters), size)
+        self.used_bytes += size
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.used_bytes = 0
