@@ -2,6 +2,8 @@
 
 - `Channel` (main thread): Hello, then request/reply messages. Messages read ahead of time (while
   a model polls for cancellation) are queued and handed out first by `recv()`.
+- `Outbox`: messages produced on other threads (responses of decoupled requests); they are queued
+  and the main thread, woken through a pipe it polls beside the socket, sends them in order.
 - `HeartbeatThread`: its own DEALER (`identity + "/hb"`); sends Heartbeat(seq) every interval and
   calls `on_lost` when the supervisor has been silent for `timeout_s` (0 disables that check).
 """
@@ -9,6 +11,7 @@
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +54,10 @@ class Channel:
     def send(self, message: Any, frames: Sequence[Any] = ()) -> None:
         """Header then data frames: small frames are copied into the message (cheaper than a
         zero-copy Frame), frames of ZERO_COPY_MIN_BYTES or more are sent zero-copy."""
-        header = encode_header(message)
+        self.send_encoded(encode_header(message), frames)
+
+    def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
+        """`send` for a header already encoded (by `encode_header`)."""
         sock = self._sock
         if not frames:
             _send(sock, header, 0)
@@ -84,6 +90,22 @@ class Channel:
             raise self._error
         return self._recv()
 
+    def recv_nowait(self) -> Optional[tuple[Any, Sequence[Any]]]:
+        """Next (message, data frames) if one is waiting, else None."""
+        if self._pending:
+            return self._pending.popleft()
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._recv(_NOBLOCK)
+        except zmq.Again:
+            return None
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """The main socket, for polling (main thread only)."""
+        return self._sock
+
     def read_ahead(self) -> list[tuple[Any, Sequence[Any]]]:
         """Everything already waiting, without blocking; also queued for later `recv()` calls."""
         got: list[tuple[Any, Sequence[Any]]] = []
@@ -105,6 +127,46 @@ class Channel:
 
     def close(self) -> None:
         self._sock.close(linger=LINGER_MS)
+
+
+class Outbox:
+    """Messages for the main socket from any thread. `post` encodes and queues the message and
+    writes a wake-up byte to a pipe; the main thread polls `fileno()` beside its socket and calls
+    `flush(channel)`. Order is kept per posting thread (one FIFO). The pipe lives as long as the
+    process (a thread may still post while the worker exits)."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[tuple[bytes, Sequence[Any]]] = collections.deque()
+        self._lock = threading.Lock()  # keeps encode+append atomic so the FIFO order is the post order
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
+
+    def fileno(self) -> int:
+        return self._read_fd
+
+    def post(self, message: Any, frames: Sequence[Any] = ()) -> None:
+        header = encode_header(message)
+        with self._lock:
+            self._queue.append((header, frames))
+        try:
+            os.write(self._write_fd, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: a wake-up is pending anyway
+        except OSError:
+            pass
+
+    def flush(self, channel: Channel) -> None:
+        """Main thread: send everything queued, oldest first."""
+        try:
+            while os.read(self._read_fd, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        queue = self._queue
+        while queue:
+            header, frames = queue.popleft()
+            channel.send_encoded(header, frames)
 
 
 class HeartbeatThread(threading.Thread):

@@ -4,6 +4,11 @@ peer sends is ever used to pick a function by name).
 State: no model -> (AutoComplete answered any time) -> model loaded -> Shutdown -> Bye.
 One Execute at a time; Cancel messages that arrive during an Execute are picked up when the model
 asks `request.is_cancelled()` (the main socket is read ahead; other messages stay queued).
+
+Decoupled models: execute runs on one execute thread (batches in arrival order) while the main
+thread keeps the socket: it reads Cancels at once (the model may be streaming from its own threads)
+and sends what other threads posted to the Outbox (StreamResponses, then each batch's ExecuteResult,
+in the order they were posted). A request stays open from its Execute until its final response.
 """
 
 from __future__ import annotations
@@ -12,11 +17,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
+
+import zmq
 
 from . import backends, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
-from .channel import Channel
+from .channel import Channel, Outbox
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
     AutoComplete,
@@ -31,6 +39,7 @@ from .wire.messages import (
     ProtocolError,
     ResponseItem,
     Shutdown,
+    StreamResponse,
     WireError,
 )
 
@@ -64,7 +73,13 @@ class Runtime:
         self._main_thread = threading.current_thread()
         self._is_cancelled = self.is_cancelled  # one bound method, handed to every Request
         self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled,
-                                      poll=self.poll_cancellations)
+                                      poll=self.poll_cancellations, emit=self._emit)
+        # decoupled models only (set at load): see the module docstring
+        self._outbox: Optional[Outbox] = None
+        self._execute_thread: Optional[ThreadPoolExecutor] = None
+        self._poller: Optional[zmq.Poller] = None
+        self._open: set[int] = set()  # decoupled requests that have not ended
+        self._open_lock = threading.Lock()
         self._running = True
         self.bye_error: Optional[WireError] = None
         self._handlers: dict[type[Any], Callable[[Any, Sequence[Any]], None]] = {
@@ -81,11 +96,22 @@ class Runtime:
     def run(self) -> None:
         """Serve until Shutdown. Raises ProtocolError on a malformed or unexpected message."""
         while self._running:
-            message, frames = self._channel.recv()
+            message, frames = self._channel.recv() if self._outbox is None else self._recv_streaming()
             handler = self._handlers.get(type(message))
             if handler is None:
                 raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
             handler(message, frames)
+
+    def _recv_streaming(self) -> tuple[Any, Sequence[Any]]:
+        """Next message, sending what the Outbox holds meanwhile (decoupled models)."""
+        outbox, channel, poller = self._outbox, self._channel, self._poller
+        assert outbox is not None and poller is not None
+        while True:
+            outbox.flush(channel)
+            got = channel.recv_nowait()
+            if got is not None:
+                return got
+            poller.poll()  # the socket, or a wake-up from a thread that posted
 
     def is_cancelled(self, request_id: int) -> bool:
         """Cancellation probe for backends; on the main thread it first reads pending Cancels."""
@@ -94,7 +120,10 @@ class Runtime:
         return request_id in self._cancelled
 
     def poll_cancellations(self) -> None:
-        """Main thread only: take Cancel messages already waiting on the socket (others stay queued)."""
+        """Main thread only: take Cancel messages already waiting on the socket (others stay queued).
+        Nothing to do for decoupled models: their main thread reads every message as it comes."""
+        if self._outbox is not None or threading.current_thread() is not self._main_thread:
+            return
         got = self._channel.read_ahead()
         if any(isinstance(message, Cancel) for message, _ in got):
             for message, _ in got:
@@ -108,7 +137,11 @@ class Runtime:
         pass  # heartbeats belong on the heartbeat socket; tolerated here
 
     def _on_cancel(self, message: Cancel, frames: Sequence[Any]) -> None:
-        self._cancelled.update(message.request_ids)
+        if self._outbox is None:
+            self._cancelled.update(message.request_ids)
+            return
+        with self._open_lock:  # only requests still open: a late Cancel must not linger
+            self._cancelled.update(rid for rid in message.request_ids if rid in self._open)
 
     def _on_auto_complete(self, message: AutoComplete, frames: Sequence[Any]) -> None:
         try:
@@ -140,17 +173,27 @@ class Runtime:
         self._backend, self._spec = backend, spec
         self._outputs = tensors.output_specs(spec.config)
         self._output_names = list(self._outputs)
+        if spec.decoupled:
+            self._outbox = Outbox()
+            self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute")
+            self._poller = zmq.Poller()
+            self._poller.register(self._channel.socket, zmq.POLLIN)
+            self._poller.register(self._outbox.fileno(), zmq.POLLIN)
         self._channel.send(LoadResult(backend=backend.name))
 
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
         error = None
         backend, self._backend = self._backend, None
+        if self._execute_thread is not None:
+            self._execute_thread.shutdown(wait=True)  # batches already received finish first
         if backend is not None:
             try:
                 failed = backend.unload()
                 error = wire_error(failed) if failed is not None else None
             except Exception as exc:
                 error = wire_error(exc)
+        if self._outbox is not None:
+            self._outbox.flush(self._channel)
         self._cache.close()
         self.bye_error = error
         self._channel.send(Bye(error=error))
@@ -181,6 +224,20 @@ class Runtime:
             entries.append(request)
             runnable.append(request)
         t1 = _now_ns()
+        if self._execute_thread is not None:
+            with self._open_lock:
+                self._open.update(r.request_id for r in runnable)
+            self._execute_thread.submit(self._execute_streaming, message.batch_id, entries, runnable, t0, t1)
+            return
+        result, out_frames = self._execute(message.batch_id, entries, runnable, t0, t1)
+        self._channel.send(result, out_frames)
+        if self._cancelled and message.requests:
+            # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
+            last = message.requests[-1].request_id
+            self._cancelled = {rid for rid in self._cancelled if rid > last}
+
+    def _execute(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int,
+                 t1: int) -> tuple[ExecuteResult, list[Any]]:
         results = self._run_backend(runnable)
         t2 = _now_ns()
         out_frames: list[Any] = []
@@ -192,11 +249,42 @@ class Runtime:
             responses = [encode(entry, next(pending), out_frames) if type(entry) is Request else entry
                          for entry in entries]
         t3 = _now_ns()
-        self._channel.send(ExecuteResult(message.batch_id, responses, t1 - t0, t2 - t1, t3 - t2), out_frames)
-        if self._cancelled and message.requests:
-            # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
-            last = message.requests[-1].request_id
-            self._cancelled = {rid for rid in self._cancelled if rid > last}
+        return ExecuteResult(batch_id, responses, t1 - t0, t2 - t1, t3 - t2), out_frames
+
+    # ---- decoupled models -------------------------------------------------------------------------
+
+    def _execute_streaming(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int,
+                           t1: int) -> None:
+        """Execute thread: run the batch; an error in the result ends that request (no FINAL will come)."""
+        outbox = self._outbox
+        assert outbox is not None
+        try:
+            result, out_frames = self._execute(batch_id, entries, runnable, t0, t1)
+        except Exception as exc:  # a bug on our side: still answer, or the supervisor's slot stays taken
+            self._log("execute failed: %r" % exc)
+            error = wire_error(exc)
+            result = ExecuteResult(batch_id, [ResponseItem(e.request_id, [], error, {}) for e in entries])
+            out_frames = []
+        for item in result.responses:
+            if item.error is not None:
+                self._end_stream(item.request_id)
+        outbox.post(result, out_frames)
+
+    def _emit(self, request: Request, response: Optional[Response], final: bool) -> None:
+        """One response of a decoupled request (None: flag-only final); any thread."""
+        outbox = self._outbox
+        if outbox is None:
+            raise InferdError(ErrorCode.INTERNAL, "responses can only be streamed by decoupled models")
+        frames: list[Any] = []
+        item = self._encode(request, response, frames) if response is not None else None
+        if final:
+            self._end_stream(request.request_id)
+        outbox.post(StreamResponse(request.request_id, final, item), frames)
+
+    def _end_stream(self, request_id: int) -> None:
+        with self._open_lock:
+            self._open.discard(request_id)
+            self._cancelled.discard(request_id)
 
     # ---- helpers --------------------------------------------------------------------------------
 

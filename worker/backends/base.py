@@ -119,20 +119,27 @@ class Response:
         self.parameters = parameters if parameters is not None else {}
 
 
+# emit(request, response, final): one response of a decoupled request (None: a flag-only final)
+Emit = Callable[["Request", Optional["Response"], bool], None]
+
+
 class WorkerContext:
-    """What the runtime lends a backend: logging verbosity, the cancellation probe, and `poll`,
-    to be called from the main thread while it waits on model code running elsewhere (e.g. an
-    async execute on an event-loop thread) so that Cancel messages are still picked up."""
+    """What the runtime lends a backend: logging verbosity, the cancellation probe, `poll`, to be
+    called from the main thread while it waits on model code running elsewhere (e.g. an async
+    execute on an event-loop thread) so that Cancel messages are still picked up, and `emit`, which
+    sends one response of a decoupled request to the supervisor at once (callable from any thread)."""
 
     def __init__(
         self,
         log_verbose: int = 0,
         cancelled: Optional[Callable[[int], bool]] = None,
         poll: Optional[Callable[[], None]] = None,
+        emit: Optional[Emit] = None,
     ) -> None:
         self.log_verbose = log_verbose
         self.cancelled = cancelled
         self.poll = poll
+        self.emit = emit
 
 
 class Backend(Protocol):
@@ -151,7 +158,10 @@ class Backend(Protocol):
 
     def execute(self, requests: list[Request]) -> list[Response]:
         """One Response per Request, same order. Never raises for model errors: they become
-        per-request errors (a backend bug may still raise; the runtime then fails the batch)."""
+        per-request errors (a backend bug may still raise; the runtime then fails the batch).
+        Decoupled models (`supports_decoupled`): responses go out through `WorkerContext.emit`;
+        the returned Response of a request is empty while it streams on, or carries the error
+        that ends a request which has not sent its final response."""
         ...
 
     def unload(self) -> Optional[InferdError]:

@@ -48,7 +48,7 @@ def _type_str(obj: Any) -> str:
 class PythonBackend:
     name = "python"
     supports_auto_complete = True
-    supports_decoupled = False
+    supports_decoupled = True
 
     def __init__(self) -> None:
         self._pb = load_pb_utils()
@@ -60,6 +60,7 @@ class PythonBackend:
         self._output_names: list[str] = []
         self._version = -1
         self._poll: Optional[Callable[[], None]] = None
+        self._emit: Any = None  # WorkerContext.emit, for decoupled models
 
     # ---- import ---------------------------------------------------------------------------------
 
@@ -131,14 +132,11 @@ class PythonBackend:
         return completed
 
     def load(self, model: ModelSpec, context: WorkerContext) -> None:
-        if model.decoupled:
-            raise InferdError(
-                ErrorCode.UNSUPPORTED,
-                "model '%s' uses the decoupled transaction policy, which is not supported yet"
-                % model.model_name,
-            )
+        if model.decoupled and context.emit is None:
+            raise InferdError(ErrorCode.UNSUPPORTED, "this worker cannot stream responses of decoupled models")
         module = self._import_model(model, context.log_verbose)
         self._poll = context.poll
+        self._emit = context.emit if model.decoupled else None
         self._spec = model
         self._version = int(model.version) if model.version.isdigit() else -1
         self._output_names = model.output_names
@@ -180,6 +178,8 @@ class PythonBackend:
                     r.timeout_us, r.parameters, r.is_cancelled,
                 )
             )
+        if self._emit is not None:
+            return self._execute_decoupled(requests, pb_requests)
         try:
             execute = getattr(self._model, "execute", None)
             if execute is None:
@@ -196,6 +196,46 @@ class PythonBackend:
             error = InferdError(ErrorCode.INTERNAL, message)
             return [Response(error=error) for _ in requests]
         return [self._convert(req, resp) for req, resp in zip(pb_requests, pb_responses)]
+
+    def _execute_decoupled(self, requests: list[Request], pb_requests: list[Any]) -> list[Response]:
+        """Responses leave through each request's sender as the model sends them (any thread, also
+        after execute returned). execute must return None; if it fails, the requests that have not
+        sent FINAL end with the error (their senders close) and the others are left alone."""
+        spec = self._spec
+        assert spec is not None
+        for request, pb_request in zip(requests, pb_requests):
+            pb_request._stream = self._stream_to(request, pb_request)
+        try:
+            execute = getattr(self._model, "execute", None)
+            if execute is None:
+                raise _ReturnRuleError("Python model %s does not implement `execute` method." % self._model_path)
+            returned = self._resolve(execute(pb_requests))
+            if returned is not None:
+                raise _ReturnRuleError(
+                    "Python model '%s' is using the decoupled mode and the execute function must return None."
+                    % spec.instance_name
+                )
+        except (Exception, SystemExit) as exc:
+            message = "Failed to process the request(s) for model '%s', message: %s" % (
+                spec.instance_name, _describe(exc),
+            )
+            self._log_exception(message)
+            error = InferdError(ErrorCode.INTERNAL, message)
+            results = []
+            for pb_request in pb_requests:
+                sender = pb_request.get_response_sender()
+                results.append(Response(error=error) if sender._close() else Response())
+            return results
+        return [Response() for _ in requests]
+
+    def _stream_to(self, request: Request, pb_request: Any) -> Callable[[Any, bool], None]:
+        emit = self._emit
+
+        def stream(pb_response: Any, final: bool) -> None:
+            response = self._convert(pb_request, pb_response) if pb_response is not None else None
+            emit(request, response, final)
+
+        return stream
 
     def unload(self) -> Optional[InferdError]:
         model, self._model = self._model, None

@@ -3,8 +3,8 @@
 
 The supervisor puts this file on the worker's path under its Triton name; the worker imports it by
 that same name, so model code and the worker share one module object (one `InferenceResponse`
-class). Plain models are fully supported; BLS (`exec`/`async_exec`), decoupled response streams and
-model control from Python raise "not supported yet". Metrics are kept locally (not exported yet).
+class). Plain and decoupled models are supported; BLS (`exec`/`async_exec`) and model control from
+Python raise "not supported yet". Metrics are kept locally (not exported yet).
 
 Runs on Python 3.9+ with numpy only (+ inferd.worker.wire).
 """
@@ -56,6 +56,7 @@ _NUMBER_TO_NUMPY = {
 # Set by the worker (see _configure); read by get_model_dir() and Logger.
 _state: dict[str, Any] = {"model_dir": "", "log_verbose": 0, "instance": "", "stream": None}
 _log_lock = threading.Lock()
+_sender_lock = threading.Lock()
 
 
 def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", stream: Any = None) -> None:
@@ -329,24 +330,56 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """`request.get_response_sender()` for non-decoupled models: exactly one response, then FINAL."""
+    """`request.get_response_sender()`. Decoupled models: each `send` goes to the client at once,
+    from any thread, until the FINAL flag closes the sender. Non-decoupled models: exactly one
+    response (then FINAL), collected and returned as the request's response."""
 
     def __init__(self, request: InferenceRequest) -> None:
         self._request = request
         self.responses: list[InferenceResponse] = []
         self.closed = False
+        self._lock = threading.Lock()  # one send at a time per request: responses keep their order
 
     def send(self, response: Optional[InferenceResponse] = None, flags: int = 0) -> None:
-        if self.closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
-        if response is not None:
-            if not isinstance(response, InferenceResponse):
-                raise TypeError("send() expects a pb_utils.InferenceResponse, found %s" % type(response))
-            if self.responses:
-                raise TritonModelException("Non-decoupled model cannot send more than one response.")
-            self.responses.append(response)
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TypeError("send() expects a pb_utils.InferenceResponse, found %s" % type(response))
+        stream = self._request._stream
+        with self._lock:
+            if stream is None:
+                self._check_non_decoupled(response, final)
+            if self.closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            if flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL and flags != 0:
+                raise TritonModelException("Unable to send response. Unsupported flag provided.")
+            if flags == 0 and response is None:
+                raise TritonModelException(
+                    "Inference Response object must be provided when the response flags is set to zero."
+                )
+            if stream is not None:
+                stream(response, final)
+            elif response is not None:
+                self.responses.append(response)
+            if final:
+                self.closed = True
+
+    def _check_non_decoupled(self, response: Optional[InferenceResponse], final: bool) -> None:
+        if response is not None and self.responses:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if response is None and final and not self.responses:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send complete final before "
+                "sending a response."
+            )
+
+    def _close(self) -> bool:
+        """Close the sender (the request has ended elsewhere); True when it was still open."""
+        with self._lock:
+            was_open = not self.closed
             self.closed = True
+            return was_open
 
     def is_cancelled(self) -> bool:
         return self._request.is_cancelled()
@@ -383,6 +416,7 @@ class InferenceRequest:
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._cancel_probe: Optional[Callable[[], bool]] = None
         self._sender: Optional[InferenceResponseSender] = None
+        self._stream: Optional[Callable[[Optional[InferenceResponse], bool], None]] = None
 
     @classmethod
     def _from_worker(
@@ -405,6 +439,7 @@ class InferenceRequest:
         req._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         req._cancel_probe = cancel_probe
         req._sender = None
+        req._stream = None  # set by the worker for decoupled models: where send() delivers
         return req
 
     def inputs(self) -> list[Tensor]:
@@ -449,9 +484,13 @@ class InferenceRequest:
         return self._release_flags
 
     def get_response_sender(self) -> InferenceResponseSender:
-        if self._sender is None:
-            self._sender = InferenceResponseSender(self)
-        return self._sender
+        sender = self._sender
+        if sender is None:
+            with _sender_lock:  # threads of a decoupled model may ask at the same time
+                sender = self._sender
+                if sender is None:
+                    sender = self._sender = InferenceResponseSender(self)
+        return sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         raise _not_supported("BLS (InferenceRequest.exec)")

@@ -106,6 +106,18 @@ class ExecuteResult:
 
 
 @dataclass
+class StreamResponse:
+    """One response of a decoupled request, sent as soon as the model produces it (any thread).
+    `response` None is a flag-only FINAL; output frames follow the header as for ExecuteResult.
+    The request ends with the first message whose `final` is true (or an error for it in the
+    ExecuteResult of its batch, when execute failed before FINAL)."""
+
+    request_id: int
+    final: bool = False
+    response: Optional[ResponseItem] = None
+
+
+@dataclass
 class Log:
     level: str  # INFO, WARNING, ERROR, VERBOSE
     message: str
@@ -175,6 +187,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "autocomplete_result": AutoCompleteResult,
     "load_result": LoadResult,
     "execute_result": ExecuteResult,
+    "stream_response": StreamResponse,
     "log": Log,
     "bye": Bye,
     "autocomplete": AutoComplete,
@@ -303,6 +316,8 @@ def _build(cls: type[Any], data: dict[str, Any]) -> Any:
             value = [_build(item_cls, v) for v in value]
         elif key == "error" and value is not None:
             value = WireError(**value)
+        elif (cls, key) == (StreamResponse, "response") and value is not None:
+            value = _build(ResponseItem, value)
         kwargs[key] = value
     return cls(**kwargs)
 
