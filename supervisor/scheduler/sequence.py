@@ -63,6 +63,8 @@ class SequenceScheduler:
         self.batched = self.max_batch_size > 0
         self.policy = parse_policy(config)
         self.controls = sequence_controls.parse_controls(model_name, sb)
+        if model_dir is None and executors:  # an Instance knows its model directory (initial_state data_file)
+            model_dir = getattr(getattr(executors[0], "load", None), "model_dir", None)
         self.states = sequence_state.parse_states(model_name, sb, model_dir)
         self.state_outputs = {s.output_name for s in self.states}
         self.output_names = [o["name"] for o in config.get("output") or []]
@@ -300,6 +302,13 @@ class SequenceScheduler:
         try:
             result: Any = await lane.executor.execute(worker_requests)
             responses = list(result.responses)
+        except asyncio.CancelledError:  # close(): answer what was running, then stop
+            gone = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+            for item in real:
+                if not item.future.done():
+                    item.future.set_exception(gone)
+            self.running -= len(real)
+            raise
         except InferdError as exc:
             result, responses = None, [exc] * len(picked)
         except Exception as exc:  # a bug on our side: fail the batch, keep the runner alive
