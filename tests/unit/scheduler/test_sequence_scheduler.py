@@ -15,7 +15,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from supervisor.core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, Tensor
 from supervisor.scheduler.sequence import SequenceScheduler
-from supervisor.scheduler.sequence_lanes import DirectPolicy, Lane, OldestPolicy, Sequence, SeqItem
+from supervisor.scheduler.sequence_lanes import DirectPolicy, Lane, OldestPolicy, SeqItem, Sequence
 
 WAIT_S = 10.0
 CONTROLS = {"control_input": [
