@@ -12,6 +12,8 @@ import abc
 from collections.abc import AsyncIterator
 from typing import Any
 
+from inferd.worker.wire.errors import InferdError
+
 from .types import InferRequest, InferResponse
 
 
@@ -48,8 +50,11 @@ class DataPlane(abc.ABC):
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one request (non-decoupled). Cancelling the awaiting task cancels the request."""
 
-    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """Responses of one request on a stream (decoupled models: any number). Default: one."""
+    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse | InferdError]:
+        """Responses of one request on a stream. Decoupled models: any number, each marked final or
+        not with parameters["triton_final_response"]; an error response that does not end the
+        request is yielded as an InferdError, one that ends it is raised. Closing the iterator early
+        cancels the request. Default: the one response of `infer`."""
         yield await self.infer(request)
 
     # ---- statistics ----

@@ -42,6 +42,9 @@ class InferRequest:
     priority: int = 0
     timeout_us: int = 0
     arrival_ns: int = field(default_factory=time.monotonic_ns)
+    # decoupled models: where the worker process delivers this request's responses as they come
+    # (a core.streaming.ResponseStream); None for one response per request
+    response_sink: Any = None
 
 
 @dataclass(slots=True)

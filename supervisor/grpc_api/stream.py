@@ -3,8 +3,10 @@
 A reader task takes requests off the stream and starts them at once, in arrival order (so sequence
 requests reach the scheduler in order); the handler writes responses. Non-decoupled requests put
 their task into the output queue, so their responses leave in request order. Decoupled requests
-put responses into the queue as they are produced. The queue is bounded: a client that does not
-read stops us from reading further requests.
+put responses into the queue as they are produced (an error response of a decoupled request goes
+out as `error_message` and its stream goes on). The queue is bounded: a client that does not read
+stops us from reading further requests. Ending the stream (client cancel, or the client closes it)
+cancels what still runs: decoupled requests that are streaming see `is_cancelled()`.
 
 Errors go into `error_message` and the stream stays open, unless the client opened it with
 metadata `triton_grpc_error: true`: then the first error ends the stream with its status.
@@ -130,6 +132,12 @@ class StreamInfer:
         final_sent = False
         try:
             async for resp in self.dp.stream_infer(req):
+                if isinstance(resp, InferdError):  # an error response; the request goes on
+                    if pending is not None:
+                        await queue.put(self._message(pending, shm, False))
+                        pending = None
+                    await queue.put(resp)
+                    continue
                 marked = resp.parameters.pop(FINAL, None) if resp.parameters else None
                 if marked is None:
                     if pending is not None:

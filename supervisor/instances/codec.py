@@ -95,3 +95,26 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
                                  item.get("parameters") or {}))
     return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
                        int(msg.get("compute_output_ns", 0)))
+
+
+def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any],
+                    version: str) -> InferResponse | InferdError:
+    """One StreamResponse as a core response (a flag-only final: a response without outputs) or
+    the error it carries. ValueError when the worker sent nonsense."""
+    item = msg.response
+    if item is None:
+        return InferResponse(req.model_name, version or req.model_version, req.id)
+    if item.error is not None:
+        try:
+            code = ErrorCode(item.error.code)
+        except ValueError:
+            code = ErrorCode.INTERNAL
+        return InferdError(code, str(item.error.message))
+    outputs = []
+    for ref in item.outputs:
+        frame = ref.frame
+        if ref.loc != "frame" or type(frame) is not int or not 0 <= frame < len(data):
+            raise ValueError(f"output '{ref.name}' has a bad reference")
+        outputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), data[frame].buffer))
+    params = item.parameters if isinstance(item.parameters, dict) else {}
+    return InferResponse(req.model_name, version or req.model_version, req.id, outputs, dict(params))

@@ -4,6 +4,11 @@ State machine: starting → ready → draining → stopped | failed. Death is de
 process exit (a per-child wait); a heartbeat watchdog SIGKILLs a worker that went silent (hung,
 SIGSTOPped) so that it takes the same path. On any exit that was not requested, every request in
 flight fails at once with UNAVAILABLE naming the instance, its pid and the cause, and `on_exit` is told.
+
+Decoupled requests (`InferRequest.response_sink` set) stay open after their batch's ExecuteResult
+until their final StreamResponse: their shared-memory leases are held until then (the model may read
+its inputs from another thread), their responses go to the sink as they arrive, and a death fails
+them like the batches in flight.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import functools
 import itertools
 import logging
 import os
@@ -19,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest
+from inferd.supervisor.core.types import InferRequest, InferResponse
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
@@ -43,6 +49,17 @@ class WorkerState(str, enum.Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
+
+
+class _Stream:
+    """An open decoupled request: where its responses go, and the input leases it holds."""
+
+    __slots__ = ("request", "sink", "leases")
+
+    def __init__(self, request: InferRequest, leases: list[Any]) -> None:
+        self.request = request
+        self.sink = request.response_sink
+        self.leases = leases
 
 
 class _Batch:
@@ -117,6 +134,7 @@ class WorkerProcess:
         # for a round trip; it still executes them one at a time, in order.
         self.max_inflight = max(1, timings.pipeline_depth)
         self._batches: dict[int, _Batch] = {}
+        self._streams: dict[int, _Stream] = {}  # request id -> open decoupled request
         self._slots = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._batch_ids = itertools.count(1)
@@ -138,6 +156,11 @@ class WorkerProcess:
     @property
     def inflight(self) -> int:
         return sum(len(b.requests) for b in self._batches.values())
+
+    @property
+    def open_streams(self) -> int:
+        """Decoupled requests that have not received their final response."""
+        return len(self._streams)
 
     @property
     def exited(self) -> bool:
@@ -274,20 +297,26 @@ class WorkerProcess:
             self._slots += 1
         try:
             batch_id = next(self._batch_ids)
-            frames, items, ids, leases, forget = self._build(requests)
+            frames, items, ids, leases, forget, streams = self._build(requests)
         except BaseException:
             self._release_slot()
             raise
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
         batch = _Batch(batch_id, fut, requests, ids, leases)
         self._batches[batch_id] = batch
+        for rid, stream in streams.items():
+            self._streams[rid] = stream
         try:
             self._channel.send(self.identity, [codec.execute_header(batch_id, items, forget), *frames])
         except InferdError:
             self._batches.pop(batch_id, None)
             self._release_leases(leases)
+            for rid in streams:
+                self._end_stream(rid)
             self._release_slot()
             raise
+        for rid, stream in streams.items():
+            stream.sink.attach(functools.partial(self._cancel_stream, rid))
         try:
             return await fut
         except asyncio.CancelledError:
@@ -301,6 +330,7 @@ class WorkerProcess:
         wanted = {id(r) for r in requests}
         ids = [rid for batch in self._batches.values()
                for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
+        ids.extend(rid for rid, stream in self._streams.items() if id(stream.request) in wanted and rid not in ids)
         if ids:
             self._send_quiet(m.Cancel(ids))
 
@@ -309,9 +339,10 @@ class WorkerProcess:
             return InferdError(ErrorCode.UNAVAILABLE, self.error.message)
         return InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} is {self.state.value}")
 
-    def _build(self, requests: Sequence[InferRequest]) -> tuple[list[Any], list[dict[str, Any]], list[int],
-                                                                list[Any], list[str]]:
+    def _build(self, requests: Sequence[InferRequest]) -> tuple[
+            list[Any], list[dict[str, Any]], list[int], list[Any], list[str], dict[int, _Stream]]:
         frames: list[Any] = []
+        streams: dict[int, _Stream] = {}
         items: list[dict[str, Any]] = []
         ids: list[int] = []
         leases: list[Any] = []
@@ -325,6 +356,11 @@ class WorkerProcess:
             for req in requests:
                 rid = next(self._request_ids)
                 refs = []
+                if req.response_sink is not None:  # a decoupled request keeps its leases until its final
+                    stream = streams[rid] = _Stream(req, [])
+                    req_leases = stream.leases
+                else:
+                    req_leases = leases
                 for t in req.inputs:
                     data = t.data
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
@@ -336,7 +372,7 @@ class WorkerProcess:
                     if pool is None:
                         raise InferdError(ErrorCode.UNAVAILABLE, f"no shared memory for input '{t.name}'")
                     lease = pool.lease(nbytes)
-                    leases.append(lease)
+                    req_leases.append(lease)
                     lease.write(data)
                     self._regions_seen.add(lease.name)
                     refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, lease.name,
@@ -345,8 +381,10 @@ class WorkerProcess:
                 ids.append(rid)
         except BaseException:
             self._release_leases(leases)
+            for stream in streams.values():
+                self._release_leases(stream.leases)
             raise
-        return frames, items, ids, leases, forget
+        return frames, items, ids, leases, forget, streams
 
     def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
         batch_id = msg.get("batch_id")
@@ -363,9 +401,45 @@ class WorkerProcess:
             if not batch.fut.done():
                 batch.fut.set_exception(
                     InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
-        if result is not None and not batch.fut.done():
-            batch.fut.set_result(result)
+        if result is not None:
+            if self._streams:
+                self._end_failed_streams(batch, result)
+            if not batch.fut.done():
+                batch.fut.set_result(result)
         self._release_slot()
+
+    # ---- decoupled requests ----
+    def _end_failed_streams(self, batch: _Batch, result: BatchResult) -> None:
+        """A decoupled request answered with an error in its ExecuteResult has ended (no final follows)."""
+        for rid, response in zip(batch.ids, result.responses, strict=False):
+            if isinstance(response, InferdError) and rid in self._streams:
+                self._end_stream(rid, response)
+
+    def _on_stream_response(self, msg: m.StreamResponse, data: Sequence[Any]) -> None:
+        stream = self._streams.get(msg.request_id)
+        if stream is None:
+            return  # ended already (failed, or its worker was replaced): late responses are dropped
+        try:
+            item = codec.stream_response(stream.request, msg, data, self.model_version)
+        except (TypeError, ValueError, AttributeError) as exc:
+            self._kill(f"sent a malformed stream response ({exc!r})")
+            return
+        if msg.final:
+            self._end_stream(msg.request_id, item)
+        elif msg.response is not None:
+            stream.sink.put(item, False)
+
+    def _end_stream(self, rid: int, last: InferResponse | InferdError | None = None) -> None:
+        stream = self._streams.pop(rid, None)
+        if stream is None:
+            return
+        self._release_leases(stream.leases)
+        if last is not None:
+            stream.sink.put(last, True)
+
+    def _cancel_stream(self, rid: int) -> None:
+        if rid in self._streams:
+            self._send_quiet(m.Cancel([rid]))
 
     def _release_slot(self) -> None:
         while self._waiters:
@@ -402,6 +476,8 @@ class WorkerProcess:
         cls = type(msg)
         if cls is dict:
             self._on_execute_result(msg, data)
+        elif cls is m.StreamResponse:
+            self._on_stream_response(msg, data)
         elif cls is m.Log:
             self._log.log(_LOG_LEVELS.get(msg.level, logging.INFO), "%s", msg.message)
         elif cls is m.Bye:
@@ -479,6 +555,8 @@ class WorkerProcess:
             self._release_leases(batch.leases)
             if not batch.fut.done():
                 batch.fut.set_exception(err)
+        for rid in list(self._streams):
+            self._end_stream(rid, err)
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
