@@ -9,17 +9,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from inferd.worker.wire.errors import InferdError
 
+from . import metrics as metrics_mod
 from . import stats as stats_mod
+from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader
 from .core.models import ModelManager
 from .core.server import ServerDataPlane
 
 log = logging.getLogger("inferd")
+
+
+def _with_cache_metrics(render: Callable[[], bytes], cache: ResponseCache | None) -> Callable[[], bytes]:
+    """The /metrics body, followed by the server-wide nv_cache_* gauges when a response cache exists."""
+    if cache is None:
+        return render
+
+    def render_all() -> bytes:
+        snapshot = metrics_mod.CacheMetrics(cache.utilization(), len(cache), cache.hits, cache.misses,
+                                            cache.evictions, cache.lookup_ns, cache.insertion_ns)
+        return render() + metrics_mod.render_cache_metrics(snapshot)
+
+    return render_all
 
 
 class App:
@@ -36,15 +52,19 @@ class App:
             loop.add_signal_handler(sig, self.stop_event.set)
         runtime = await loader.Runtime.start(self.config)
         registry = stats_mod.StatsRegistry()
-        manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime), registry)
+        cache_bytes = self.config.response_cache_bytes
+        response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
+        manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime), registry,
+                               response_cache=response_cache is not None)
         dataplane = ServerDataPlane(
             manager,
             server_id=self.config.server_id,
             control_mode=self.config.model_control_mode,
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
-            metrics_renderer=loader.metrics_renderer(registry, manager, runtime),
+            metrics_renderer=_with_cache_metrics(loader.metrics_renderer(registry, manager, runtime), response_cache),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
+            response_cache=response_cache,
         )
         try:
             await self._start_frontends(dataplane)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -121,7 +122,12 @@ class ResponseCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.used_bytes = 0
+        # server-wide figures (the per-model ones live in each model's statistics)
+        self.hits = 0
+        self.misses = 0
         self.evictions = 0
+        self.lookup_ns = 0
+        self.insertion_ns = 0
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
@@ -129,15 +135,28 @@ class ResponseCache:
 
     def lookup(self, key: bytes, model_name: str, model_version: str, request_id: str) -> InferResponse | None:
         """A fresh response built over the cached bytes, or None on a miss."""
+        start = time.monotonic_ns()
         entry = self._entries.get(key)
         if entry is None:
+            self.misses += 1
+            self.lookup_ns += time.monotonic_ns() - start
             return None
         self._entries.move_to_end(key)
         outputs = [Tensor(t.name, t.datatype, list(t.shape), t.data, dict(t.parameters)) for t in entry.outputs]
-        return InferResponse(model_name, model_version, request_id, outputs, dict(entry.parameters))
+        response = InferResponse(model_name, model_version, request_id, outputs, dict(entry.parameters))
+        self.hits += 1
+        self.lookup_ns += time.monotonic_ns() - start
+        return response
 
     def insert(self, key: bytes, response: InferResponse) -> bool:
         """Keep a copy of a successful response; False when it is larger than the whole cache."""
+        start = time.monotonic_ns()
+        try:
+            return self._insert(key, response)
+        finally:
+            self.insertion_ns += time.monotonic_ns() - start
+
+    def _insert(self, key: bytes, response: InferResponse) -> bool:
         size = ENTRY_OVERHEAD + sum(TENSOR_OVERHEAD + _nbytes(t.data) for t in response.outputs)
         if size > self.max_bytes:
             return False
@@ -153,6 +172,9 @@ class ResponseCache:
         self._entries[key] = _Entry(outputs, dict(response.parameters), size)
         self.used_bytes += size
         return True
+
+    def utilization(self) -> float:
+        return self.used_bytes / self.max_bytes if self.max_bytes > 0 else 0.0
 
     def clear(self) -> None:
         self._entries.clear()

@@ -11,6 +11,8 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from .cache import parse_cache_config
+
 
 def _bool(text: str) -> bool:
     value = text.strip().lower()
@@ -59,6 +61,7 @@ class ServerConfig:
     metrics_port: int = 8002
     allow_client_shm: bool = False
     log_verbose: int = 0
+    response_cache_bytes: int | None = None  # --cache-config local,size=N; None: no response cache
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
@@ -92,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--allow-client-shm", type=_bool, default=False)
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
+                   help="response cache, as tritonserver: local,size=<bytes> (repeatable)")
     p.add_argument("--run-dir", default="", help="directory for worker sockets (default: a temp dir)")
     p.add_argument("--max-queue-size", type=int, default=4096)
     p.add_argument("--env-cache-dir", default="",
@@ -110,6 +115,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
     if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("error: --load-model=* must be the only --load-model")
+    try:
+        cache = parse_cache_config(args.cache_config)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="inferd-")
     os.makedirs(run_dir, exist_ok=True)
     timings = WorkerTimings(
@@ -141,6 +150,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         metrics_port=args.metrics_port,
         allow_client_shm=args.allow_client_shm,
         log_verbose=args.log_verbose,
+        response_cache_bytes=cache.size_bytes if cache is not None else None,
         run_dir=run_dir,
         max_queue_size=args.max_queue_size,
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir

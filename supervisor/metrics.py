@@ -104,12 +104,13 @@ _MODEL_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
      lambda s: s.compute_output_ns // 1000),
 )
 
+# in Triton's order and wording (tritonserver 2.51 with --cache-config local,size=...)
 _CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit_count),
-    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss_count),
     ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
      lambda s: s.cache_hit_ns // 1000),
-    ("nv_cache_miss_duration_per_model", "Total cache miss duration per model, in microseconds",
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss_count),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
      lambda s: s.cache_miss_ns // 1000),
 )
 
@@ -224,6 +225,42 @@ def _instance_families(extra: ExtraMetrics) -> list[_Family]:
         fam.add_plain(extra.shm_bytes_reserved)
         families.append(fam)
     return families
+
+
+@dataclass(slots=True)
+class CacheMetrics:
+    """The response cache as a whole (Triton's server-wide nv_cache_* gauges)."""
+
+    utilization: float  # bytes used / capacity, 0..1
+    entries: int
+    hits: int
+    misses: int
+    evictions: int
+    lookup_ns: int  # hits and misses
+    insertion_ns: int
+
+
+def render_cache_metrics(cache: CacheMetrics) -> bytes:
+    """The server-wide response cache gauges, appended to the /metrics body when a cache is configured."""
+    rows = (
+        ("nv_cache_util", "Cache utilization [0.0 - 1.0]", float(cache.utilization)),
+        ("nv_cache_num_entries", "Number of responses stored in response cache", cache.entries),
+        ("nv_cache_num_hits", "Number of cache hits in response cache", cache.hits),
+        ("nv_cache_num_misses", "Number of cache misses in response cache", cache.misses),
+        ("nv_cache_num_lookups", "Number of cache lookups in response cache", cache.hits + cache.misses),
+        ("nv_cache_num_evictions", "Number of cache evictions in response cache", cache.evictions),
+        ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+         cache.lookup_ns // 1000),
+        ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+         cache.insertion_ns // 1000),
+    )
+    lines: list[str] = []
+    for name, help_text, value in rows:
+        fam = _Family(name, "gauge", help_text)
+        fam.add_plain(value)
+        lines += fam.lines
+    lines.append("")
+    return "\n".join(lines).encode()
 
 
 def render_metrics(stats: StatsRegistry, extra: ExtraFn | None = None, system: bool = True) -> bytes:

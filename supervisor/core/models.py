@@ -8,6 +8,7 @@ until then; unload drains in-flight requests (bounded) before stopping workers.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..scheduler.base import Scheduler
@@ -24,6 +26,7 @@ from .types import InferRequest, InferResponse
 from .validate import IOSpec, validate_request
 
 log = logging.getLogger("inferd.models")
+_cache_generations = itertools.count(1)
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -47,6 +50,7 @@ class ModelVersion:
     reason: str = ""
     load_seconds: float = 0.0
     ensemble: EnsemblePlan | None = None  # set for ensembles, which have no instances of their own
+    cache_generation: int = 0  # > 0: responses are cached, keyed with this number (unique per load)
 
     @property
     def ready(self) -> bool:
@@ -66,8 +70,9 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, settings: loader.LoaderSettings, stats_registry: Any) -> None:
+    def __init__(self, settings: loader.LoaderSettings, stats_registry: Any, response_cache: bool = False) -> None:
         self.settings = settings
+        self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry
         self.entries: dict[str, ModelEntry] = {}
         # name -> the version a request without a version resolves to, only while it is ready; cleared on
@@ -321,6 +326,9 @@ class ModelManager:
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
                           metadata_base=plan.metadata_base)
+        if self.response_cache and model_wants_cache(config):
+            mv.cache_generation = next(_cache_generations)
+        stats.cache_enabled = mv.cache_generation > 0  # nv_cache_* metrics for this model
         def on_change(inst: Any) -> None:
             self.invalidate()
             scheduler.instance_changed(inst)

@@ -5,22 +5,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from collections.abc import AsyncIterator
+import time
 from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..cache import ResponseCache, request_key
 from . import loader
 from .dataplane import DataPlane
-from .models import ModelManager
-from .streaming import ResponseStream
+from .models import ModelManager, ModelVersion
 from .types import InferRequest, InferResponse
 from .validate import validate_request
 
 log = logging.getLogger("inferd.core")
 
 SERVER_VERSION = "2.51.0"
-FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
 EXTENSIONS = [
     "classification",
     "sequence",
@@ -40,8 +39,10 @@ EXTENSIONS = [
 
 class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
-                 stats_registry: Any, metrics_renderer: Any, shm: Any = None) -> None:
+                 stats_registry: Any, metrics_renderer: Any, shm: Any = None,
+                 response_cache: ResponseCache | None = None) -> None:
         self.manager = manager
+        self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
@@ -106,6 +107,11 @@ class ServerDataPlane(DataPlane):
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
+        if mv.cache_generation and self.response_cache is not None:
+            return await self._infer_cached(mv, request, self.response_cache)
+        return await self._schedule(mv, request)
+
+    async def _schedule(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
         future = mv.scheduler.submit(request)
         try:
             response = await future
@@ -117,47 +123,30 @@ class ServerDataPlane(DataPlane):
         response.id = request.id
         return response
 
-    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse | InferdError]:
-        """Responses of one request as they come. Decoupled models: any number, each marked with
-        parameters[FINAL_FLAG]; a non-final error response is yielded as an InferdError, a final one
-        raised. Other models: the one response of `infer`. Closing the iterator early (the client
-        went away) cancels the request: dropped from its queue, or the model sees is_cancelled()."""
-        if self.draining:
-            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
-        mv = self.manager.resolve_ready(request.model_name, request.model_version)
-        if not mv.decoupled:
-            yield await self.infer(request)
-            return
+    async def _infer_cached(self, mv: ModelVersion, request: InferRequest, cache: ResponseCache) -> InferResponse:
+        """A hit never reaches the scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
+        start = time.monotonic_ns()
+        key = request_key(mv.cache_generation, request)
+        if key is None:  # a sequence request
+            return await self._schedule(mv, request)
+        response = cache.lookup(key, mv.name, str(mv.version), request.id)
+        lookup_ns = time.monotonic_ns() - start
+        if response is not None:
+            items = 1
+            if int(mv.config.get("max_batch_size") or 0) > 0 and request.inputs and request.inputs[0].shape:
+                items = max(1, request.inputs[0].shape[0])
+            mv.stats.record_cache_hit(lookup_ns, request_ns=start + lookup_ns - request.arrival_ns,
+                                      queue_ns=start - request.arrival_ns, batch_items=items)
+            return response
         try:
-            validate_request(mv.io, request)
-        except InferdError:
-            mv.stats.record_failure("OTHER", 0)
+            response = await self._schedule(mv, request)
+        except BaseException:
+            mv.stats.record_cache_miss(lookup_ns)
             raise
-        stream = ResponseStream()
-        request.response_sink = stream
-        future = mv.scheduler.submit(request)
-        stream.watch(future)
-        name, version = mv.name, str(mv.version)
-        ended = False
-        try:
-            while True:
-                item, final = await stream.get()
-                ended = final
-                if isinstance(item, InferdError):
-                    if final:
-                        raise item
-                    yield item
-                    continue
-                item.model_name, item.model_version, item.id = name, version, request.id
-                item.parameters[FINAL_FLAG] = final
-                yield item
-                if final:
-                    return
-        finally:
-            if not ended:  # the consumer left early
-                if not future.done():
-                    future.cancel()  # queued: leaves the queue; running: its worker gets Cancel
-                stream.cancel()  # streaming after its execute returned: its worker gets Cancel
+        insert_start = time.monotonic_ns()
+        cache.insert(key, response)
+        mv.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - insert_start)
+        return response
 
     # ---- statistics ----
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
