@@ -6,6 +6,7 @@ import asyncio
 import base64
 import logging
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -14,12 +15,14 @@ from ..cache import ResponseCache, request_key
 from . import loader
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
+from .streaming import ResponseStream
 from .types import InferRequest, InferResponse
 from .validate import validate_request
 
 log = logging.getLogger("inferd.core")
 
 SERVER_VERSION = "2.51.0"
+FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
 EXTENSIONS = [
     "classification",
     "sequence",
@@ -147,6 +150,48 @@ class ServerDataPlane(DataPlane):
         cache.insert(key, response)
         mv.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - insert_start)
         return response
+
+    async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse | InferdError]:
+        """Responses of one request as they come. Decoupled models: any number, each marked with
+        parameters[FINAL_FLAG]; a non-final error response is yielded as an InferdError, a final one
+        raised. Other models: the one response of `infer`. Closing the iterator early (the client
+        went away) cancels the request: dropped from its queue, or the model sees is_cancelled()."""
+        if self.draining:
+            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        mv = self.manager.resolve_ready(request.model_name, request.model_version)
+        if not mv.decoupled:
+            yield await self.infer(request)
+            return
+        try:
+            validate_request(mv.io, request)
+        except InferdError:
+            mv.stats.record_failure("OTHER", 0)
+            raise
+        stream = ResponseStream()
+        request.response_sink = stream
+        future = mv.scheduler.submit(request)
+        stream.watch(future)
+        name, version = mv.name, str(mv.version)
+        ended = False
+        try:
+            while True:
+                item, final = await stream.get()
+                ended = final
+                if isinstance(item, InferdError):
+                    if final:
+                        raise item
+                    yield item
+                    continue
+                item.model_name, item.model_version, item.id = name, version, request.id
+                item.parameters[FINAL_FLAG] = final
+                yield item
+                if final:
+                    return
+        finally:
+            if not ended:  # the consumer left early
+                if not future.done():
+                    future.cancel()  # queued: leaves the queue; running: its worker gets Cancel
+                stream.cancel()  # streaming after its execute returned: its worker gets Cancel
 
     # ---- statistics ----
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
