@@ -47,11 +47,15 @@ class IOSpec:
                               tuple(int(d) for d in entry.get("dims", [])),
                               bool(entry.get("optional", False)) if allow_optional else False)
 
+        sequence = config.get("sequence_batching") or {}
+        injected = {c.get("name", "") for c in sequence.get("control_input") or []}
+        injected |= {s.get("input_name", "") for s in sequence.get("state") or []}
         return cls(
             model_name=config.get("name", ""),
             max_batch_size=int(config.get("max_batch_size", 0)),
             inputs={i["name"]: spec(i, True) for i in config.get("input", [])},
             outputs={o["name"]: spec(o, False) for o in config.get("output", [])},
+            injected=frozenset(injected - {""}),
         )
 
 
@@ -99,7 +103,7 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
             raise invalid_arg("input '%s' is specified more than once for model '%s'" % (name, model))
         seen.add(name)
         ts = spec_inputs.get(name)
-        if ts is None:
+        if ts is None or name in spec.injected:
             raise invalid_arg("unexpected inference input '%s' for model '%s'" % (name, model))
         datatype = tensor.datatype
         if datatype != ts.datatype:
