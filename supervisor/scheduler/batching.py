@@ -3,14 +3,14 @@
 Walk the queue in serving order, adding requests (each worth max(1, dim 0) batch items) until the
 next one would pass max_batch_size or differs from the first in a must-match input: an input with a
 variable dim (-1) that does not allow ragged batching, a shape tensor, or which optional inputs are
-present. Then send
-- at once when the batch reached the largest preferred size, or when it cannot grow (the next request
-  does not fit);
-- exactly the largest preferred-size prefix, when one was seen;
-- everything, when max_queue_delay is 0 or the oldest request has waited that long;
+present. The "best" prefix is the longest one whose size is a preferred size, or else the one just
+before the size passes the largest preferred size. Then send
+- the best prefix, unless the oldest request has waited max_queue_delay (then everything walked);
+- everything walked, when it reached the largest preferred size or cannot grow (the next request
+  does not fit), or when max_queue_delay is 0 or has run out;
 - otherwise nothing yet: wait until the oldest request's delay runs out (or more requests arrive).
 An instance already running a batch only takes batches that cannot get better by waiting (the first
-three cases): that keeps the worker's pipeline full under a backlog without cutting batches short.
+two cases): that keeps the worker's pipeline full under a backlog without cutting batches short.
 """
 
 from __future__ import annotations
@@ -95,27 +95,26 @@ def form_batch(rules: BatchRules, queue: Iterable[Candidate], now_ns: int, busy:
     for c in queue:
         if count == 0:
             key, oldest_ns = c.key, c.arrival_ns
-            if c.items >= rules.max_items:  # a full batch on its own (or larger: validation's job)
-                return Decision(1)
-        elif c.key != key or pending + c.items > rules.max_items:
-            can_grow = False
-            break
+        else:
+            if best == 0 and pending + c.items > rules.max_preferred:
+                best = count  # past every preferred size from here: what we have is the best
+            if pending + c.items > rules.max_items or c.key != key:
+                can_grow = False
+                break
+            oldest_ns = min(oldest_ns, c.arrival_ns)
         pending += c.items
         count += 1
-        oldest_ns = min(oldest_ns, c.arrival_ns)
         if pending in rules.preferred:
             best = count
-        if pending >= rules.max_preferred:
-            return Decision(count)
     if count == 0:
         return Decision(0)
-    if best:
+    delay_exceeded = rules.delay_ns != 0 and now_ns - oldest_ns >= rules.delay_ns
+    if best and not delay_exceeded:
         return Decision(best)
-    if not can_grow:
+    if not can_grow or pending >= rules.max_preferred:
         return Decision(count)
     if busy:
         return Decision(0)
-    deadline = oldest_ns + rules.delay_ns
-    if rules.delay_ns == 0 or now_ns >= deadline:
+    if rules.delay_ns == 0 or delay_exceeded:
         return Decision(count)
-    return Decision(0, deadline)
+    return Decision(0, oldest_ns + rules.delay_ns)

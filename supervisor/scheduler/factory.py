@@ -30,9 +30,11 @@ def make_scheduler(model_name: str, config: dict[str, Any], executors: Sequence[
     max_batch_size = int(config.get("max_batch_size") or 0)
     if "dynamic_batching" in config:
         db = config["dynamic_batching"] or {}
-        return DynamicBatcher(model_name, executors, stats, BatchRules.from_config(config),
-                              PriorityPolicy.from_dynamic_batching(db, settings.max_queue_size),
-                              preserve_ordering=bool(db.get("preserve_ordering")), depth=settings.pipeline_depth)
+        policy = PriorityPolicy.from_dynamic_batching(db, settings.max_queue_size)
+        # full batches may wait ahead in a worker's pipeline, unless queue policies must see them
+        depth = 1 if policy.holds_requests else settings.pipeline_depth
+        return DynamicBatcher(model_name, executors, stats, BatchRules.from_config(config), policy,
+                              preserve_ordering=bool(db.get("preserve_ordering")), depth=depth)
     if "sequence_batching" in config:
         return SequenceScheduler(model_name, config, executors, stats, max_queue_size=settings.max_queue_size)
     return DefaultScheduler(model_name, executors, stats, max_queue_size=settings.max_queue_size,

@@ -48,20 +48,25 @@ class PriorityPolicy:
 
     levels: tuple[QueuePolicy, ...]
     default_level: int = 1
+    # True when the config sets priorities, queue sizes or timeouts: requests must then wait in the
+    # queue (where these apply) rather than ahead in a worker's pipeline
+    holds_requests: bool = False
 
     @classmethod
     def from_dynamic_batching(cls, db: Mapping[str, Any], server_max_queue_size: int = 0) -> PriorityPolicy:
         count = int(db.get("priority_levels") or 0)
         default = QueuePolicy.from_json(db.get("default_queue_policy"), server_max_queue_size)
-        if count <= 0:
-            return cls((default,), 1)
         per_level = {int(k): v for k, v in (db.get("priority_queue_policy") or {}).items()}
+        holds = count > 1 or any(int(p.get("max_queue_size") or 0) or int(p.get("default_timeout_microseconds") or 0)
+                                 for p in [db.get("default_queue_policy") or {}, *per_level.values()])
+        if count <= 0:
+            return cls((default,), 1, holds)
         levels = tuple(QueuePolicy.from_json(per_level[i], server_max_queue_size) if i in per_level else default
                        for i in range(1, count + 1))
         default_level = int(db.get("default_priority_level") or 0)
         if not 1 <= default_level <= count:
             default_level = count  # normalisation rejects this; be safe anyway
-        return cls(levels, default_level)
+        return cls(levels, default_level, holds)
 
     @classmethod
     def single(cls, max_queue_size: int = 0) -> PriorityPolicy:

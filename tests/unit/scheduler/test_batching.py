@@ -105,3 +105,15 @@ def test_items_of_uses_dim0_only_for_batching_models():
 def test_default_preferred_is_max_batch_size():
     r = rules(max_batch_size=8, delay_us=5)
     assert r.max_preferred == 8 and r.delay_ns == 5000
+
+
+def test_once_the_delay_ran_out_everything_walked_goes_not_just_the_preferred_prefix():
+    r = rules(max_batch_size=16, preferred=(4,), delay_us=1000)
+    queue = [Item(arrival_ns=0)] * 6
+    assert form_batch(r, queue, now_ns=999_999, busy=False) == Decision(4)
+    assert form_batch(r, queue, now_ns=1_000_000, busy=False) == Decision(6)
+
+
+def test_prefix_before_passing_the_largest_preferred_size_is_sent():
+    r = rules(max_batch_size=16, preferred=(4,), delay_us=10_000_000)
+    assert form_batch(r, [Item(items=3), Item(items=3)], now_ns=0, busy=True) == Decision(1)

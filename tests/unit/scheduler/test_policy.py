@@ -56,3 +56,14 @@ def test_priority_queue_drain_empties_every_level():
     q.put(1, 2)
     q.delay(1, 2)
     assert sorted(q.drain()) == [1, 2] and len(q) == 0 and list(q) == []
+
+
+def test_policies_that_need_requests_to_stay_queued_are_flagged():
+    assert not PriorityPolicy.from_dynamic_batching({}, server_max_queue_size=4096).holds_requests
+    assert not PriorityPolicy.from_dynamic_batching({"priority_levels": 1, "default_priority_level": 1}).holds_requests
+    for db in ({"priority_levels": 2, "default_priority_level": 1},
+               {"default_queue_policy": {"max_queue_size": 2}},
+               {"default_queue_policy": {"default_timeout_microseconds": 5}},
+               {"priority_levels": 1, "default_priority_level": 1,
+                "priority_queue_policy": {"1": {"max_queue_size": 3}}}):
+        assert PriorityPolicy.from_dynamic_batching(db).holds_requests, db
