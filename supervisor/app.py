@@ -16,6 +16,7 @@ from inferd.worker.wire.errors import InferdError
 
 from . import metrics as metrics_mod
 from . import stats as stats_mod
+from .bls import BlsService
 from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader
@@ -66,6 +67,7 @@ class App:
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
         )
+        BlsService(dataplane, manager, runtime.channel, runtime.pool)  # Python models calling models
         try:
             await self._start_frontends(dataplane)
             ok = await self._initial_load(manager)

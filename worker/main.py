@@ -137,7 +137,10 @@ def main(argv: Optional[list] = None) -> int:
         python_version="%d.%d.%d" % sys.version_info[:3], numpy_version=numpy_version(),
         zmq_version=zmq.pyzmq_version(),
     ))
+    from . import bls
     from .runtime import Runtime  # numpy is imported here, after Hello is on its way
+
+    bls.configure(context, boot["endpoint"], boot["identity"])
 
     runtime = Runtime(channel, log_verbose=int(boot.get("log_verbose") or 0), log=log)
     code = EXIT_OK
@@ -159,6 +162,9 @@ def _finish(context: Any, channel: Any, heartbeat: Any, code: int) -> None:
     watchdog = threading.Timer(3.0, os._exit, args=(code,))
     watchdog.daemon = True
     watchdog.start()
+    from . import bls
+
+    bls.shutdown()
     heartbeat.stop()
     heartbeat.join(timeout=1.0)
     channel.close()

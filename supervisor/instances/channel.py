@@ -54,6 +54,8 @@ class Channel:
         self._fd = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handlers: dict[bytes, Handler] = {}
+        # extra per-worker sockets (e.g. "/bls"): suffix -> (handler(identity, frames), on_gone(worker identity))
+        self._suffix_routes: dict[bytes, tuple[Callable[[str, list[Any]], None], Callable[[str], None]]] = {}
         self._drain_scheduled = False
         self.dropped = 0  # messages from unknown identities (late replies of dead workers)
 
@@ -109,6 +111,27 @@ class Channel:
         ident = identity.encode()
         self._handlers.pop(ident, None)
         self._handlers.pop(ident + HB_SUFFIX.encode(), None)
+        for _, on_gone in self._suffix_routes.values():
+            try:
+                on_gone(identity)
+            except Exception:
+                log.exception("worker departure handler failed")
+
+    def route_suffix(self, suffix: str, handler: Callable[[str, list[Any]], None],
+                     on_gone: Callable[[str], None]) -> None:
+        """Messages from `<identity><suffix>` of a registered worker go to handler(full identity, frames);
+        on_gone(identity) runs when that worker is unregistered."""
+        self._suffix_routes[suffix.encode()] = (handler, on_gone)
+
+    def _route_extra(self, ident: bytes, frames: list[Any]) -> bool:
+        for suffix, (handler, _) in self._suffix_routes.items():
+            if ident.endswith(suffix) and ident[: -len(suffix)] in self._handlers:
+                try:
+                    handler(ident.decode(), frames)
+                except Exception:
+                    log.exception("worker message handler failed")
+                return True
+        return False
 
     def send(self, identity: str, frames: Sequence[Any]) -> None:
         """Send one message to a worker; raises InferdError(UNAVAILABLE) if it cannot.
@@ -186,6 +209,8 @@ class Channel:
                 return
             handler = handlers.get(frames[0].bytes)
             if handler is None:
+                if self._suffix_routes and self._route_extra(frames[0].bytes, frames[1:]):
+                    continue
                 self.dropped += 1
                 log.debug("dropping a message from unknown worker %r", frames[0].bytes)
                 continue

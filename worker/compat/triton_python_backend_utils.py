@@ -492,26 +492,141 @@ class InferenceRequest:
                     sender = self._sender = InferenceResponseSender(self)
         return sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise _not_supported("BLS (InferenceRequest.exec)")
+    # ---- BLS: this request sent to another model through the supervisor ----
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
-        raise _not_supported("BLS (InferenceRequest.async_exec)")
+    def _send_bls(self, decoupled: bool) -> Any:
+        if not self._model_name:
+            raise TritonModelException("BLS request must specify 'model_name'")
+        inputs = []
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException("BLS request inputs must be pb_utils.Tensor objects")
+            inputs.append((tensor._name, tensor._datatype, tensor._array))
+        version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
+        return _bls().infer(self._model_name, version, self._request_id, inputs, self._requested,
+                            self._correlation_id, self._flags, int(self._timeout or 0), self._parameters, decoupled)
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on `model_name` and wait: an InferenceResponse (errors inside it, as
+        Triton), or with decoupled=True an iterator of them ending after the final one."""
+        client = _bls()
+        call_id, call = self._send_bls(decoupled)
+        if decoupled:
+            return _ResponseIterator(client, call_id, call, self._timeout)
+        try:
+            return _to_response(call.future.result(timeout=_wait_s(self._timeout)))
+        except _FutureTimeout:
+            client.cancel(call_id)
+            client.forget(call_id)
+            return InferenceResponse(error=TritonError("Request timeout expired", TritonError.UNAVAILABLE))
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """`exec` for `async def execute`: awaits the response without blocking the event loop."""
+        import asyncio
+
+        client = _bls()
+        call_id, call = self._send_bls(decoupled)
+        if decoupled:
+            return _ResponseIterator(client, call_id, call, self._timeout)
+        try:
+            reply = await asyncio.wait_for(asyncio.wrap_future(call.future), _wait_s(self._timeout))
+        except asyncio.TimeoutError:
+            client.cancel(call_id)
+            client.forget(call_id)
+            return InferenceResponse(error=TritonError("Request timeout expired", TritonError.UNAVAILABLE))
+        return _to_response(reply)
 
 
-# ---- model control from Python (not supported yet) ----------------------------------------------
+class _ResponseIterator:
+    """`exec(decoupled=True)`: responses as they arrive; the last one is final (possibly empty, as
+    Triton's). Dropping the iterator early cancels the request."""
+
+    def __init__(self, client: Any, call_id: int, call: Any, timeout_us: int) -> None:
+        self._client = client
+        self._call_id = call_id
+        self._replies = client.stream(call, _wait_s(timeout_us))
+        self._finished = False
+
+    def __iter__(self) -> _ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._finished:
+            raise StopIteration
+        try:
+            reply = next(self._replies)
+        except StopIteration:
+            self._finished = True
+            raise
+        except TritonModelException:
+            self._finished = True
+            raise
+        except Exception as exc:  # the deadline passed
+            self._finished = True
+            self._client.cancel(self._call_id)
+            self._client.forget(self._call_id)
+            return InferenceResponse(error=TritonError(str(getattr(exc, "message", exc)), TritonError.UNAVAILABLE))
+        if reply.final:
+            self._finished = True
+        return _to_response(reply)
+
+    def __del__(self) -> None:
+        if not self._finished:
+            try:
+                self._client.cancel(self._call_id)
+                self._client.forget(self._call_id)
+            except Exception:  # noqa: S110 - the worker may be exiting
+                pass
+
+
+def _bls() -> Any:
+    from inferd.worker import bls
+
+    return bls.client()
+
+
+try:
+    from concurrent.futures import TimeoutError as _FutureTimeout
+except ImportError:  # pragma: no cover
+    _FutureTimeout = Exception  # type: ignore[assignment,misc]
+
+
+def _wait_s(timeout_us: Any) -> Optional[float]:
+    """How long the model waits for a reply: the supervisor enforces the request's timeout itself,
+    so this is only a backstop (a lost reply) well beyond it."""
+    timeout = int(timeout_us or 0)
+    return None if timeout <= 0 else timeout / 1e6 + 5.0
+
+
+def _to_response(reply: Any) -> InferenceResponse:
+    error = None
+    if reply.error is not None:
+        error = TritonError(reply.error.message, int(reply.error.code))
+    outputs = [Tensor._wrap(name, array, datatype) for name, datatype, array in reply.outputs]
+    return InferenceResponse(outputs, error, reply.parameters or None)
+
+
+# ---- model control from Python ------------------------------------------------------------------
+
+
+def _control(op: str, model_name: str, **kwargs: Any) -> Any:
+    result = _bls().control(op, model_name, **kwargs)
+    if result.error is not None:
+        raise TritonModelException(result.error.message)
+    return result
 
 
 def load_model(model_name: str, config: str = "", files: Optional[dict[str, bytes]] = None) -> None:
-    raise _not_supported("pb_utils.load_model")
+    """Load (or reload) a model; the server must run with --model-control-mode explicit."""
+    _control("load", model_name, config=config or "", files=dict(files or {}))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    raise _not_supported("pb_utils.unload_model")
+    _control("unload", model_name, unload_dependents=bool(unload_dependents))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    raise _not_supported("pb_utils.is_model_ready")
+    return bool(_control("ready", model_name, model_version=str(model_version or "")).ready)
 
 
 # ---- logging -----------------------------------------------------------------------------------

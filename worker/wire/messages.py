@@ -174,6 +174,68 @@ class Shutdown:
     pass
 
 
+# ---- BLS (worker <-> supervisor on the worker's "<identity>/bls" socket) ---------------------------
+
+
+@dataclass
+class BlsRequest:
+    """A Python model's request to another model (pb_utils.InferenceRequest.exec / async_exec)."""
+
+    call_id: int
+    model_name: str
+    model_version: str
+    request_id: str
+    inputs: list[TensorRef]  # frames, or shm regions owned by the calling worker
+    requested_outputs: list[str]
+    correlation_id: Any = 0
+    flags: int = 0
+    timeout_us: int = 0
+    parameters: str = "{}"
+    decoupled: bool = False  # exec(decoupled=True): any number of BlsResponses, the last one final
+
+
+@dataclass
+class BlsResponse:
+    call_id: int
+    outputs: list[TensorRef] = field(default_factory=list)
+    leases: list[int] = field(default_factory=list)  # per output: supervisor lease id (0: a frame)
+    error: Optional[WireError] = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    final: bool = True
+
+
+@dataclass
+class BlsCancel:
+    call_id: int
+
+
+@dataclass
+class BlsRelease:
+    """Leases of BLS outputs the model no longer references (their arrays were garbage collected)."""
+
+    lease_ids: list[int]
+
+
+@dataclass
+class ModelControl:
+    """pb_utils.load_model / unload_model / is_model_ready; `files` names the data frames that follow."""
+
+    call_id: int
+    op: str  # "load" | "unload" | "ready"
+    model_name: str
+    model_version: str = ""
+    config: str = ""
+    files: list[str] = field(default_factory=list)
+    unload_dependents: bool = False
+
+
+@dataclass
+class ModelControlResult:
+    call_id: int
+    error: Optional[WireError] = None
+    ready: bool = False
+
+
 # ---- both ways ------------------------------------------------------------------------------
 
 
@@ -196,6 +258,12 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "cancel": Cancel,
     "shutdown": Shutdown,
     "heartbeat": Heartbeat,
+    "bls_request": BlsRequest,
+    "bls_response": BlsResponse,
+    "bls_cancel": BlsCancel,
+    "bls_release": BlsRelease,
+    "model_control": ModelControl,
+    "model_control_result": ModelControlResult,
 }
 TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
 
@@ -274,6 +342,8 @@ _NESTED = {
     (ResponseItem, "outputs"): TensorRef,
     (Execute, "requests"): RequestItem,
     (ExecuteResult, "responses"): ResponseItem,
+    (BlsRequest, "inputs"): TensorRef,
+    (BlsResponse, "outputs"): TensorRef,
 }
 
 

@@ -1,0 +1,366 @@
+"""BLS: Python models calling other models (and loading / unloading them) through the supervisor.
+
+A `BlsClient` owns a third DEALER socket (`<identity>/bls`) on a daemon thread, so calls work from
+any thread — `execute` on the main thread, `async_exec` on the model's event loop, the model's own
+threads — without touching the main socket. Callers queue a message and wake the thread through a
+pipe; replies are matched by call id to a future (one response) or a queue (decoupled calls).
+
+Tensors travel by handle both ways. Inputs up to INLINE_MAX_BYTES ride as frames; larger ones are
+written into regions this worker owns (`inferd_<pid>_b<n>`, reused per size class, unlinked at exit
+and swept by the supervisor if the worker dies) and the callee maps them by name. Outputs above the
+inline limit arrive as supervisor leases that the model sees as numpy views without a copy; a lease
+goes back (BlsRelease) when the last array viewing it is garbage collected.
+
+Runs on Python 3.9+ (numpy, pyzmq, stdlib only).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import itertools
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+import zmq
+
+from .wire import bytes_codec, dtypes, shm
+from .wire.errors import ErrorCode, InferdError
+from .wire.messages import (
+    INLINE_MAX_BYTES,
+    BlsCancel,
+    BlsRelease,
+    BlsRequest,
+    BlsResponse,
+    ModelControl,
+    ModelControlResult,
+    TensorRef,
+    decode,
+    encode_header,
+)
+
+BLS_SUFFIX = "/bls"
+MAX_ARENA_BYTES = 1 << 30  # bound on this worker's input regions (busy + idle)
+_MIN_CLASS = 128 * 1024
+_END = object()  # marks the end of a decoupled call's response queue
+
+
+def _size_class(nbytes: int) -> int:
+    return _MIN_CLASS if nbytes <= _MIN_CLASS else 1 << (nbytes - 1).bit_length()
+
+
+class _Arena:
+    """This worker's regions for large BLS inputs: one tensor per region, reused per size class."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[shm.Region]] = collections.defaultdict(list)
+        self._all: dict[str, shm.Region] = {}
+        self._bytes = 0
+        self._names = itertools.count()
+        self._lock = threading.Lock()
+
+    def put(self, data: memoryview) -> shm.Region:
+        size = _size_class(data.nbytes)
+        with self._lock:
+            free = self._free[size]
+            region = free.pop() if free else None
+            if region is None:
+                if self._bytes + size > MAX_ARENA_BYTES:
+                    raise InferdError(ErrorCode.UNAVAILABLE, "BLS shared memory exhausted (%d bytes in use)"
+                                      % self._bytes)
+                region = shm.create(shm.make_name(os.getpid(), "b%d" % next(self._names)), size)
+                self._all[region.name] = region
+                self._bytes += size
+        region.buf[: data.nbytes] = data
+        return region
+
+    def give_back(self, regions: Sequence[shm.Region]) -> None:
+        with self._lock:
+            for region in regions:
+                self._free[region.size].append(region)
+
+    def close(self) -> None:
+        with self._lock:
+            for region in self._all.values():
+                shm.unlink(region.name)
+                region.close()
+            self._all.clear()
+            self._free.clear()
+
+
+class _Call:
+    __slots__ = ("future", "stream", "regions", "done")
+
+    def __init__(self, stream: bool) -> None:
+        self.future: Optional[concurrent.futures.Future[Any]] = None if stream else concurrent.futures.Future()
+        self.stream: Optional[queue.Queue[Any]] = queue.Queue() if stream else None
+        self.regions: list[shm.Region] = []
+        self.done = False
+
+
+class BlsReply:
+    """One response as the model sees it: named numpy arrays (views of leases when large), or an error."""
+
+    __slots__ = ("outputs", "error", "parameters", "final")
+
+    def __init__(self, outputs: list[tuple[str, str, np.ndarray]], error: Optional[InferdError],
+                 parameters: dict[str, Any], final: bool) -> None:
+        self.outputs = outputs
+        self.error = error
+        self.parameters = parameters
+        self.final = final
+
+
+class BlsClient:
+    def __init__(self, context: zmq.Context, endpoint: str, identity: str) -> None:
+        self._context = context
+        self._endpoint = endpoint
+        self._identity = identity + BLS_SUFFIX
+        self._outgoing: collections.deque[list[Any]] = collections.deque()
+        self._calls: dict[int, _Call] = {}
+        self._ids = itertools.count(1)
+        # re-entrant: a garbage collection inside a locked section may run _release_later on this thread
+        self._lock = threading.RLock()
+        self._arena = _Arena()
+        self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs
+        self._thread: Optional[threading.Thread] = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closed = False
+
+    # ---- API for pb_utils -------------------------------------------------------------------------
+
+    def infer(self, model_name: str, model_version: str, request_id: str,
+              inputs: Sequence[tuple[str, str, np.ndarray]], requested_outputs: Sequence[str],
+              correlation_id: Any = 0, flags: int = 0, timeout_us: int = 0, parameters: str = "{}",
+              decoupled: bool = False) -> tuple[int, _Call]:
+        """Send one request; returns (call id, call) whose future / stream yields BlsReply objects."""
+        call = _Call(decoupled)
+        refs: list[TensorRef] = []
+        frames: list[Any] = []
+        try:
+            for name, datatype, array in inputs:
+                data = _wire_bytes(datatype, array)
+                if data.nbytes <= INLINE_MAX_BYTES:
+                    refs.append(TensorRef(name, datatype, [int(d) for d in array.shape], "frame", len(frames),
+                                          "", 0, data.nbytes))
+                    frames.append(data)
+                else:
+                    region = self._arena.put(data)
+                    call.regions.append(region)
+                    refs.append(TensorRef(name, datatype, [int(d) for d in array.shape], "shm", -1,
+                                          region.name, 0, data.nbytes))
+        except BaseException:
+            self._arena.give_back(call.regions)
+            raise
+        with self._lock:
+            call_id = next(self._ids)
+            self._calls[call_id] = call
+        message = BlsRequest(call_id, model_name, model_version, request_id, refs, list(requested_outputs),
+                             correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled))
+        self._post([encode_header(message), *frames])
+        return call_id, call
+
+    def cancel(self, call_id: int) -> None:
+        """The caller gave up (timeout, iterator dropped): the supervisor cancels the request."""
+        self._post([encode_header(BlsCancel(call_id))])
+
+    def control(self, op: str, model_name: str, model_version: str = "", config: str = "",
+                files: Optional[dict[str, bytes]] = None, unload_dependents: bool = False) -> Any:
+        """load / unload / ready: blocks until the supervisor answers; returns ModelControlResult."""
+        call = _Call(False)
+        with self._lock:
+            call_id = next(self._ids)
+            self._calls[call_id] = call
+        names = sorted(files or {})
+        message = ModelControl(call_id, op, model_name, model_version, config, names, bool(unload_dependents))
+        self._post([encode_header(message), *[bytes((files or {})[n]) for n in names]])
+        assert call.future is not None
+        return call.future.result()
+
+    def forget(self, call_id: int) -> None:
+        with self._lock:
+            call = self._calls.pop(call_id, None)
+        if call is not None and not call.done:
+            call.done = True
+            self._arena.give_back(call.regions)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        self._arena.close()
+
+    # ---- the socket thread ------------------------------------------------------------------------
+
+    def _post(self, frames: list[Any]) -> None:
+        if self._closed:
+            raise InferdError(ErrorCode.UNAVAILABLE, "the worker is shutting down")
+        with self._lock:
+            self._outgoing.append(frames)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="inferd-bls", daemon=True)
+                self._thread.start()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass  # full: a wake-up is pending anyway
+
+    def _serve(self) -> None:
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self._identity.encode())
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self._endpoint)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while not self._closed:
+                poller.poll()
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except OSError:
+                    pass
+                while self._outgoing:
+                    sock.send_multipart(self._outgoing.popleft(), copy=False)
+                while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    self._on_reply(sock.recv_multipart(copy=False))
+        finally:
+            sock.close(linger=0)
+
+    def _on_reply(self, frames: list[Any]) -> None:
+        try:
+            message, data = decode(frames)
+        except Exception:
+            return  # the supervisor sent something odd: the caller's timeout (if any) still applies
+        with self._lock:
+            call = self._calls.get(message.call_id)
+        if type(message) is ModelControlResult:
+            if call is not None and call.future is not None:
+                self.forget(message.call_id)
+                call.future.set_result(message)
+            return
+        if type(message) is not BlsResponse:
+            return
+        try:
+            reply = self._reply(message, data)
+        except InferdError as exc:
+            reply = BlsReply([], exc, {}, True)
+        if call is None:
+            return  # given up on (timeout): leases it held were released by the GC already
+        if reply.final:
+            self.forget(message.call_id)
+        if call.stream is not None:
+            call.stream.put(reply)
+            if reply.final:
+                call.stream.put(_END)
+        elif call.future is not None and not call.future.done():
+            call.future.set_result(reply)
+
+    def _reply(self, message: BlsResponse, data: Sequence[Any]) -> BlsReply:
+        error = None
+        if message.error is not None:
+            try:
+                code = ErrorCode(message.error.code)
+            except ValueError:
+                code = ErrorCode.INTERNAL
+            error = InferdError(code, message.error.message)
+        outputs = []
+        for ref, lease in zip(message.outputs, message.leases):
+            outputs.append((ref.name, ref.datatype, self._array(ref, data, lease)))
+        return BlsReply(outputs, error, message.parameters or {}, bool(message.final))
+
+    def _array(self, ref: TensorRef, data: Sequence[Any], lease: int) -> np.ndarray:
+        shape = tuple(int(d) for d in ref.shape)
+        if ref.loc == "frame":
+            buf = data[ref.frame].buffer if hasattr(data[ref.frame], "buffer") else memoryview(data[ref.frame])
+        else:
+            region = self._regions.get(ref.region)
+            if region is None:
+                if len(self._regions) >= 32:  # drop the oldest mapping (unmapped once unused)
+                    old = next(iter(self._regions))
+                    self._regions.pop(old).close()
+                region = self._regions[ref.region] = shm.attach(ref.region)
+            buf = region.buf[ref.offset: ref.offset + ref.nbytes]
+        if ref.datatype == "BYTES":
+            count = int(np.prod(shape)) if shape else 1
+            array = bytes_codec.deserialize(buf, count=count, name=ref.name).reshape(shape)
+            if lease:
+                self._post([encode_header(BlsRelease([lease]))])  # decoded into Python objects: done
+            return array
+        dt = dtypes.BY_NAME.get(ref.datatype)
+        if dt is None or dt.numpy is None:
+            raise InferdError(ErrorCode.INTERNAL, "unsupported BLS output datatype %s" % ref.datatype)
+        root = np.frombuffer(buf, dtype=dt.numpy)
+        if lease:
+            # every view made from `root` keeps it alive: the lease returns when the last one is gone
+            weakref.finalize(root, self._release_later, lease)
+        return root.reshape(shape)
+
+    def _release_later(self, lease: int) -> None:
+        if not self._closed:
+            try:
+                self._post([encode_header(BlsRelease([lease]))])
+            except InferdError:
+                pass
+
+    def stream(self, call: _Call, timeout_s: Optional[float]) -> Any:
+        """Iterate a decoupled call's replies (the last is final)."""
+        assert call.stream is not None
+        while True:
+            try:
+                item = call.stream.get(timeout=timeout_s)
+            except queue.Empty:
+                raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired") from None
+            if item is _END:
+                return
+            yield item
+
+
+_client: Optional[BlsClient] = None
+_settings: Optional[tuple[zmq.Context, str, str]] = None
+_client_lock = threading.Lock()
+
+
+def configure(context: zmq.Context, endpoint: str, identity: str) -> None:
+    """Worker start-up: where BLS calls go (the client itself starts on the first call)."""
+    global _settings
+    _settings = (context, endpoint, identity)
+
+
+def client() -> BlsClient:
+    global _client
+    if _client is None:
+        with _client_lock:
+            if _client is None:
+                if _settings is None:
+                    raise InferdError(ErrorCode.UNAVAILABLE, "BLS is only available inside a model served by inferd")
+                _client = BlsClient(*_settings)
+    return _client
+
+
+def shutdown() -> None:
+    """Worker exit: close the socket (before the ZeroMQ context ends) and unlink our regions."""
+    if _client is not None:
+        _client.close()
+
+
+def _wire_bytes(datatype: str, array: np.ndarray) -> memoryview:
+    if datatype == "BYTES":
+        return memoryview(bytes_codec.serialize(array))
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")  # type: ignore[arg-type]
