@@ -263,6 +263,9 @@ class HttpConnection(asyncio.Protocol):
     async def _run(self, req: Request, pending: Awaitable[Response]) -> None:
         try:
             res = await pending
+            if getattr(res, "chunks", None) is not None:  # generate_stream (http_api.generate)
+                await self._write_chunks(res)  # in this task: a dropped connection cancels it
+                return
         except asyncio.CancelledError:
             if self.closed:
                 return
@@ -331,6 +334,35 @@ class HttpConnection(asyncio.Protocol):
             transport.write(b"".join(head))
             for part in body:
                 transport.write(part)
+
+    async def _write_chunks(self, res: Any) -> None:
+        """A body produced while it is written (`res.chunks`, an async iterator of bytes): chunked
+        transfer encoding, waiting while the client does not read; the connection closes after it."""
+        # stays _busy (the idle sweeper leaves it alone); requests pipelined behind a stream are not
+        # answered: it ends by closing the connection
+        self._queue.clear()
+        transport = self._transport
+        assert transport is not None
+        chunks = res.chunks
+        try:
+            transport.write(b"".join((
+                _STATUS_LINES.get(res.status) or _status_line(res.status),
+                b"Content-Type: %s\r\n" % (res.content_type or "application/octet-stream").encode("latin-1"),
+                b"Cache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")))
+            async for chunk in chunks:
+                if self.closed:
+                    return
+                if chunk:  # an empty chunk would end the body
+                    transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                if self._paused_writing:
+                    self._write_ready = self._loop.create_future()
+                    await self._write_ready
+            if not self.closed:
+                transport.write(b"0\r\n\r\n")
+        finally:
+            await chunks.aclose()
+            self._task = None
+            self.close()
 
     def _send_continue(self) -> None:
         self._expect = False

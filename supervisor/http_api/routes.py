@@ -23,6 +23,7 @@ from inferd.worker.wire.errors import invalid_arg
 from . import errors
 from .codec import InferCodec, Limits, ParsedInfer
 from .compression import decode_content, encode_content, pick_encoding
+from .generate import Generate
 from .server import HandlerResult, Request, Response
 
 log = logging.getLogger("inferd.http")
@@ -69,6 +70,7 @@ class Router:
         self.limits = limits or Limits(max_input_size=max_input_size)
         self.max_input_size = self.limits.max_input_size
         self.codec = InferCodec(dataplane, self.limits)
+        self.generate = Generate(dataplane, self.max_input_size)  # /generate, /generate_stream
         self.restricted = {k: (h.lower(), v.encode("latin-1")) for k, (h, v) in (restricted or {}).items()}
         self._routes: dict[str, Route] = {}  # path -> route (a route depends on the path alone)
 
@@ -129,6 +131,10 @@ class Router:
                 what = rest[0]
                 if what == "infer":
                     return INFERENCE, POST, self._infer, (model, version)
+                if what == "generate":
+                    return INFERENCE, POST, self.generate.generate, (model, version)
+                if what == "generate_stream":
+                    return INFERENCE, POST, self.generate.generate_stream, (model, version)
                 if what == "ready":
                     return HEALTH, GET, self._model_ready, (model, version)
                 if what == "config":

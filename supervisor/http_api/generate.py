@@ -1,0 +1,247 @@
+"""Triton's generate extension (docs/protocol/extension_generate.md), checked against Triton 2.51.
+
+POST /v2/models/{m}[/versions/{v}]/generate and /generate_stream take one JSON object: a key that
+names a model input becomes that input (a JSON scalar or array, shaped by the config's dims), any
+other key a request parameter, "parameters" an object of more of either, "id" the request id.
+A response is one JSON object: model_name, model_version, id (when given) and every output by name
+(a one-element output as a scalar, else a flat array; BYTES as strings).
+
+- /generate answers that one object (application/json). A decoupled model must send exactly one
+  response; otherwise the answer is Triton's "generate expects model to produce exactly 1
+  response..." error (Triton sends it with status 200; we use 400, as for its error responses).
+- /generate_stream answers server-sent events (text/event-stream; charset=utf-8), one
+  `data: {...}\\n\\n` per response, an error response as `data: {"error": "..."}`; errors found
+  before the first response are plain JSON errors with their status. The body is chunked and the
+  connection closes after it; a client that drops the connection cancels the request.
+
+Errors in the request body are 400 with a message naming the problem (Triton answers several of
+them with 500).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.tensors import json_to_raw, raw_to_json
+from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.worker.wire.errors import InferdError, invalid_arg
+
+from . import errors
+from .compression import decode_content
+from .messages import Response
+
+FINAL = "triton_final_response"
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream for model that "
+                 "generates various number of responses")
+_RESERVED = ("id", "parameters")
+
+
+class StreamingResponse(Response):
+    """A response whose body is produced while it is written: `chunks` (an async iterator of bytes)
+    goes out with chunked transfer encoding, then the connection closes."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks: AsyncIterator[bytes], content_type: str = SSE_CONTENT_TYPE) -> None:
+        super().__init__(200, b"", content_type)
+        self.chunks = chunks
+
+
+# ---- request ----------------------------------------------------------------------------------
+
+
+def _param_value(key: str, value: Any, where: str) -> Any:
+    if isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    raise invalid_arg(f"{where}parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
+
+
+def _input_shape(name: str, dims: list[int], batched: bool, count: int) -> list[int]:
+    """The config's dims with a batch of 1 and the variable dims sized so that `count` elements fit."""
+    shape = [int(d) for d in dims]
+    known = 1
+    for d in shape:
+        if d >= 0:
+            known *= d
+    variable = [i for i, d in enumerate(shape) if d < 0]
+    if variable:
+        if known == 0 or count % known:
+            raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+        shape = [1 if d < 0 else d for d in shape]
+        shape[variable[0]] = count // known
+    elif known != count:
+        raise invalid_arg(f"The schema can not convert input '{name}' to tensor with proper shape")
+    return [1, *shape] if batched else shape
+
+
+def _input_tensor(name: str, value: Any, spec: dict[str, Any], batched: bool) -> Tensor:
+    data = value if isinstance(value, list) else [value]
+    flat: list[Any] = data
+    if data and isinstance(data[0], list):  # nested: flattened (depth-capped) by json_to_raw's rules
+        flat = []
+        stack = [iter(data)]
+        while stack:
+            for item in stack[-1]:
+                if isinstance(item, list):
+                    if len(stack) >= 64:
+                        raise invalid_arg(f"input '{name}' is nested too deeply")
+                    stack.append(iter(item))
+                    break
+                flat.append(item)
+            else:
+                stack.pop()
+    datatype = str(spec.get("data_type", "")).removeprefix("TYPE_")
+    datatype = "BYTES" if datatype == "STRING" else datatype
+    shape = _input_shape(name, list(spec.get("dims") or []), batched, len(flat))
+    return Tensor(name, datatype, shape, json_to_raw(datatype, shape, flat, name))
+
+
+def parse_request(dp: DataPlane, model: str, version: str, body: Any, max_size: int,
+                  encoding: str | None) -> InferRequest:
+    """The InferRequest of a generate body; InferdError(INVALID_ARG) naming what is wrong."""
+    config = dp.model_config(model, version)  # unknown model / version: NOT_FOUND first, as Triton
+    raw = decode_content(encoding, body, max_size)
+    try:
+        doc = orjson.loads(raw)
+    except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise invalid_arg("the generate request body must be a JSON object")
+    specs = {str(i.get("name")): i for i in config.get("input") or [] if isinstance(i, dict)}
+    batched = int(config.get("max_batch_size") or 0) > 0
+    request = InferRequest(model_name=model, model_version=version)
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise invalid_arg("'id' must be a string")
+    request.id = request_id
+    inputs: dict[str, Tensor] = {}
+
+    def take(key: str, value: Any, where: str) -> None:
+        if key in specs:
+            if key in inputs:
+                raise invalid_arg(f"{where}input '{key}' already exists in request")
+            inputs[key] = _input_tensor(key, value, specs[key], batched)
+        else:
+            request.parameters[key] = _param_value(key, value, where)
+
+    for key, value in doc.items():
+        if key not in _RESERVED:
+            take(key, value, "")
+    params = doc.get("parameters")
+    if params is not None:
+        if not isinstance(params, dict):
+            raise invalid_arg("Expected JSON object for keyword: 'parameters'")
+        for key, value in params.items():
+            take(key, value, "Converting keyword: 'parameters': ")
+    request.inputs = list(inputs.values())
+    return request
+
+
+# ---- response ---------------------------------------------------------------------------------
+
+
+def response_json(resp: InferResponse) -> dict[str, Any]:
+    out: dict[str, Any] = {"model_name": resp.model_name, "model_version": resp.model_version}
+    if resp.id:
+        out["id"] = resp.id
+    for tensor in resp.outputs:
+        values = raw_to_json(tensor.datatype, tensor.shape, tensor.data, tensor.name)
+        out[tensor.name] = values[0] if len(values) == 1 else values
+    return out
+
+
+def _is_data(resp: InferResponse) -> bool:
+    """A response with outputs, or any response that is not a flag-only final."""
+    return bool(resp.outputs) or not resp.parameters.get(FINAL, False)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+# ---- endpoints --------------------------------------------------------------------------------
+
+
+class Generate:
+    def __init__(self, dataplane: DataPlane, max_input_size: int) -> None:
+        self.dp = dataplane
+        self.max_input_size = max_input_size
+
+    def _request(self, req: Any, model: str, version: str) -> InferRequest:
+        return parse_request(self.dp, model, version, req.body, self.max_input_size,
+                             req.headers.get("content-encoding"))
+
+    def generate(self, req: Any, model: str, version: str) -> Any:
+        request = self._request(req, model, version)
+        return self._generate(request)
+
+    async def _generate(self, request: InferRequest) -> Response:
+        """One response expected: an error response counts as one (answered 400, as Triton); an
+        error before any response keeps its own status."""
+        responses = self.dp.stream_infer(request)
+        items: list[InferResponse | InferdError] = []
+        try:
+            async for item in responses:
+                if isinstance(item, InferdError) or _is_data(item):
+                    items.append(item)
+                    if len(items) > 1:  # closing the iterator below cancels the rest
+                        break
+        except InferdError as exc:
+            if not items:
+                return errors.from_inferd_error(exc)
+            items.append(exc)
+        finally:
+            await responses.aclose()
+        if len(items) != 1:
+            return errors.error_response(400, _ONE_RESPONSE)
+        item = items[0]
+        try:
+            if isinstance(item, InferdError):
+                raise item
+            return Response(200, orjson.dumps(response_json(item)))
+        except InferdError as exc:
+            return errors.error_response(400, exc.message)
+
+    def generate_stream(self, req: Any, model: str, version: str) -> Any:
+        request = self._request(req, model, version)
+        return self._generate_stream(request)
+
+    async def _generate_stream(self, request: InferRequest) -> Response:
+        """Waits for the first event, so that errors before it keep their HTTP status."""
+        responses = self.dp.stream_infer(request)
+        try:
+            first = await self._next_event(responses)
+        except InferdError as exc:
+            await responses.aclose()
+            return errors.from_inferd_error(exc)
+        except BaseException:
+            await responses.aclose()
+            raise
+        return StreamingResponse(self._events(first, responses))
+
+    async def _next_event(self, responses: AsyncIterator[Any]) -> bytes | None:
+        """The next SSE event (None at the end); an error before any event is raised."""
+        async for item in responses:
+            if isinstance(item, InferdError):
+                return _sse({"error": item.message})
+            if _is_data(item):
+                return _sse(response_json(item))
+        return None
+
+    async def _events(self, first: bytes | None, responses: Any) -> AsyncIterator[bytes]:
+        try:
+            event = first
+            while event is not None:
+                yield event
+                try:
+                    event = await self._next_event(responses)
+                except InferdError as exc:  # the request ended with an error
+                    yield _sse({"error": exc.message})
+                    return
+        finally:
+            await responses.aclose()
