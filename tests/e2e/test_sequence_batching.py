@@ -181,3 +181,33 @@ def test_implicit_state_is_carried_between_requests(server, protocol):
     response = result.get_response()
     names = [o["name"] for o in response["outputs"]] if protocol == "http" else [o.name for o in response.outputs]
     assert names == ["OUTPUT"]
+
+
+@pytest.mark.parametrize("model", [DIRECT, OLDEST])
+def test_sequences_over_one_grpc_stream(server, model):
+    """The usual streaming client: several sequences interleaved on one ModelStreamInfer stream."""
+    import queue
+
+    results: queue.Queue = queue.Queue()
+    client = server.grpc_client()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    ids = [8101, 8102, 8103]
+    expected = {}
+    try:
+        for step in range(3):
+            for k, seq_id in enumerate(ids):
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.array([[k + 1]], dtype=np.int32))
+                request_id = f"{seq_id}-{step}"
+                expected[request_id] = (k + 1) * (step + 1)
+                client.async_stream_infer(model, [inp], request_id=request_id, sequence_id=seq_id,
+                                          sequence_start=step == 0, sequence_end=step == 2)
+        got = {}
+        for _ in expected:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            got[result.get_response().id] = int(result.as_numpy("OUTPUT")[0][0])
+        assert got == expected
+    finally:
+        client.stop_stream()
+        client.close()
