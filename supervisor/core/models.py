@@ -328,7 +328,8 @@ class ModelManager:
                           metadata_base=plan.metadata_base)
         if self.response_cache and model_wants_cache(config):
             mv.cache_generation = next(_cache_generations)
-        stats.cache_enabled = mv.cache_generation > 0  # nv_cache_* metrics for this model
+        # as Triton: the per-model nv_cache_* counters follow the model's config, even without a server cache
+        stats.cache_enabled = bool((config.get("response_cache") or {}).get("enable"))
         def on_change(inst: Any) -> None:
             self.invalidate()
             scheduler.instance_changed(inst)
