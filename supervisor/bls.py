@@ -166,11 +166,12 @@ class BlsService:
                     raise InferdError(ErrorCode.INVALID_ARG, "BLS input '%s' refers to a missing frame" % ref.name)
                 frame = data[ref.frame]
                 buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+                inputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), buf))
             elif ref.loc == "shm":
-                buf = self._map(caller, ref)
+                inputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), self._map(caller, ref),
+                                     shm_ref=(ref.region, ref.offset)))
             else:
                 raise InferdError(ErrorCode.INVALID_ARG, "BLS input '%s' has an unknown location" % ref.name)
-            inputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), buf))
         try:
             params = json.loads(msg.parameters) if msg.parameters else {}
         except ValueError:

@@ -21,6 +21,9 @@ class Tensor:
     shape: list[int]
     data: Any  # bytes-like (bytes, memoryview, zmq.Frame buffer): raw wire-form bytes
     parameters: dict[str, Any] = field(default_factory=dict)
+    # (region, offset) when `data` is a view of a shared-memory region a worker owns (a BLS input):
+    # the next worker is handed that region by name instead of a copy
+    shm_ref: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)

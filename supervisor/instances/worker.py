@@ -369,6 +369,10 @@ class WorkerProcess:
                                                      nbytes))
                         frames.append(data)
                         continue
+                    if t.shm_ref is not None:  # already in shared memory (a BLS input): pass the handle
+                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, t.shm_ref[0],
+                                                     t.shm_ref[1], nbytes))
+                        continue
                     if pool is None:
                         raise InferdError(ErrorCode.UNAVAILABLE, f"no shared memory for input '{t.name}'")
                     lease = pool.lease(nbytes)
