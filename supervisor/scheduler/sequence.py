@@ -144,6 +144,8 @@ class SequenceScheduler:
         if not any(e.ready for e in self.executors):
             raise InferdError(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % model)
         corr = request.correlation_id
+        if isinstance(corr, int) and corr < 0:  # a gRPC int64 id: Triton reads its bits as uint64
+            corr = request.correlation_id = corr & 0xFFFFFFFFFFFFFFFF
         if corr == 0 or corr == "":
             raise invalid_arg("inference request to model '%s' must specify a non-zero or non-empty correlation ID"
                               % model)
@@ -288,18 +290,19 @@ class SequenceScheduler:
         real = [item for item in picked if item is not None]
         template = real[0].request
         worker_requests: list[InferRequest] = []
-        for item in picked:
-            if item is None:
-                worker_requests.append(self._null_request(template))
-                continue
+        for item in real:
             item.sequence.busy = True
             item.sequence.queue.popleft()
-            item.worker_request = self._worker_request(item)
-            worker_requests.append(item.worker_request)
         self.queued -= len(real)
         self.running += len(real)
         start = time.monotonic_ns()
         try:
+            for slot_item in picked:
+                if slot_item is None:
+                    worker_requests.append(self._null_request(template))
+                else:
+                    slot_item.worker_request = self._worker_request(slot_item)
+                    worker_requests.append(slot_item.worker_request)
             result: Any = await lane.executor.execute(worker_requests)
             responses = list(result.responses)
         except asyncio.CancelledError:  # close(): answer what was running, then stop

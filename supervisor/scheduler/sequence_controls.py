@@ -101,8 +101,10 @@ def corrid_bytes(control: Control, correlation_id: int | str) -> bytes:
         value &= 0xFFFFFFFF
         if fmt == "<i" and value >= 1 << 31:
             value -= 1 << 32
-    elif fmt == "<q" and value >= 1 << 63:
-        value -= 1 << 64
+    else:
+        value &= 0xFFFFFFFFFFFFFFFF
+        if fmt == "<q" and value >= 1 << 63:
+            value -= 1 << 64
     return struct.pack(fmt, value)
 
 

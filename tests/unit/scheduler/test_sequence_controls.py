@@ -99,3 +99,9 @@ def test_state_data_file_checks(tmp_path) -> None:  # type: ignore[no-untyped-de
     sb["state"][0]["initial_state"][0]["data_file"] = "missing.bin"
     with pytest.raises(InferdError, match="cannot read"):
         ss.parse_states("m", sb, str(tmp_path))
+
+
+def test_negative_int64_ids_read_as_uint64() -> None:
+    (control,) = sc.parse_controls("m", {"control_input": [
+        {"name": "C", "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}]}]})
+    assert sc.corrid_bytes(control, -1) == struct.pack("<Q", 2**64 - 1)

@@ -205,6 +205,21 @@ async def test_start_rules() -> None:
     await sched.close()
 
 
+async def test_negative_grpc_id_is_its_uint64_twin() -> None:
+    ex = HeldExecutor("i0")
+    sched, _ = make([ex])
+    first = sched.submit(req(-2, 1, SEQUENCE_START))
+    await ex.wait_batches(1)
+    assert ex.batches[0][0]["CORRID"] == -2  # (the test decodes UINT64 as signed)
+    ex.release_all()
+    await answer(first)
+    second = sched.submit(req(2**64 - 2, 1, SEQUENCE_END))  # the same sequence
+    await ex.wait_batches(2)
+    ex.release_all()
+    await answer(second)
+    await sched.close()
+
+
 async def test_restart_of_an_open_sequence_keeps_order_and_slot(caplog: pytest.LogCaptureFixture) -> None:
     ex = HeldExecutor("i0")
     sched, _ = make([ex], state=True)
