@@ -94,8 +94,8 @@ class Lane:
 
 @dataclass(frozen=True)
 class Pick:
-    """What a lane should run now: `items` in batch order, with `slots` (direct: a slot index per batch
-    position, null requests where the slot has no item); or nothing yet, retry after `wait_s`."""
+    """What a lane should run now: `items` in batch order (direct: indexed by slot, None where a null
+    request fills an empty slot); or nothing yet (empty), to retry after `wait_s` (0: on the next wake)."""
 
     items: list[SeqItem | None]
     wait_s: float = 0.0
