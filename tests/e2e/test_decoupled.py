@@ -218,7 +218,7 @@ def test_closing_the_stream_cancels_a_streaming_request(server, harness, tmp_pat
         marker = tmp_path / f"cancelled-{i}"
         client = grpcclient.InferenceServerClient(server.grpc_url)
         events: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.start_stream(callback=lambda result, error, events=events: events.put((result, error)))
         client.async_stream_infer("decoupled_cancel", [_cancel_input(nbytes)], request_id=f"c{i}",
                                   parameters={"marker": str(marker)})
         result, error = events.get(timeout=WAIT_S)  # it is streaming
@@ -233,8 +233,9 @@ def test_closing_the_stream_cancels_a_streaming_request(server, harness, tmp_pat
         if regions_before is None:
             regions_before = owned
         else:  # the lease came back: the same region serves the next request
-            server.wait_until(lambda: {n for n in harness.shm_snapshot()
-                                       if harness.shm_owner(n) == server.pid} <= regions_before,
+            first = regions_before
+            server.wait_until(lambda first=first: {n for n in harness.shm_snapshot()
+                                                   if harness.shm_owner(n) == server.pid} <= first,
                               WAIT_S, "no new shm region per cancelled request")
     assert server.is_live() and server.model_ready("decoupled_cancel")
 

@@ -89,14 +89,14 @@ def test_generate_stream_with_curl(server):
 def test_generate_stream_with_httpx_arrives_as_produced(server):
     url = f"{server.http_base}/v2/models/gen_stream/generate_stream"
     words = ["a", "b", "c", "d"]
-    with httpx.Client(timeout=WAIT_S) as client:
-        with client.stream("POST", url, json={"text_input": " ".join(words), "delay_ms": 50}) as resp:
-            assert resp.status_code == 200
-            assert resp.headers["content-type"] == "text/event-stream; charset=utf-8"
-            got = []
-            for line in resp.iter_lines():
-                if line.startswith("data: "):
-                    got.append(json.loads(line[6:])["text_output"])
+    with httpx.Client(timeout=WAIT_S) as client, \
+            client.stream("POST", url, json={"text_input": " ".join(words), "delay_ms": 50}) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == "text/event-stream; charset=utf-8"
+        got = []
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                got.append(json.loads(line[6:])["text_output"])
     assert got == words
 
 
@@ -138,13 +138,13 @@ def test_bad_bodies_are_400_naming_the_problem(server, body, message):
 def test_dropped_sse_connection_cancels_the_request(server, tmp_path):
     marker = tmp_path / "cancelled"
     url = f"{server.http_base}/v2/models/decoupled_cancel/generate_stream"
-    with httpx.Client(timeout=WAIT_S) as client:
-        with client.stream("POST", url, json={"DATA": [1, 2, 3], "marker": str(marker)}) as resp:
-            assert resp.status_code == 200
-            for line in resp.iter_lines():
-                if line.startswith("data: "):
-                    assert json.loads(line[6:])["SUM"] == 6
-                    break  # leaving the block drops the connection mid-stream
+    with httpx.Client(timeout=WAIT_S) as client, \
+            client.stream("POST", url, json={"DATA": [1, 2, 3], "marker": str(marker)}) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                assert json.loads(line[6:])["SUM"] == 6
+                break  # leaving the block drops the connection mid-stream
     server.wait_until(marker.exists, WAIT_S, "the model to observe the cancellation")
     status, doc = post(server, "/v2/models/gen_echo/generate", {"text_input": "still fine"})
     assert status == 200 and doc["text_output"] == "STILL FINE"
