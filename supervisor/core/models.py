@@ -8,9 +8,11 @@ until then; unload drains in-flight requests (bounded) before stopping workers.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ from ..ensemble.scheduler import EnsembleScheduler
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from . import loader
+from .streaming import ResponseStream
 from .types import InferRequest, InferResponse
 from .validate import IOSpec, validate_request
 
@@ -260,7 +263,10 @@ class ModelManager:
                                   % " -> ".join(chain + (dep,)))
             await self._ensure_loaded(dep, chain)
         check_composing(graph, plan.config, self._composing_config)
-        return graph
+        decoupled = frozenset(s.index for s in graph.steps
+                              if (mv := self._composing_version(s.model_name, s.model_version)) is not None
+                              and mv.decoupled)
+        return dataclasses.replace(graph, decoupled_steps=decoupled)
 
     async def load_once(self, name: str, chain: tuple[str, ...] = ()) -> None:
         """Load `name` unless it is loaded already (start-up: an ensemble may have loaded it first)."""
@@ -282,11 +288,14 @@ class ModelManager:
             raise InferdError(ErrorCode.INVALID_ARG, "failed to load composing model '%s': %s"
                               % (name, exc.message)) from None
 
-    def _composing_config(self, name: str, version: int) -> dict[str, Any] | None:
+    def _composing_version(self, name: str, version: int) -> ModelVersion | None:
         e = self.entries.get(name)
         if e is None or not e.versions:
             return None
-        mv = e.versions.get(version) if version >= 0 else e.versions[max(e.versions)]
+        return e.versions.get(version) if version >= 0 else e.versions[max(e.versions)]
+
+    def _composing_config(self, name: str, version: int) -> dict[str, Any] | None:
+        mv = self._composing_version(name, version)
         return mv.config if mv is not None else None
 
     async def call_model(self, request: InferRequest) -> InferResponse:
@@ -307,6 +316,32 @@ class ModelManager:
             future.cancel()
             raise
 
+    async def stream_model(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """An internal request to a decoupled model (an ensemble step): its responses as they come;
+        an error response raises. Closing the iterator early cancels the request."""
+        mv = self.resolve_ready(request.model_name, request.model_version)
+        try:
+            validate_request(mv.io, request)
+        except InferdError:
+            mv.stats.record_failure("OTHER", 0)
+            raise
+        stream = ResponseStream()
+        request.response_sink = stream
+        future = mv.scheduler.submit(request)
+        stream.watch(future)
+        ended = False
+        try:
+            while not ended:
+                item, ended = await stream.get()
+                if isinstance(item, InferdError):
+                    raise item
+                yield item
+        finally:
+            if not ended:
+                if not future.done():
+                    future.cancel()
+                stream.cancel()
+
     # ---- internals ----
     async def _start_version(self, plan: loader.LoadPlan, version: int,
                              ensemble: EnsemblePlan | None = None) -> ModelVersion:
@@ -314,9 +349,10 @@ class ModelManager:
         stats = self.stats_registry.get(plan.name, str(version))
         if ensemble is not None:
             mv = ModelVersion(plan.name, version, config, plan.config_json, IOSpec.from_config(config), [],
-                              EnsembleScheduler(ensemble, self.call_model, stats,
+                              EnsembleScheduler(ensemble, self.call_model, self.stream_model, stats,
                                                 batched=int(config.get("max_batch_size") or 0) > 0),
-                              stats, metadata_base=plan.metadata_base, ensemble=ensemble)
+                              stats, decoupled=ensemble.decoupled, metadata_base=plan.metadata_base,
+                              ensemble=ensemble)
             mv.state = READY
             return mv
         instances = loader.make_instances(self.settings, plan, version)

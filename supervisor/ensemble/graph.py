@@ -41,6 +41,13 @@ class EnsemblePlan:
     steps: tuple[Step, ...]
     # ensemble tensor -> indices of the steps that read it
     consumers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # steps whose model is decoupled (set at load, once the composing models are known): each of
+    # their responses feeds the later steps separately, so the ensemble itself streams
+    decoupled_steps: frozenset[int] = frozenset()
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(self.decoupled_steps)
 
     @property
     def composing_models(self) -> list[str]:

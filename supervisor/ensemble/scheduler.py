@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -23,11 +23,15 @@ from .graph import EnsemblePlan, Step
 
 # Runs one request on a composing model: resolve, validate, schedule, await its response.
 CallModel = Callable[[InferRequest], Awaitable[InferResponse]]
+# The same for a decoupled composing model: its responses as they come.
+StreamModel = Callable[[InferRequest], AsyncIterator[InferResponse]]
 
 
 class EnsembleScheduler:
-    def __init__(self, plan: EnsemblePlan, call: CallModel, stats: Any, batched: bool = False) -> None:
+    def __init__(self, plan: EnsemblePlan, call: CallModel, stream: StreamModel, stats: Any,
+                 batched: bool = False) -> None:
         self.plan = plan
+        self.stream = stream
         self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
         self.call = call
         self.stats = stats
@@ -82,7 +86,10 @@ class EnsembleScheduler:
     # ---- one request ----
     async def _run(self, request: InferRequest, future: asyncio.Future[InferResponse]) -> None:
         try:
-            response = await self._dataflow(request)
+            if self.plan.decoupled:
+                response = await self._fan_out(request)
+            else:
+                response = await self._dataflow(request)
         except asyncio.CancelledError:
             self.stats.record_failure("CANCELED", time.monotonic_ns() - request.arrival_ns)
             if not future.done():
@@ -120,30 +127,96 @@ class EnsembleScheduler:
                     raise InferdError(ErrorCode.INTERNAL, "ensemble '%s' stalled" % plan.name)
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
-                    step = running.pop(task)
-                    response = task.result()  # a step error propagates and fails the request
-                    produced = {t.name: t for t in response.outputs}
-                    for model_output, tensor_name in step.output_map.items():
-                        out = produced.get(model_output)
-                        if out is None:
-                            raise InferdError(ErrorCode.INTERNAL, "in ensemble '%s', step %d (%s) returned no "
-                                              "output '%s'" % (plan.name, step.index, step.model_name,
-                                                               model_output))
-                        tensors[tensor_name] = Tensor(tensor_name, out.datatype, out.shape, out.data)
+                    # a step error propagates and fails the request
+                    self._map_outputs(running.pop(task), task.result(), tensors)
         finally:
             for task in running:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
-        wanted = [o.name for o in request.outputs] or list(plan.outputs)
+        return self._response(request, tensors)
+
+    # ---- ensembles with decoupled steps: every response of such a step feeds the later steps ----
+    async def _fan_out(self, request: InferRequest) -> InferResponse:
+        """Run the graph, forking the tensor table at each response of a decoupled step; every branch
+        that completes is one response of the ensemble (to request.response_sink), then a final."""
+        sink = request.response_sink
+        if sink is None:
+            raise InferdError(ErrorCode.UNSUPPORTED, "ensemble '%s' streams responses (it has a decoupled "
+                              "step); use a streaming call" % self.plan.name)
+        tensors = {t.name: t for t in request.inputs}
+        try:
+            await self._branch(request, tensors, {s.index: s for s in self.plan.steps}, sink)
+        except InferdError as exc:
+            sink.put(exc, True)
+            raise
+        sink.put(InferResponse(self.plan.name, "", request.id), True)  # flag-only final
+        return InferResponse(self.plan.name, "", request.id)
+
+    async def _branch(self, request: InferRequest, tensors: dict[str, Tensor], waiting: dict[int, Step],
+                      sink: Any) -> None:
+        running: dict[asyncio.Task[InferResponse], Step] = {}
+        try:
+            while True:
+                forks = []
+                for index, step in list(waiting.items()):
+                    if all(t in tensors for t in step.input_map.values()):
+                        if index in self.plan.decoupled_steps:
+                            forks.append(step)
+                            continue
+                        del waiting[index]
+                        running[asyncio.ensure_future(self.call(self._step_request(request, step, tensors)))] = step
+                if forks and not running:  # fork once everything else runnable has settled
+                    step = forks[0]
+                    del waiting[step.index]
+                    await self._fork(request, step, tensors, waiting, sink)
+                    return
+                if not running:
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    self._map_outputs(running.pop(task), task.result(), tensors)
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        sink.put(self._response(request, tensors), False)
+
+    async def _fork(self, request: InferRequest, step: Step, tensors: dict[str, Tensor], waiting: dict[int, Step],
+                    sink: Any) -> None:
+        branches: list[asyncio.Task[None]] = []
+        try:
+            async for response in self.stream(self._step_request(request, step, tensors)):
+                if not response.outputs:
+                    continue  # a flag-only final: nothing to pass on
+                child = dict(tensors)
+                self._map_outputs(step, response, child)
+                branches.append(asyncio.ensure_future(self._branch(request, child, dict(waiting), sink)))
+            await asyncio.gather(*branches)
+        finally:
+            for task in branches:
+                task.cancel()
+
+    def _map_outputs(self, step: Step, response: InferResponse, tensors: dict[str, Tensor]) -> None:
+        produced = {t.name: t for t in response.outputs}
+        for model_output, tensor_name in step.output_map.items():
+            out = produced.get(model_output)
+            if out is None:
+                raise InferdError(ErrorCode.INTERNAL, "in ensemble '%s', step %d (%s) returned no output '%s'"
+                                  % (self.plan.name, step.index, step.model_name, model_output))
+            tensors[tensor_name] = Tensor(tensor_name, out.datatype, out.shape, out.data)
+
+    def _response(self, request: InferRequest, tensors: dict[str, Tensor]) -> InferResponse:
+        wanted = [o.name for o in request.outputs] or list(self.plan.outputs)
         outputs = []
         for name in wanted:
             t = tensors.get(name)
             if t is None:
                 raise InferdError(ErrorCode.INVALID_ARG, "unexpected inference output '%s' for model '%s'"
-                                  % (name, plan.name))
+                                  % (name, self.plan.name))
             outputs.append(t)
-        return InferResponse(plan.name, "", request.id, outputs)
+        return InferResponse(self.plan.name, "", request.id, outputs)
 
     def _step_request(self, request: InferRequest, step: Step, tensors: dict[str, Tensor]) -> InferRequest:
         inputs = [Tensor(model_input, tensors[name].datatype, tensors[name].shape, tensors[name].data)

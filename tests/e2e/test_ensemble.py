@@ -17,7 +17,7 @@ pytest.importorskip("onnxruntime")
 import pipeline_models as pm  # noqa: E402  (tests/ is on sys.path through the root conftest)
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
-from conftest import EXAMPLE_MODELS, leak_diff, shm_snapshot  # noqa: E402
+from conftest import EXAMPLE_MODELS, FIXTURE_MODELS, leak_diff, shm_snapshot  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.inferd_only
@@ -109,6 +109,29 @@ BROKEN = {
 }
 
 
+TIMES_TEN = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 10)]) for r in requests]
+'''
+
+STREAMING = '''name: "ens_stream"
+platform: "ensemble"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "decoupled_repeat" model_version: -1 input_map { key: "IN" value: "N" }
+    output_map { key: "OUT" value: "i" } },
+  { model_name: "times_ten" model_version: -1 input_map { key: "X" value: "i" } output_map { key: "Y" value: "OUT" } }
+] }
+'''
+
+
 def _ensemble(repo: Path, name: str, io: str, steps: list[str]) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(
@@ -128,8 +151,17 @@ def server(module_server_factory, tmp_path_factory):
     (repo / "ens_parallel" / "config.pbtxt").write_text(PARALLEL)
     for name, (io, steps, _) in BROKEN.items():
         _ensemble(repo, name, io, steps)
+    shutil.copytree(FIXTURE_MODELS / "decoupled_repeat", repo / "decoupled_repeat",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "times_ten" / "1").mkdir(parents=True)
+    (repo / "times_ten" / "1" / "model.py").write_text(TIMES_TEN)
+    (repo / "times_ten" / "config.pbtxt").write_text(
+        'name: "times_ten"\nbackend: "python"\ninput [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (repo / "ens_stream" / "1").mkdir(parents=True)
+    (repo / "ens_stream" / "config.pbtxt").write_text(STREAMING)
     ready = ["pipeline", "pipeline_pre", "pipeline_embed", "pipeline_post", "add_sub", "branch_a", "branch_b",
-             "ens_parallel"]
+             "ens_parallel", "decoupled_repeat", "times_ten", "ens_stream"]
     return module_server_factory(repo=repo, wait_ready=ready)
 
 
@@ -249,3 +281,41 @@ def test_explicit_mode_loading_the_ensemble_loads_its_models(server_factory, tmp
     client.unload_model("pipeline", unload_dependents=True)
     srv.wait_until(lambda: not client.is_model_ready("pipeline_embed"), 30, "composing models unloaded")
     assert not client.is_model_ready("pipeline_pre")
+
+
+def _stream(server, n: int) -> list:
+    import queue
+
+    client = server.grpc_client()
+    events: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    try:
+        inp = grpcclient.InferInput("N", [1], "INT32")
+        inp.set_data_from_numpy(np.array([n], dtype=np.int32))
+        client.async_stream_infer("ens_stream", [inp], request_id="s1", enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = events.get(timeout=30)
+            assert error is None, error
+            params = result.get_response().parameters
+            out = result.as_numpy("OUT")
+            if out is not None:
+                got.append(int(out[0]))
+            if params["triton_final_response"].bool_param:
+                return got
+    finally:
+        client.stop_stream()
+
+
+def test_a_decoupled_step_feeds_later_steps_once_per_response(server):
+    assert sorted(_stream(server, 4)) == [0, 10, 20, 30]
+    assert _stream(server, 0) == []  # no responses from the decoupled step: only the final
+
+
+def test_an_ensemble_with_a_decoupled_step_is_refused_on_unary_infer(server):
+    client = server.grpc_client()
+    inp = grpcclient.InferInput("N", [1], "INT32")
+    inp.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("ens_stream", [inp])
+    assert "decoupled" in str(info.value)
