@@ -1,11 +1,15 @@
 """The three-step pipeline (preprocess -> ONNX -> postprocess, 1 MiB intermediate tensor) served as one
-ensemble, against the same three models called one after another by the client.
+ensemble, against the same three models called one after another by the client; and the cost of one
+BLS call from a Python model against calling the callee's code directly in the same process.
 
     .venv/bin/python bench/pipeline.py [--seconds 5] [--pixels 262144] [--protocol grpc|http]
 
 Concurrency 1, closed loop, unmodified tritonclient. The three-call path moves the 1 MiB FEATURES tensor
 down to the client and back up; the ensemble keeps it inside the server (worker -> supervisor ->
 shared memory -> worker). Target (pipelines issue): ensemble latency <= 0.6x the three-call sum.
+
+BLS: the `bls_bench` model times, inside its execute, N sequential `exec()` calls to the add_sub example
+model (FP32 [16] x 2) and N direct calls of add_sub's own `execute` imported into the caller's process.
 """
 
 from __future__ import annotations
@@ -27,6 +31,66 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 import pipeline_models as pm  # noqa: E402
 from frameworks import free_port  # noqa: E402
+
+BLS_BENCH = """
+import importlib.util, json, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        spec = importlib.util.spec_from_file_location("callee", cfg["parameters"]["callee"]["string_value"])
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        self.callee = module.TritonPythonModel()
+        outputs = [{"name": n, "data_type": "TYPE_FP32", "dims": [16]} for n in ("OUTPUT0", "OUTPUT1")]
+        self.callee.initialize({"model_config": json.dumps({"output": outputs})})
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            p = json.loads(request.parameters())
+            n, mode = int(p["calls"]), p["mode"]
+            a = np.random.rand(16).astype(np.float32)
+            inputs = [pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                req = pb_utils.InferenceRequest(model_name="add_sub", inputs=inputs,
+                                                requested_output_names=["OUTPUT0", "OUTPUT1"])
+                if mode == "bls":
+                    resp = req.exec()
+                else:
+                    resp = self.callee.execute([req])[0]
+                pb_utils.get_output_tensor_by_name(resp, "OUTPUT0").as_numpy()
+            per_us = (time.perf_counter() - t0) / n * 1e6
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("US", np.array([per_us], np.float32))]))
+        return out
+"""
+
+
+def write_bls_bench(repo: Path) -> None:
+    import shutil
+
+    shutil.copytree(ROOT / "examples" / "add_sub", repo / "add_sub", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "bls_bench" / "1").mkdir(parents=True)
+    (repo / "bls_bench" / "1" / "model.py").write_text(BLS_BENCH)
+    (repo / "bls_bench" / "config.pbtxt").write_text(
+        'name: "bls_bench"\nbackend: "python"\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "US" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'parameters { key: "callee" value: { string_value: "%s" } }\n' % (repo / "add_sub" / "1" / "model.py"))
+
+
+def bls_overhead(client: Any, mod: Any, calls: int, rounds: int) -> tuple[float, float]:
+    x = _input(mod, "X", np.zeros(1, np.float32), "FP32")
+    bls, direct = [], []
+    for _ in range(rounds):
+        for mode, into in (("bls", bls), ("direct", direct)):
+            result = client.infer("bls_bench", [x], parameters={"calls": calls, "mode": mode})
+            into.append(float(result.as_numpy("US")[0]))
+    return statistics.median(bls), statistics.median(direct)
 
 
 def _client(protocol: str, url: str) -> tuple[Any, Any]:
@@ -77,8 +141,10 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--protocol", default="grpc", choices=["grpc", "http"])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--bls-calls", type=int, default=2000)
     args = ap.parse_args()
     repo = pm.write_pipeline(Path(tempfile.mkdtemp(prefix="inferd-pipe-bench-")) / "models", args.pixels, args.dim)
+    write_bls_bench(repo)
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = open(repo.parent / "server.log", "wb")  # noqa: SIM115  (closed in the finally below)
     server = subprocess.Popen(
@@ -125,6 +191,10 @@ def main() -> None:
         print("| ensemble | %.2f | %.2f | %.2f |" % e)
         print("| three client calls | %.2f | %.2f | %.2f |" % t)
         print("ensemble / three calls (mean): %.2fx (target <= 0.6x)" % (e[0] / t[0]))
+        bls_us, direct_us = bls_overhead(client, mod, args.bls_calls, max(3, args.rounds))
+        print("BLS call (add_sub FP32[16]x2, %d sequential calls, median of rounds): %.1f us per call; direct "
+              "in-process call of the callee's execute: %.1f us; overhead %.1f us per call"
+              % (args.bls_calls, bls_us, direct_us, bls_us - direct_us))
     finally:
         server.terminate()
         server.wait(15)
