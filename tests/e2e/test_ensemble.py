@@ -132,6 +132,19 @@ ensemble_scheduling { step [
 '''
 
 
+SLOW = """name: "ens_slow"
+platform: "ensemble"
+input [ { name: "S" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "sleep" model_version: -1 input_map { key: "INPUT0" value: "S" }
+    output_map { key: "OUTPUT0" value: "t" } },
+  { model_name: "sleep" model_version: -1 input_map { key: "INPUT0" value: "t" }
+    output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+
+
 def _ensemble(repo: Path, name: str, io: str, steps: list[str]) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(
@@ -160,8 +173,11 @@ def server(module_server_factory, tmp_path_factory):
         'output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
     (repo / "ens_stream" / "1").mkdir(parents=True)
     (repo / "ens_stream" / "config.pbtxt").write_text(STREAMING)
+    shutil.copytree(FIXTURE_MODELS / "sleep", repo / "sleep", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "ens_slow" / "1").mkdir(parents=True)
+    (repo / "ens_slow" / "config.pbtxt").write_text(SLOW)
     ready = ["pipeline", "pipeline_pre", "pipeline_embed", "pipeline_post", "add_sub", "branch_a", "branch_b",
-             "ens_parallel", "decoupled_repeat", "times_ten", "ens_stream"]
+             "ens_parallel", "decoupled_repeat", "times_ten", "ens_stream", "sleep", "ens_slow"]
     return module_server_factory(repo=repo, wait_ready=ready)
 
 
@@ -319,3 +335,20 @@ def test_an_ensemble_with_a_decoupled_step_is_refused_on_unary_infer(server):
     with pytest.raises(InferenceServerException) as info:
         client.infer("ens_stream", [inp])
     assert "decoupled" in str(info.value)
+
+
+def test_cancelling_an_ensemble_request_stops_the_remaining_steps(server):
+    client = server.grpc_client()
+    inp = grpcclient.InferInput("S", [1], "FP32")
+    inp.set_data_from_numpy(np.array([1.5], dtype=np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("ens_slow", [inp], client_timeout=0.3)
+    assert "Deadline" in str(info.value) or "DEADLINE" in str(info.value)
+
+    def stats(name: str) -> dict:
+        return client.get_inference_statistics(name, as_json=True)["model_stats"][0]["inference_stats"]
+
+    # the first step's late answer is dropped and counted as a failure; the second step never ran
+    server.wait_until(lambda: int(stats("sleep")["fail"].get("count", 0)) >= 1, 30, "first step answered")
+    assert int(stats("sleep")["success"].get("count", 0)) == 0
+    assert int(stats("ens_slow")["fail"].get("count", 0)) == 1
