@@ -581,8 +581,12 @@ class _ResponseIterator:
 
 def _bls() -> Any:
     from inferd.worker import bls
+    from inferd.worker.wire.errors import InferdError
 
-    return bls.client()
+    try:
+        return bls.client()
+    except InferdError as exc:
+        raise TritonModelException(exc.message) from None
 
 
 try:

@@ -137,11 +137,11 @@ def test_request_surface():
     flags.append(1)
     assert req.is_cancelled() and req.get_response_sender().is_cancelled()
     assert req.trace().get_context() is None
-    # user-built request (BLS): constructible, exec not supported yet
+    # user-built request (BLS): constructible; exec needs a worker of a running server
     bls = pb.InferenceRequest(model_name="other", requested_output_names=["A"], inputs=[x],
                               parameters={"p": "v"})
     assert bls.model_name() == "other" and json.loads(bls.parameters()) == {"p": "v"}
-    with pytest.raises(pb.TritonModelException, match="not supported yet"):
+    with pytest.raises(pb.TritonModelException, match="only available inside a model served by inferd"):
         bls.exec()
 
 
