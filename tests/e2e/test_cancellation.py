@@ -170,6 +170,30 @@ def test_dropped_http_connection_cancels_the_running_request(server, marker_dir,
     assert_serves(server, marker_dir, "after_http")
 
 
+@pytest.mark.inferd_only  # as above: Triton does not notice the closed connection
+def test_tritonclient_http_timeout_cancels_the_running_request(server, marker_dir, harness):
+    import tritonclient.http as httpclient
+
+    before = canceled_count(server)
+    client = server.http_client(network_timeout=3.0)  # on timeout the client closes its connection
+    inputs = []
+    for name, dtype, value in (("TAG", "BYTES", np.array([b"http_timeout"], dtype=np.object_)),
+                               ("SECONDS", "FP32", np.array([LONG_S], dtype=np.float32)),
+                               ("DATA", "UINT8", np.zeros(4, dtype=np.uint8))):
+        inp = httpclient.InferInput(name, list(value.shape), dtype)
+        inp.set_data_from_numpy(value)
+        inputs.append(inp)
+    try:
+        with pytest.raises(Exception, match="timed out"):
+            client.infer(MODEL, inputs, parameters={"marker_dir": str(marker_dir)})
+    finally:
+        client.close()
+    wait_marker(server, marker_dir, "started", "http_timeout")
+    wait_marker(server, marker_dir, "cancelled", "http_timeout")
+    wait_canceled(server, harness, before + 1)
+    assert_serves(server, marker_dir, "after_http_timeout")
+
+
 def test_closed_grpc_stream_cancels_its_requests(server, marker_dir, harness):
     before = canceled_count(server)
     results: queue.Queue = queue.Queue()
