@@ -229,7 +229,7 @@ class DynamicBatcher:
 
     async def _run(self, executor: Executor, batch: list[Pending]) -> None:
         try:
-            await self._execute(executor, batch)
+            responses = await self._execute(executor, batch)
         except asyncio.CancelledError:  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
             for item in batch:
@@ -238,10 +238,20 @@ class DynamicBatcher:
         finally:
             self._inflight[id(executor)] -= 1
             self.running -= len(batch)
-            self._check_idle()
-            self._kick()
+        # The next batch goes to the worker before these answers are written out: its Execute is
+        # sent by a task step queued now, ahead of the wake-ups the answers below queue.
+        self._dispatch()
+        if self.preserve_ordering:
+            for item, response in zip(batch, responses):
+                item.outcome = response
+            self._release_in_order()
+        else:
+            for item, response in zip(batch, responses):
+                _settle(item.future, response)
+        self._check_idle()
 
-    async def _execute(self, executor: Executor, batch: list[Pending]) -> None:
+    async def _execute(self, executor: Executor, batch: list[Pending]) -> list[InferResponse | InferdError]:
+        """Run the batch and record its statistics; the answers, one per request."""
         start = time.monotonic_ns()
         result = None
         try:
@@ -268,12 +278,7 @@ class DynamicBatcher:
             elif result is not None:
                 self.stats.record_success(1, request_ns, start - item.arrival_ns, result.compute_input_ns,
                                           result.compute_infer_ns, result.compute_output_ns)
-            if self.preserve_ordering:
-                item.outcome = response
-            else:
-                _settle(item.future, response)
-        if self.preserve_ordering:
-            self._release_in_order()
+        return responses
 
     def _release_in_order(self) -> None:
         order = self._order

@@ -1,0 +1,371 @@
+"""Dynamic batching benchmark (issue 4, "Measure"): what batching buys for a model whose execute()
+costs a fixed 5 ms whatever the batch size, at concurrency 32, on inferd, Triton 2.51 and MLServer.
+
+    .venv/bin/python bench/batching.py                       # all three servers, 3 rounds of 10 s points
+    .venv/bin/python bench/batching.py --servers inferd -d 5 --rounds 1 --no-record
+
+inferd and Triton serve the same two config.pbtxt files (bench/models/fixed_cost: max_batch_size 32,
+FP32 [4], one CPU instance): `fixed_cost` as is and `fixed_cost_batched` with `dynamic_batching { }`
+(or --batching-config) added. MLServer gets the same model as a runtime, without and with adaptive
+batching (max_batch_size 32, --mlserver-batch-time). The client is wrk (closed loop, one request in
+flight per connection, --conc connections, KServe v2 JSON body). Points are paired: every round
+measures every server and both variants back to back, rotating the order, so load from other work on
+the machine spreads over all of them; that load is recorded per point (foreign_cores).
+
+Mean executed batch = inference_count / execution_count deltas from the statistics extension (inferd,
+Triton); for MLServer the model counts its predict() calls and rows.
+Results: bench/results/batching-<date>-<commit>.json and a section appended to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import (  # noqa: E402  (bench/ is not a package)
+    BENCH,
+    INFERD,
+    PEER_DIR,
+    ROOT,
+    TRITON_DIR,
+    TRITON_SH,
+    children_cpu,
+    git_commit,
+    http,
+    loadavg,
+    machine,
+    run_wrk,
+    system_busy,
+    versions,
+)
+
+MODEL_SRC = BENCH / "models" / "fixed_cost"
+VARIANTS = ("fixed_cost_batched", "fixed_cost")  # with and without batching
+TITLES = {"inferd": "inferd", "triton": "Triton 2.51", "mlserver": "MLServer (adaptive batching)"}
+
+MLSERVER_MODEL = '''import json
+import os
+import time
+
+from mlserver import MLModel
+from mlserver.codecs import NumpyCodec
+from mlserver.types import InferenceRequest, InferenceResponse
+
+
+class FixedCostModel(MLModel):
+    """Echoes INPUT0 after a fixed cost per predict() call; counts calls and rows in COUNTS_FILE."""
+
+    async def load(self) -> bool:
+        self.cost_s = 0.005
+        self.calls = self.rows = 0
+        self.counts_file = os.path.join(os.getcwd(), self.name + ".counts.json")
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        time.sleep(self.cost_s)  # the fixed cost: blocks like a compute-bound step would
+        x = NumpyCodec.decode_input(payload.inputs[0])
+        self.calls += 1
+        self.rows += int(x.shape[0])
+        with open(self.counts_file, "w") as f:
+            json.dump({"calls": self.calls, "rows": self.rows}, f)
+        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
+                                 outputs=[NumpyCodec.encode_output("OUTPUT0", x)])
+'''
+
+
+def free_ports(n: int) -> tuple[int, int, int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return tuple(sock.getsockname()[1] for sock in socks)  # type: ignore[return-value]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def prepare_repo(repo: Path, batching_config: str) -> None:
+    if repo.exists():
+        shutil.rmtree(repo)
+    base = (MODEL_SRC / "config.pbtxt").read_text()
+    for name in VARIANTS:
+        shutil.copytree(MODEL_SRC, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        config = base.replace('name: "fixed_cost"', f'name: "{name}"')
+        if name == "fixed_cost_batched":
+            config += batching_config + "\n"
+        (repo / name / "config.pbtxt").write_text(config)
+
+
+def prepare_mlserver(models: Path, ports: tuple[int, int, int], batch_time: float) -> None:
+    if models.exists():
+        shutil.rmtree(models)
+    models.mkdir(parents=True)
+    (models / "settings.json").write_text(json.dumps({
+        "debug": False, "host": "127.0.0.1", "http_port": ports[0], "grpc_port": ports[1],
+        "metrics_port": ports[2]}))
+    for name in VARIANTS:
+        (models / name).mkdir()
+        (models / name / "model.py").write_text(MLSERVER_MODEL)
+        settings = {"name": name, "implementation": "model.FixedCostModel", "platform": "mlserver",
+                    "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}],
+                    "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]}]}
+        if name == "fixed_cost_batched":
+            settings.update(max_batch_size=32, max_batch_time=batch_time)
+        (models / name / "model-settings.json").write_text(json.dumps(settings, indent=1))
+
+
+@dataclass
+class Server:
+    name: str
+    ports: tuple[int, int, int]
+    workdir: Path
+    proc: subprocess.Popen | None = None
+    skipped: str | None = None
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.ports[0]}"
+
+    def start(self, repo: Path, batch_time: float, timeout: float) -> None:
+        h, g, m = (str(p) for p in self.ports)
+        env, cwd = {}, self.workdir
+        if self.name == "inferd":
+            if not INFERD.exists():
+                self.skipped = f"{INFERD} missing"
+                return
+            self.argv = [str(INFERD), "--model-repository", str(repo), "--http-port", h, "--grpc-port", g,
+                         "--metrics-port", m]
+            cwd = ROOT
+        elif self.name == "triton":
+            if not TRITON_SH.exists() or not (TRITON_DIR / "venv" / "bin" / "python").exists():
+                self.skipped = "Triton reference not set up (bench/run.py --install-peers)"
+                return
+            self.argv = [str(TRITON_SH), "run", "--model-repository", str(repo), f"--http-port={h}",
+                         f"--grpc-port={g}", f"--metrics-port={m}", "--log-verbose=0"]
+        elif self.name == "mlserver":
+            exe = PEER_DIR / "bin" / "mlserver"
+            if not exe.exists():
+                self.skipped = f"MLServer not installed in {PEER_DIR} (bench/run.py --install-peers)"
+                return
+            models = self.workdir / "mlserver-models"
+            prepare_mlserver(models, self.ports, batch_time)
+            cwd = self.workdir / "mlserver-cwd"
+            cwd.mkdir(exist_ok=True)
+            env = {"MLSERVER_PARALLEL_WORKERS": "0"}
+            self.argv = [str(exe), "start", str(models)]
+        else:
+            self.skipped = "unknown server"
+            return
+        self.cwd = cwd
+        with open(self.workdir / f"{self.name}.log", "wb") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=cwd, env={**os.environ, **env}, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.skipped = f"exited with {self.proc.returncode} during start (see {self.workdir})"
+                self.proc = None
+                return
+            if all(http("GET", f"{self.base}/v2/models/{v}/ready", timeout=2)[0] == 200 for v in VARIANTS):
+                return
+            time.sleep(0.25)
+        self.skipped = f"not ready within {timeout:.0f} s"
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the session this harness started for it
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def cpu_seconds(self) -> float:
+        assert self.proc is not None
+        main = psutil.Process(self.proc.pid)
+        total = sum(main.cpu_times()[:2])
+        for child in main.children(recursive=True):
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+        return total
+
+    def batch_counts(self, model: str) -> tuple[int, int]:
+        """(batch items, executions) so far."""
+        if self.name == "mlserver":
+            try:
+                counts = json.loads((self.cwd / f"{model}.counts.json").read_text())
+            except (OSError, ValueError):
+                return 0, 0
+            return counts["rows"], counts["calls"]
+        code, body = http("GET", f"{self.base}/v2/models/{model}/stats", timeout=5)
+        if code != 200:
+            return 0, 0
+        stats = json.loads(body)["model_stats"][0]
+        return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def measure(server: Server, model: str, conc: int, duration: float, warmup: float, body: Path) -> dict:
+    url = f"{server.base}/v2/models/{model}/infer"
+    if warmup > 0:
+        run_wrk(url, conc, warmup, body, None)
+    items0, execs0 = server.batch_counts(model)
+    cpu0, client0, busy0, t0 = server.cpu_seconds(), children_cpu(), system_busy(), time.monotonic()
+    point = run_wrk(url, conc, duration, body, None)
+    cpu1, client1, busy1, t1 = server.cpu_seconds(), children_cpu(), system_busy(), time.monotonic()
+    items1, execs1 = server.batch_counts(model)
+    ours = (cpu1 - cpu0) + (client1 - client0)
+    point["foreign_cores"] = round(max(0.0, (busy1 - busy0) - ours) / max(1e-9, t1 - t0), 2)
+    point["server_cores"] = round((cpu1 - cpu0) / max(1e-9, t1 - t0), 2)
+    if execs1 > execs0:
+        point["mean_batch"] = (items1 - items0) / (execs1 - execs0)
+    return point
+
+
+def summarize(points: list[dict], names: list[str]) -> dict:
+    out: dict = {}
+    for name in names:
+        row: dict = {}
+        for variant in VARIANTS:
+            pts = [p for p in points if p["server"] == name and p["model"] == variant and "error" not in p]
+            if not pts:
+                continue
+            row[variant] = {k: statistics.median(p[k] for p in pts if k in p)
+                            for k in ("infer_per_s", "p50_ms", "p99_ms", "mean_batch", "foreign_cores")
+                            if any(k in p for p in pts)}
+            row[variant]["points"] = len(pts)
+            row[variant]["invalid"] = sum(1 for p in pts if "invalid" in p)
+        if len(row) == 2:
+            row["gain"] = row["fixed_cost_batched"]["infer_per_s"] / row["fixed_cost"]["infer_per_s"]
+        out[name] = row
+    return out
+
+
+def markdown(res: dict) -> str:
+    s, lines = res["summary"], []
+    lines.append(f"## Dynamic batching: fixed 5 ms execute, c={res['conc']} ({res['date']}, commit {res['commit']})")
+    lines.append("")
+    lines.append(f"- Command: `{res['command']}`")
+    m = res["machine"]
+    lines.append(f"- Machine: {m.get('cpu', '?')}, {m.get('nproc', '?')} cores; load average at start "
+                 f"{res['loadavg_start']}, at end {res['loadavg_end']}; other work on the machine during the "
+                 f"points (median, cores): {res['foreign_median']}")
+    lines.append(f"- Batched config added to the same config.pbtxt for inferd and Triton: "
+                 f"`{res['batching_config']}`; MLServer adaptive batching max_batch_size 32, "
+                 f"max_batch_time {res['mlserver_batch_time']} s")
+    lines.append(f"- {res['rounds']} paired rounds of {res['duration_s']:.0f} s points (after {res['warmup_s']:.0f} s "
+                 "warm-up), order rotated each round; medians over rounds. wrk, KServe v2 JSON over HTTP.")
+    lines.append("")
+    lines.append("| server | batching | infer/s | p50 ms | p99 ms | mean executed batch | gain (batched / not) |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    for name, row in s.items():
+        for variant in VARIANTS:
+            r = row.get(variant)
+            if not r:
+                continue
+            batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
+            gain = f"**{row['gain']:.1f}x**" if variant == VARIANTS[0] and "gain" in row else ""
+            flag = " (invalid points: %d)" % r["invalid"] if r["invalid"] else ""
+            lines.append(f"| {TITLES.get(name, name)} | {'yes' if variant == VARIANTS[0] else 'no'} | "
+                         f"{r['infer_per_s']:.0f}{flag} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {batch} | {gain} |")
+    if "inferd" in s and "triton" in s and VARIANTS[0] in s["inferd"] and VARIANTS[0] in s["triton"]:
+        a, b = s["inferd"][VARIANTS[0]], s["triton"][VARIANTS[0]]
+        lines.append("")
+        lines.append(f"inferd / Triton, batched: throughput {a['infer_per_s'] / b['infer_per_s']:.2f}x, "
+                     f"p99 {a['p99_ms'] / b['p99_ms']:.2f}x; gain inferd {s['inferd'].get('gain', 0):.1f}x vs "
+                     f"Triton {s['triton'].get('gain', 0):.1f}x.")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--servers", default="inferd,triton,mlserver")
+    ap.add_argument("--conc", type=int, default=32)
+    ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds per measured point")
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batching-config", default="dynamic_batching { }")
+    ap.add_argument("--mlserver-batch-time", type=float, default=0.002, help="max_batch_time, seconds")
+    ap.add_argument("--start-timeout", type=float, default=180.0)
+    ap.add_argument("--no-record", action="store_true", help="don't append to bench/RESULTS.md")
+    args = ap.parse_args()
+
+    names = [n.strip() for n in args.servers.split(",") if n.strip()]
+    stamp = datetime.now(timezone.utc)
+    commit = git_commit()
+    work = BENCH / "out" / ("batching-" + stamp.strftime("%Y%m%d-%H%M%S"))
+    work.mkdir(parents=True, exist_ok=True)
+    repo = work / "repo"
+    prepare_repo(repo, args.batching_config)
+    body = work / "request.json"
+    body.write_text(json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
+                                            "data": [1, 2, 3, 4]}]}))
+    servers = [Server(n, free_ports(3), work) for n in names]
+    res: dict = {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit, "machine": machine(),
+                 "command": shlex.join([".venv/bin/python", "bench/batching.py", *sys.argv[1:]]),
+                 "tools": versions(), "conc": args.conc, "duration_s": args.duration, "warmup_s": args.warmup,
+                 "rounds": args.rounds, "batching_config": args.batching_config,
+                 "mlserver_batch_time": args.mlserver_batch_time, "loadavg_start": loadavg(), "skipped": {},
+                 "points": []}
+    try:
+        for s in servers:
+            print(f"== starting {s.name}", flush=True)
+            s.start(repo, args.mlserver_batch_time, args.start_timeout)
+            if s.skipped:
+                print(f"   skipped: {s.skipped}", flush=True)
+                res["skipped"][s.name] = s.skipped
+        live = [s for s in servers if not s.skipped]
+        for rnd in range(args.rounds):
+            order = live[rnd % len(live):] + live[:rnd % len(live)] if live else []
+            for s in order:
+                variants = VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]
+                for model in variants:
+                    point = {"round": rnd + 1, "server": s.name, "model": model, "loadavg": loadavg(),
+                             **measure(s, model, args.conc, args.duration, args.warmup, body)}
+                    res["points"].append(point)
+                    show = (f"{point['infer_per_s']:.0f}/s p50 {point['p50_ms']:.1f} p99 {point['p99_ms']:.1f} ms "
+                            f"batch {point.get('mean_batch', 0):.1f}" if "error" not in point else point["error"])
+                    print(f"[r{rnd + 1}] {s.name:9s} {model:19s} {show}  (other load {point['foreign_cores']} "
+                          f"cores){'  INVALID: ' + point['invalid'] if 'invalid' in point else ''}", flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+    res["loadavg_end"] = loadavg()
+    foreign = [p["foreign_cores"] for p in res["points"] if "foreign_cores" in p]
+    res["foreign_median"] = statistics.median(foreign) if foreign else None
+    res["summary"] = summarize(res["points"], names)
+    md = markdown(res)
+    print("\n" + md)
+    out = BENCH / "results" / f"batching-{stamp.strftime('%Y%m%d-%H%M%S')}-{commit}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1, default=str))
+    print(f"JSON: {out.relative_to(ROOT)}")
+    if not args.no_record:
+        with open(BENCH / "RESULTS.md", "a") as f:
+            f.write("\n" + md + f"\nRaw: `{out.relative_to(ROOT)}`\n")
+        print("appended to bench/RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
