@@ -26,20 +26,25 @@ import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
 MODEL = "cancel_slow"
+BATCHED = "cancel_batched"  # the same model behind the dynamic batcher (inputs with a batch dimension)
 LONG_S = 120.0  # a request that would run this long unless cancelled
 WAIT_S = 30.0  # bound on every wait for something the server does
 SHM_INPUT_BYTES = 1 << 20  # well above the 64 KiB inline limit: travels through a shared memory lease
 LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 
 
-def grpc_inputs(tag: str, seconds: float, nbytes: int = 4) -> list:
-    t = grpcclient.InferInput("TAG", [1], "BYTES")
-    t.set_data_from_numpy(np.array([tag.encode()], dtype=np.object_))
-    s = grpcclient.InferInput("SECONDS", [1], "FP32")
-    s.set_data_from_numpy(np.array([seconds], dtype=np.float32))
-    d = grpcclient.InferInput("DATA", [nbytes], "UINT8")
-    d.set_data_from_numpy(np.zeros(nbytes, dtype=np.uint8))
-    return [t, s, d]
+def grpc_inputs(tag: str, seconds: float, nbytes: int = 4, model: str = MODEL) -> list:
+    values = (("TAG", "BYTES", np.array([tag.encode()], dtype=np.object_)),
+              ("SECONDS", "FP32", np.array([seconds], dtype=np.float32)),
+              ("DATA", "UINT8", np.zeros(nbytes, dtype=np.uint8)))
+    inputs = []
+    for name, dtype, value in values:
+        if model == BATCHED:
+            value = value[np.newaxis]  # a batch of one
+        inp = grpcclient.InferInput(name, list(value.shape), dtype)
+        inp.set_data_from_numpy(value)
+        inputs.append(inp)
+    return inputs
 
 
 def http_body(tag: str, seconds: float, marker_dir: Path) -> bytes:
@@ -67,46 +72,47 @@ async def async_wait_marker(marker_dir: Path, kind: str, tag: str) -> None:
         await asyncio.sleep(0.02)
 
 
-def samples(server) -> dict[tuple[str, str], float]:
+def samples(server, model: str = MODEL) -> dict[tuple[str, str], float]:
+    """Metrics of `model` (and the unlabelled server-wide ones) by (name, reason label)."""
     out: dict[tuple[str, str], float] = {}
     for line in server.metrics().splitlines():
         m = LINE.match(line)
         if not m or line.startswith("#"):
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels") or ""))
-        if labels.get("model", MODEL) != MODEL:
+        if labels.get("model", model) != model:
             continue
         key = (m.group("name"), labels.get("reason", ""))
         out[key] = out.get(key, 0.0) + float(m.group("value"))
     return out
 
 
-def canceled_count(server) -> float:
-    return samples(server)[("nv_inference_request_failure", "CANCELED")]
+def canceled_count(server, model: str = MODEL) -> float:
+    return samples(server, model)[("nv_inference_request_failure", "CANCELED")]
 
 
-def wait_canceled(server, harness, expected: float) -> None:
+def wait_canceled(server, harness, expected: float, model: str = MODEL) -> None:
     if harness.target_is_triton():
         return  # Triton 2.51 counts a cancelled gRPC request nowhere (neither fail nor CANCELED)
-    server.wait_until(lambda: canceled_count(server) == expected, timeout=WAIT_S,
+    server.wait_until(lambda: canceled_count(server, model) == expected, timeout=WAIT_S,
                       what=f"{expected:g} requests counted CANCELED")
 
 
-def assert_serves(server, marker_dir: Path, tag: str) -> None:
+def assert_serves(server, marker_dir: Path, tag: str, model: str = MODEL) -> None:
     """The server and the model still answer a quick request."""
     client = server.grpc_client()
     try:
-        result = client.infer(MODEL, grpc_inputs(tag, 0.0), parameters={"marker_dir": str(marker_dir)},
-                              client_timeout=WAIT_S)
+        result = client.infer(model, grpc_inputs(tag, 0.0, model=model),
+                              parameters={"marker_dir": str(marker_dir)}, client_timeout=WAIT_S)
     finally:
         client.close()
-    assert result.as_numpy("NBYTES")[0] == 4
-    assert server.is_live() and server.model_ready(MODEL)
+    assert result.as_numpy("NBYTES").reshape(-1)[0] == 4
+    assert server.is_live() and server.model_ready(model)
 
 
 @pytest.fixture(scope="module")
 def server(module_server_factory):
-    return module_server_factory([MODEL])
+    return module_server_factory([MODEL, BATCHED])
 
 
 @pytest.fixture
@@ -211,27 +217,30 @@ def test_closed_grpc_stream_cancels_its_requests(server, marker_dir, harness):
     assert_serves(server, marker_dir, "after_stream")
 
 
-def _queue_depth(server) -> float:
+def _queue_depth(server, model: str = MODEL) -> float:
     """Requests of the model queued or sent to its instance and not yet answered."""
-    s = samples(server)
+    s = samples(server, model)
     return s.get(("nv_inference_pending_request_count", ""), 0.0) + s.get(
         ("inferd_instance_inflight_requests", ""), 0.0)
 
 
 @pytest.mark.inferd_only  # Triton 2.51's default scheduler still hands it to the model (which sees it cancelled)
-def test_queued_request_is_cancelled_and_never_executes(server, marker_dir, harness):
-    before = canceled_count(server)
+@pytest.mark.parametrize("model", [MODEL, BATCHED])
+def test_queued_request_is_cancelled_and_never_executes(server, marker_dir, harness, model):
+    before = canceled_count(server, model)
     depth = 2  # the running request (sent to the instance) and the queued one
 
     async def scenario() -> None:
         client = aioclient.InferenceServerClient(server.grpc_url)
         params = {"marker_dir": str(marker_dir)}
         try:
-            running = asyncio.ensure_future(client.infer(MODEL, grpc_inputs("running", LONG_S), parameters=params))
+            running = asyncio.ensure_future(
+                client.infer(model, grpc_inputs("running", LONG_S, model=model), parameters=params))
             await async_wait_marker(marker_dir, "started", "running")
-            queued = asyncio.ensure_future(client.infer(MODEL, grpc_inputs("queued", LONG_S), parameters=params))
+            queued = asyncio.ensure_future(
+                client.infer(model, grpc_inputs("queued", LONG_S, model=model), parameters=params))
             deadline = time.monotonic() + WAIT_S
-            while _queue_depth(server) < depth:  # the second request has reached the server
+            while _queue_depth(server, model) < depth:  # the second request has reached the server
                 assert time.monotonic() < deadline, "the queued request never reached the server"
                 await asyncio.sleep(0.02)
             queued.cancel()
@@ -244,9 +253,9 @@ def test_queued_request_is_cancelled_and_never_executes(server, marker_dir, harn
             await client.close()
 
     asyncio.run(scenario())
-    wait_canceled(server, harness, before + 2)
+    wait_canceled(server, harness, before + 2, model)
     # a later request runs after the place the cancelled one held: it was skipped, not deferred
-    assert_serves(server, marker_dir, "later")
+    assert_serves(server, marker_dir, "later", model)
     assert marker(marker_dir, "done", "later").exists()
     assert not marker(marker_dir, "started", "queued").exists(), "the cancelled queued request was executed"
 
