@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
                    help="response cache, as tritonserver: local,size=<bytes> (repeatable)")
+    p.add_argument("--response-cache-byte-size", type=int, default=None,
+                   help="deprecated tritonserver spelling of --cache-config local,size=<bytes>")
+    p.add_argument("--cache-directory", default="",
+                   help="accepted for tritonserver command lines; the local cache is built in")
     p.add_argument("--run-dir", default="", help="directory for worker sockets (default: a temp dir)")
     p.add_argument("--max-queue-size", type=int, default=4096)
     p.add_argument("--env-cache-dir", default="",
@@ -115,8 +119,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
     if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("error: --load-model=* must be the only --load-model")
+    cache_values = list(args.cache_config)
+    if args.response_cache_byte_size and not cache_values:  # 0, its default, means no cache
+        cache_values = [f"local,size={args.response_cache_byte_size}"]
     try:
-        cache = parse_cache_config(args.cache_config)
+        cache = parse_cache_config(cache_values)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     run_dir = args.run_dir or tempfile.mkdtemp(prefix="inferd-")

@@ -57,6 +57,9 @@ def test_server_flag(tmp_path) -> None:
     assert cfg.response_cache_bytes == 4096
     cfg = config_mod.parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run")])
     assert cfg.response_cache_bytes is None
+    cfg = config_mod.parse_args(["--model-repository", str(tmp_path), "--response-cache-byte-size", "512",
+                                 "--cache-directory", "/opt/tritonserver/caches", "--run-dir", str(tmp_path / "run")])
+    assert cfg.response_cache_bytes == 512
     with pytest.raises(SystemExit, match="not supported"):
         config_mod.parse_args(["--model-repository", str(tmp_path), "--cache-config", "redis,host=x",
                                "--run-dir", str(tmp_path / "run")])
