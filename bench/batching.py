@@ -4,13 +4,15 @@ costs a fixed 5 ms whatever the batch size, at concurrency 32, on inferd, Triton
     .venv/bin/python bench/batching.py                       # all three servers, 3 rounds of 10 s points
     .venv/bin/python bench/batching.py --servers inferd -d 5 --rounds 1 --no-record
 
-inferd and Triton serve the same two config.pbtxt files (bench/models/fixed_cost: max_batch_size 32,
-FP32 [4], one CPU instance): `fixed_cost` as is and `fixed_cost_batched` with `dynamic_batching { }`
-(or --batching-config) added. MLServer gets the same model as a runtime, without and with adaptive
-batching (max_batch_size 32, --mlserver-batch-time). The client is wrk (closed loop, one request in
-flight per connection, --conc connections, KServe v2 JSON body). Points are paired: every round
-measures every server and both variants back to back, rotating the order, so load from other work on
-the machine spreads over all of them; that load is recorded per point (foreign_cores).
+inferd and Triton serve the same config.pbtxt files (bench/models/fixed_cost: max_batch_size 32,
+FP32 [4], one CPU instance): `fixed_cost` as is, and for each --delays-us value D a model
+`fixed_cost_batched_<D>us` with `dynamic_batching { max_queue_delay_microseconds: D }` added.
+MLServer gets the same model as a runtime, without and with adaptive batching (max_batch_size 32,
+max_batch_time D, at least --mlserver-min-batch-time: MLServer needs a time window). The client is
+wrk (closed loop, one request in flight per connection, --conc connections, KServe v2 JSON body).
+Points are paired: every round measures every server and every variant back to back, rotating the
+order, so load from other work on the machine spreads over all of them; that load is recorded per
+point (foreign_cores).
 
 Mean executed batch = inference_count / execution_count deltas from the statistics extension (inferd,
 Triton); for MLServer the model counts its predict() calls and rows.
@@ -55,7 +57,11 @@ from run import (  # noqa: E402  (bench/ is not a package)
 )
 
 MODEL_SRC = BENCH / "models" / "fixed_cost"
-VARIANTS = ("fixed_cost_batched", "fixed_cost")  # with and without batching
+UNBATCHED = "fixed_cost"
+
+
+def batched_name(delay_us: int) -> str:
+    return f"fixed_cost_batched_{delay_us}us"
 TITLES = {"inferd": "inferd", "triton": "Triton 2.51", "mlserver": "MLServer (adaptive batching)"}
 
 MLSERVER_MODEL = '''import json
@@ -81,8 +87,9 @@ class FixedCostModel(MLModel):
         x = NumpyCodec.decode_input(payload.inputs[0])
         self.calls += 1
         self.rows += int(x.shape[0])
-        with open(self.counts_file, "w") as f:
+        with open(self.counts_file + ".tmp", "w") as f:
             json.dump({"calls": self.calls, "rows": self.rows}, f)
+        os.replace(self.counts_file + ".tmp", self.counts_file)  # readers never see a partial file
         return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
                                  outputs=[NumpyCodec.encode_output("OUTPUT0", x)])
 '''
@@ -99,32 +106,34 @@ def free_ports(n: int) -> tuple[int, int, int]:
             sock.close()
 
 
-def prepare_repo(repo: Path, batching_config: str) -> None:
+def prepare_repo(repo: Path, delays_us: list[int]) -> None:
     if repo.exists():
         shutil.rmtree(repo)
     base = (MODEL_SRC / "config.pbtxt").read_text()
-    for name in VARIANTS:
+    variants: dict[str, str] = {UNBATCHED: ""}
+    for d in delays_us:
+        variants[batched_name(d)] = "dynamic_batching { max_queue_delay_microseconds: %d }\n" % d
+    for name, extra in variants.items():
         shutil.copytree(MODEL_SRC, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        config = base.replace('name: "fixed_cost"', f'name: "{name}"')
-        if name == "fixed_cost_batched":
-            config += batching_config + "\n"
-        (repo / name / "config.pbtxt").write_text(config)
+        (repo / name / "config.pbtxt").write_text(base.replace('name: "fixed_cost"', f'name: "{name}"') + extra)
 
 
-def prepare_mlserver(models: Path, ports: tuple[int, int, int], batch_time: float) -> None:
+def prepare_mlserver(models: Path, ports: tuple[int, int, int], delays_us: list[int], min_time: float) -> None:
     if models.exists():
         shutil.rmtree(models)
     models.mkdir(parents=True)
     (models / "settings.json").write_text(json.dumps({
         "debug": False, "host": "127.0.0.1", "http_port": ports[0], "grpc_port": ports[1],
         "metrics_port": ports[2]}))
-    for name in VARIANTS:
+    batch_times: dict[str, float | None] = {UNBATCHED: None}
+    batch_times.update({batched_name(d): max(d / 1e6, min_time) for d in delays_us})
+    for name, batch_time in batch_times.items():
         (models / name).mkdir()
         (models / name / "model.py").write_text(MLSERVER_MODEL)
         settings = {"name": name, "implementation": "model.FixedCostModel", "platform": "mlserver",
                     "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, 4]}],
                     "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, 4]}]}
-        if name == "fixed_cost_batched":
+        if batch_time is not None:
             settings.update(max_batch_size=32, max_batch_time=batch_time)
         (models / name / "model-settings.json").write_text(json.dumps(settings, indent=1))
 
@@ -142,7 +151,8 @@ class Server:
     def base(self) -> str:
         return f"http://127.0.0.1:{self.ports[0]}"
 
-    def start(self, repo: Path, batch_time: float, timeout: float) -> None:
+    def start(self, repo: Path, variants: list[str], delays_us: list[int], min_time: float,
+              timeout: float) -> None:
         h, g, m = (str(p) for p in self.ports)
         env, cwd = {}, self.workdir
         if self.name == "inferd":
@@ -164,7 +174,7 @@ class Server:
                 self.skipped = f"MLServer not installed in {PEER_DIR} (bench/run.py --install-peers)"
                 return
             models = self.workdir / "mlserver-models"
-            prepare_mlserver(models, self.ports, batch_time)
+            prepare_mlserver(models, self.ports, delays_us, min_time)
             cwd = self.workdir / "mlserver-cwd"
             cwd.mkdir(exist_ok=True)
             env = {"MLSERVER_PARALLEL_WORKERS": "0"}
@@ -182,7 +192,7 @@ class Server:
                 self.skipped = f"exited with {self.proc.returncode} during start (see {self.workdir})"
                 self.proc = None
                 return
-            if all(http("GET", f"{self.base}/v2/models/{v}/ready", timeout=2)[0] == 200 for v in VARIANTS):
+            if all(http("GET", f"{self.base}/v2/models/{v}/ready", timeout=2)[0] == 200 for v in variants):
                 return
             time.sleep(0.25)
         self.skipped = f"not ready within {timeout:.0f} s"
@@ -242,11 +252,11 @@ def measure(server: Server, model: str, conc: int, duration: float, warmup: floa
     return point
 
 
-def summarize(points: list[dict], names: list[str]) -> dict:
+def summarize(points: list[dict], names: list[str], variants: list[str]) -> dict:
     out: dict = {}
     for name in names:
         row: dict = {}
-        for variant in VARIANTS:
+        for variant in variants:
             pts = [p for p in points if p["server"] == name and p["model"] == variant and "error" not in p]
             if not pts:
                 continue
@@ -255,45 +265,51 @@ def summarize(points: list[dict], names: list[str]) -> dict:
                             if any(k in p for p in pts)}
             row[variant]["points"] = len(pts)
             row[variant]["invalid"] = sum(1 for p in pts if "invalid" in p)
-        if len(row) == 2:
-            row["gain"] = row["fixed_cost_batched"]["infer_per_s"] / row["fixed_cost"]["infer_per_s"]
+        for variant, r in row.items():
+            if variant != UNBATCHED and UNBATCHED in row:
+                r["gain"] = r["infer_per_s"] / row[UNBATCHED]["infer_per_s"]
         out[name] = row
     return out
 
 
 def markdown(res: dict) -> str:
-    s, lines = res["summary"], []
+    s, variants, lines = res["summary"], res["variants"], []
     lines.append(f"## Dynamic batching: fixed 5 ms execute, c={res['conc']} ({res['date']}, commit {res['commit']})")
     lines.append("")
     lines.append(f"- Command: `{res['command']}`")
     m = res["machine"]
     lines.append(f"- Machine: {m.get('cpu', '?')}, {m.get('nproc', '?')} cores; load average at start "
-                 f"{res['loadavg_start']}, at end {res['loadavg_end']}; other work on the machine during the "
-                 f"points (median, cores): {res['foreign_median']}")
-    lines.append(f"- Batched config added to the same config.pbtxt for inferd and Triton: "
-                 f"`{res['batching_config']}`; MLServer adaptive batching max_batch_size 32, "
-                 f"max_batch_time {res['mlserver_batch_time']} s")
+                 f"{res['loadavg_start']}, at end {res['loadavg_end']}; CPU used by other work on the machine "
+                 f"during the points (cores, median / max): {res['foreign_median']} / {res['foreign_max']}")
+    lines.append("- Same config.pbtxt for inferd and Triton (bench/models/fixed_cost), plus "
+                 "`dynamic_batching { max_queue_delay_microseconds: D }` for the batched rows; MLServer adaptive "
+                 f"batching max_batch_size 32, max_batch_time D (at least {res['mlserver_min_batch_time']} s)")
     lines.append(f"- {res['rounds']} paired rounds of {res['duration_s']:.0f} s points (after {res['warmup_s']:.0f} s "
-                 "warm-up), order rotated each round; medians over rounds. wrk, KServe v2 JSON over HTTP.")
+                 "warm-up), server and variant order rotated each round; medians over rounds. wrk, KServe v2 JSON "
+                 "over HTTP, one request in flight per connection. Mean executed batch from the statistics "
+                 "extension (MLServer: the model counts).")
     lines.append("")
-    lines.append("| server | batching | infer/s | p50 ms | p99 ms | mean executed batch | gain (batched / not) |")
+    lines.append("| server | dynamic batching | infer/s | p50 ms | p99 ms | mean executed batch | gain vs none |")
     lines.append("|---|---|---:|---:|---:|---:|---:|")
     for name, row in s.items():
-        for variant in VARIANTS:
+        for variant in variants:
             r = row.get(variant)
             if not r:
                 continue
+            label = "none" if variant == UNBATCHED else "delay " + variant.rsplit("_", 1)[1].replace("us", " µs")
             batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
-            gain = f"**{row['gain']:.1f}x**" if variant == VARIANTS[0] and "gain" in row else ""
+            gain = f"**{r['gain']:.1f}x**" if "gain" in r else ""
             flag = " (invalid points: %d)" % r["invalid"] if r["invalid"] else ""
-            lines.append(f"| {TITLES.get(name, name)} | {'yes' if variant == VARIANTS[0] else 'no'} | "
-                         f"{r['infer_per_s']:.0f}{flag} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {batch} | {gain} |")
-    if "inferd" in s and "triton" in s and VARIANTS[0] in s["inferd"] and VARIANTS[0] in s["triton"]:
-        a, b = s["inferd"][VARIANTS[0]], s["triton"][VARIANTS[0]]
+            lines.append(f"| {TITLES.get(name, name)} | {label} | {r['infer_per_s']:.0f}{flag} | {r['p50_ms']:.1f} | "
+                         f"{r['p99_ms']:.1f} | {batch} | {gain} |")
+    if "inferd" in s and "triton" in s:
         lines.append("")
-        lines.append(f"inferd / Triton, batched: throughput {a['infer_per_s'] / b['infer_per_s']:.2f}x, "
-                     f"p99 {a['p99_ms'] / b['p99_ms']:.2f}x; gain inferd {s['inferd'].get('gain', 0):.1f}x vs "
-                     f"Triton {s['triton'].get('gain', 0):.1f}x.")
+        for variant in variants:
+            a, b = s["inferd"].get(variant), s["triton"].get(variant)
+            if a and b:
+                lines.append(f"- inferd / Triton, {variant}: throughput {a['infer_per_s'] / b['infer_per_s']:.2f}x, "
+                             f"p99 {a['p99_ms'] / b['p99_ms']:.2f}x"
+                             + (f", gain {a['gain']:.1f}x vs {b['gain']:.1f}x" if "gain" in a and "gain" in b else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -304,19 +320,21 @@ def main() -> int:
     ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds per measured point")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batching-config", default="dynamic_batching { }")
-    ap.add_argument("--mlserver-batch-time", type=float, default=0.002, help="max_batch_time, seconds")
+    ap.add_argument("--delays-us", default="0,10000", help="max_queue_delay_microseconds of the batched variants")
+    ap.add_argument("--mlserver-min-batch-time", type=float, default=0.001, help="seconds")
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--no-record", action="store_true", help="don't append to bench/RESULTS.md")
     args = ap.parse_args()
 
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
+    delays = [int(d) for d in args.delays_us.split(",") if d.strip()]
+    variants = [batched_name(d) for d in delays] + [UNBATCHED]
     stamp = datetime.now(timezone.utc)
     commit = git_commit()
     work = BENCH / "out" / ("batching-" + stamp.strftime("%Y%m%d-%H%M%S"))
     work.mkdir(parents=True, exist_ok=True)
     repo = work / "repo"
-    prepare_repo(repo, args.batching_config)
+    prepare_repo(repo, delays)
     body = work / "request.json"
     body.write_text(json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
                                             "data": [1, 2, 3, 4]}]}))
@@ -324,28 +342,27 @@ def main() -> int:
     res: dict = {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit, "machine": machine(),
                  "command": shlex.join([".venv/bin/python", "bench/batching.py", *sys.argv[1:]]),
                  "tools": versions(), "conc": args.conc, "duration_s": args.duration, "warmup_s": args.warmup,
-                 "rounds": args.rounds, "batching_config": args.batching_config,
-                 "mlserver_batch_time": args.mlserver_batch_time, "loadavg_start": loadavg(), "skipped": {},
-                 "points": []}
+                 "rounds": args.rounds, "variants": variants, "mlserver_min_batch_time": args.mlserver_min_batch_time,
+                 "loadavg_start": loadavg(), "skipped": {}, "points": []}
     try:
         for s in servers:
             print(f"== starting {s.name}", flush=True)
-            s.start(repo, args.mlserver_batch_time, args.start_timeout)
+            s.start(repo, variants, delays, args.mlserver_min_batch_time, args.start_timeout)
             if s.skipped:
                 print(f"   skipped: {s.skipped}", flush=True)
                 res["skipped"][s.name] = s.skipped
         live = [s for s in servers if not s.skipped]
         for rnd in range(args.rounds):
-            order = live[rnd % len(live):] + live[:rnd % len(live)] if live else []
-            for s in order:
-                variants = VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]
-                for model in variants:
+            k = rnd % max(1, len(live))
+            for s in live[k:] + live[:k]:
+                j = rnd % len(variants)
+                for model in variants[j:] + variants[:j]:
                     point = {"round": rnd + 1, "server": s.name, "model": model, "loadavg": loadavg(),
                              **measure(s, model, args.conc, args.duration, args.warmup, body)}
                     res["points"].append(point)
                     show = (f"{point['infer_per_s']:.0f}/s p50 {point['p50_ms']:.1f} p99 {point['p99_ms']:.1f} ms "
                             f"batch {point.get('mean_batch', 0):.1f}" if "error" not in point else point["error"])
-                    print(f"[r{rnd + 1}] {s.name:9s} {model:19s} {show}  (other load {point['foreign_cores']} "
+                    print(f"[r{rnd + 1}] {s.name:9s} {model:28s} {show}  (other load {point['foreign_cores']} "
                           f"cores){'  INVALID: ' + point['invalid'] if 'invalid' in point else ''}", flush=True)
     finally:
         for s in servers:
@@ -353,7 +370,8 @@ def main() -> int:
     res["loadavg_end"] = loadavg()
     foreign = [p["foreign_cores"] for p in res["points"] if "foreign_cores" in p]
     res["foreign_median"] = statistics.median(foreign) if foreign else None
-    res["summary"] = summarize(res["points"], names)
+    res["foreign_max"] = max(foreign) if foreign else None
+    res["summary"] = summarize(res["points"], names, variants)
     md = markdown(res)
     print("\n" + md)
     out = BENCH / "results" / f"batching-{stamp.strftime('%Y%m%d-%H%M%S')}-{commit}.json"
