@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import logging
 import os
 import sys
@@ -36,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     from .app import App
 
+    # Everything imported so far lives as long as the process: keep it out of the collector's full
+    # passes, which otherwise stall the event loop for milliseconds (p99 18 -> 12 ms, batching bench).
+    gc.collect()
+    gc.freeze()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; plain asyncio still works
