@@ -323,7 +323,8 @@ def main() -> int:
     ap.add_argument("--delays-us", default="0,10000", help="max_queue_delay_microseconds of the batched variants")
     ap.add_argument("--mlserver-min-batch-time", type=float, default=0.001, help="seconds")
     ap.add_argument("--start-timeout", type=float, default=180.0)
-    ap.add_argument("--no-record", action="store_true", help="don't append to bench/RESULTS.md")
+    ap.add_argument("--no-record", action="store_true",
+                    help="don't append to bench/RESULTS.md; JSON goes to bench/out instead of bench/results")
     args = ap.parse_args()
 
     names = [n.strip() for n in args.servers.split(",") if n.strip()]
@@ -374,7 +375,8 @@ def main() -> int:
     res["summary"] = summarize(res["points"], names, variants)
     md = markdown(res)
     print("\n" + md)
-    out = BENCH / "results" / f"batching-{stamp.strftime('%Y%m%d-%H%M%S')}-{commit}.json"
+    name = f"batching-{stamp.strftime('%Y%m%d-%H%M%S')}-{commit}.json"
+    out = work / name if args.no_record else BENCH / "results" / name  # trial runs stay in bench/out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1, default=str))
     print(f"JSON: {out.relative_to(ROOT)}")
