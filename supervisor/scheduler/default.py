@@ -121,7 +121,8 @@ class DefaultScheduler:
         queue = self.queue
         if queue.full():
             self.stats.record_failure("REJECTED", 0)
-            raise InferdError(ErrorCode.UNAVAILABLE, "Exceeds maximum queue size")
+            raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
+                              % (request.id or "<id_unknown>"))
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()

@@ -210,7 +210,8 @@ async def test_queue_full_is_unavailable():
     batcher.submit(request("queued"))
     with pytest.raises(InferdError) as info:
         batcher.submit(request("over"))
-    assert info.value.code == ErrorCode.UNAVAILABLE and info.value.message == "Exceeds maximum queue size"
+    assert info.value.code == ErrorCode.UNAVAILABLE
+    assert info.value.message == "[request id: over] Exceeds maximum queue size"  # Triton's words
     assert stats.failures == ["REJECTED"]
 
 
