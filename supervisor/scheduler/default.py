@@ -2,7 +2,8 @@
 
 A free instance takes the oldest request (so work goes to the least-busy ready instance), runs it and
 resolves the request's future. Requests wait only while at least one instance is ready; with none
-ready they fail at once with UNAVAILABLE, because readiness must tell the truth.
+ready they fail at once with UNAVAILABLE, because readiness must tell the truth. As in Triton, a
+request's `timeout` parameter does nothing here: queue timeouts need a dynamic_batching queue policy.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ log = logging.getLogger("inferd.scheduler")
 
 
 class Pending:
-    __slots__ = ("request", "future", "deadline_ns", "timer", "executor")
+    __slots__ = ("request", "future", "executor")
 
     def __init__(self, request: InferRequest, future: asyncio.Future[InferResponse]) -> None:
         self.request = request
         self.future = future
-        self.deadline_ns = 0  # 0 = no queue timeout
-        self.timer: asyncio.TimerHandle | None = None
         self.executor: Executor | None = None  # the instance running it, once dispatched
 
 
@@ -127,10 +126,6 @@ class DefaultScheduler:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         item = Pending(request, loop.create_future())
-        timeout_us = request.timeout_us
-        if timeout_us:
-            item.deadline_ns = request.arrival_ns + timeout_us * 1000
-            item.timer = loop.call_later(timeout_us / 1e6, self._expire, item)
         queue.put(item)
         item.future.add_done_callback(functools.partial(self._on_done, item))
         self._idle.clear()
@@ -140,18 +135,11 @@ class DefaultScheduler:
         """A cancelled request leaves the queue at once, or is cancelled in the worker running it."""
         if not future.cancelled():
             return
-        if item.timer is not None:
-            item.timer.cancel()
         if item.executor is not None:
             item.executor.cancel([item.request])
         elif self.queue.remove(item):
             self.stats.record_failure("CANCELED", time.monotonic_ns() - item.request.arrival_ns)
             self._check_idle()
-
-    def _expire(self, item: Pending) -> None:
-        if not item.future.done():
-            self.stats.record_failure("REJECTED", time.monotonic_ns() - item.request.arrival_ns)
-            item.future.set_exception(InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
 
     def _fail_queued(self, code: ErrorCode, message: str) -> None:
         for item in self.queue.drain():
@@ -170,10 +158,8 @@ class DefaultScheduler:
             item = self.queue.pop_nowait()
             if item is None:
                 break
-            if item.future.done():  # cancelled by the client or expired while queued
+            if item.future.done():  # cancelled by the client while queued
                 continue
-            if item.timer is not None:
-                item.timer.cancel()
             item.executor = executor
             batch.append(item)
         return batch

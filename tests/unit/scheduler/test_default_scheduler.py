@@ -1,0 +1,88 @@
+"""DefaultScheduler (no dynamic_batching): one request per execution in arrival order, pipelined up to
+the runners per instance; Triton's queue-full answer; no queue timeouts without a queue policy."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from supervisor.core.types import InferRequest, Tensor
+from supervisor.scheduler.default import DefaultScheduler
+
+from .fakes import HeldExecutor, Stats, release_when_sent, until
+
+
+@pytest.fixture
+async def made():
+    schedulers: list[DefaultScheduler] = []
+    yield schedulers
+    for s in schedulers:
+        await s.close()
+
+
+def make(made, executors, max_queue_size=0, runners=1):
+    stats = Stats()
+    scheduler = DefaultScheduler("m", executors, stats, max_queue_size=max_queue_size, batched=True,
+                                 runners_per_instance=runners)
+    scheduler.start()
+    made.append(scheduler)
+    return scheduler, stats
+
+
+def request(rid: str, **kw) -> InferRequest:
+    return InferRequest("m", id=rid, inputs=[Tensor("X", "FP32", [2, 4], b"\0" * 32)], **kw)
+
+
+async def test_one_request_per_execution_in_arrival_order(made):
+    ex = HeldExecutor("a")
+    scheduler, stats = make(made, [ex], runners=2)
+    futures = [scheduler.submit(request(str(i))) for i in range(3)]
+    await until(lambda: len(ex.batches) == 2, "two pipelined executions")
+    assert ex.batches == [["0"], ["1"]]
+    for i in range(3):
+        await release_when_sent(ex, i)
+    await asyncio.gather(*futures)
+    assert ex.batches == [["0"], ["1"], ["2"]]
+    assert stats.executions == [2, 2, 2]  # batch items: dim 0 of each request
+
+
+async def test_request_timeout_is_ignored_without_a_queue_policy(made):
+    ex = HeldExecutor("a")
+    scheduler, stats = make(made, [ex])
+    first = scheduler.submit(request("first"))
+    await until(lambda: ex.batches, "the first execution")
+    queued = scheduler.submit(request("queued", timeout_us=1000))
+    await asyncio.sleep(0.05)  # well past its 1 ms: still queued, as in Triton
+    assert not queued.done() and stats.failures == []
+    ex.release(0)
+    await release_when_sent(ex, 1)
+    await asyncio.gather(first, queued)
+
+
+async def test_full_queue_is_unavailable_in_tritons_words(made):
+    ex = HeldExecutor("a")
+    scheduler, stats = make(made, [ex], max_queue_size=1)
+    scheduler.submit(request("run"))
+    await until(lambda: ex.batches, "the first execution")
+    scheduler.submit(request("queued"))
+    with pytest.raises(InferdError) as info:
+        scheduler.submit(request("over"))
+    assert info.value.code == ErrorCode.UNAVAILABLE
+    assert info.value.message == "[request id: over] Exceeds maximum queue size"
+    assert stats.failures == ["REJECTED"]
+
+
+async def test_cancelled_while_queued_never_runs(made):
+    ex = HeldExecutor("a")
+    scheduler, stats = make(made, [ex])
+    first = scheduler.submit(request("first"))
+    await until(lambda: ex.batches, "the first execution")
+    queued = scheduler.submit(request("queued"))
+    queued.cancel()
+    await asyncio.sleep(0)
+    assert scheduler.pending_count == 0 and stats.failures == ["CANCELED"]
+    ex.release(0)
+    await first
+    assert ex.batches == [["first"]]
