@@ -192,3 +192,24 @@ def test_priorities_reorder_a_backlog(server, tmp_path):
     low, default, high = asyncio.run(scenario())
     assert max(order(r) for r in high) < min(order(r) for r in low)
     assert max(order(r) for r in low) < order(default)  # FIFO within a level
+
+
+@pytest.mark.inferd_only
+def test_server_wide_max_queue_size_bounds_a_model_without_a_policy(server_factory, tmp_path):
+    srv = server_factory(["batch_probe"], inferd_args=["--max-queue-size", "2"])
+    model = "batch_probe"
+
+    async def scenario():
+        async with (grpcaio.InferenceServerClient(srv.grpc_url) as client,
+                   Blocked(srv, client, model, tmp_path) as blocked):
+            queued = [blocked.send() for _ in range(2)]
+            await wait_pending(srv, model, 2)
+            with pytest.raises(InferenceServerException) as err:
+                await client.infer(model, probe_input(), client_timeout=WAIT_S)
+            blocked.release()
+            return err.value, await asyncio.gather(*queued)
+
+    err, results = asyncio.run(scenario())
+    assert err.status() == "StatusCode.UNAVAILABLE"
+    assert err.message() == "[request id: <id_unknown>] Exceeds maximum queue size"
+    assert len(results) == 2
