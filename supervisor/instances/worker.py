@@ -33,6 +33,7 @@ from . import codec
 from .channel import Channel
 from .codec import BatchResult
 from .launcher import Bootstrap, Launcher
+from .packing import InputPacker, OpenStream, release_leases
 
 log = logging.getLogger("inferd.instances.worker")
 
@@ -49,17 +50,6 @@ class WorkerState(str, enum.Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
-
-
-class _Stream:
-    """An open decoupled request: where its responses go, and the input leases it holds."""
-
-    __slots__ = ("request", "sink", "leases")
-
-    def __init__(self, request: InferRequest, leases: list[Any]) -> None:
-        self.request = request
-        self.sink = request.response_sink
-        self.leases = leases
 
 
 class _Batch:
@@ -115,7 +105,6 @@ class WorkerProcess:
         self._channel = channel
         self._launcher = launcher
         self._timings = timings
-        self._pool = pool
         self._python = python
         self._extra_env = extra_env
         self._path_prefix = tuple(path_prefix)
@@ -134,13 +123,11 @@ class WorkerProcess:
         # for a round trip; it still executes them one at a time, in order.
         self.max_inflight = max(1, timings.pipeline_depth)
         self._batches: dict[int, _Batch] = {}
-        self._streams: dict[int, _Stream] = {}  # request id -> open decoupled request
+        self._streams: dict[int, OpenStream] = {}  # request id -> open decoupled request
         self._slots = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._batch_ids = itertools.count(1)
-        self._request_ids = itertools.count(1)
-        self._regions_seen: set[str] = set()
-        self._pool_epoch = -1
+        self._packer = InputPacker(pool)
         self._hb_frames = m.encode(m.Heartbeat(0))
         self._log = logging.getLogger(f"inferd.worker.{name}")
 
@@ -297,17 +284,19 @@ class WorkerProcess:
             self._slots += 1
         try:
             batch_id = next(self._batch_ids)
-            frames, items, ids, leases, forget, streams = self._build(requests)
+            packed = self._packer.pack(requests)
         except BaseException:
             self._release_slot()
             raise
+        leases, streams = packed.leases, packed.streams
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
-        batch = _Batch(batch_id, fut, requests, ids, leases)
+        batch = _Batch(batch_id, fut, requests, packed.ids, leases)
         self._batches[batch_id] = batch
         for rid, stream in streams.items():
             self._streams[rid] = stream
         try:
-            self._channel.send(self.identity, [codec.execute_header(batch_id, items, forget), *frames])
+            self._channel.send(self.identity,
+                               [codec.execute_header(batch_id, packed.items, packed.forget), *packed.frames])
         except InferdError:
             self._batches.pop(batch_id, None)
             self._release_leases(leases)
@@ -338,57 +327,6 @@ class WorkerProcess:
         if self.error is not None:
             return InferdError(ErrorCode.UNAVAILABLE, self.error.message)
         return InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} is {self.state.value}")
-
-    def _build(self, requests: Sequence[InferRequest]) -> tuple[
-            list[Any], list[dict[str, Any]], list[int], list[Any], list[str], dict[int, _Stream]]:
-        frames: list[Any] = []
-        streams: dict[int, _Stream] = {}
-        items: list[dict[str, Any]] = []
-        ids: list[int] = []
-        leases: list[Any] = []
-        forget: list[str] = []
-        pool = self._pool
-        if pool is not None and pool.epoch != self._pool_epoch:
-            self._pool_epoch = pool.epoch
-            forget = [name for name in self._regions_seen if not pool.is_live(name)]
-            self._regions_seen.difference_update(forget)
-        try:
-            for req in requests:
-                rid = next(self._request_ids)
-                refs = []
-                if req.response_sink is not None:  # a decoupled request keeps its leases until its final
-                    stream = streams[rid] = _Stream(req, [])
-                    req_leases = stream.leases
-                else:
-                    req_leases = leases
-                for t in req.inputs:
-                    data = t.data
-                    nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
-                    if nbytes <= m.INLINE_MAX_BYTES:
-                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
-                                                     nbytes))
-                        frames.append(data)
-                        continue
-                    if t.shm_ref is not None:  # already in shared memory (a BLS input): pass the handle
-                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, t.shm_ref[0],
-                                                     t.shm_ref[1], nbytes))
-                        continue
-                    if pool is None:
-                        raise InferdError(ErrorCode.UNAVAILABLE, f"no shared memory for input '{t.name}'")
-                    lease = pool.lease(nbytes)
-                    req_leases.append(lease)
-                    lease.write(data)
-                    self._regions_seen.add(lease.name)
-                    refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, lease.name,
-                                                 lease.offset, nbytes))
-                items.append(codec.request_item(rid, req, refs))
-                ids.append(rid)
-        except BaseException:
-            self._release_leases(leases)
-            for stream in streams.values():
-                self._release_leases(stream.leases)
-            raise
-        return frames, items, ids, leases, forget, streams
 
     def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
         batch_id = msg.get("batch_id")
@@ -453,10 +391,7 @@ class WorkerProcess:
                 return
         self._slots = max(0, self._slots - 1)
 
-    def _release_leases(self, leases: list[Any]) -> None:
-        for lease in leases:
-            lease.release()
-        leases.clear()
+    _release_leases = staticmethod(release_leases)
 
     # ---- messages ----
     def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:

@@ -1,0 +1,102 @@
+"""Turning a batch of InferRequests into one Execute's request items and data frames.
+
+Inputs up to INLINE_MAX_BYTES ride as frames; larger ones are written into shared-memory pool leases,
+or, when already in a region a worker owns (a BLS input), passed by that region's name. The packer
+remembers which pool regions its worker has seen, so each Execute can list the ones unlinked since
+(`forget_regions`) and the worker drops its stale mappings. A decoupled request keeps its leases (in its
+OpenStream) until its final response; other requests' leases go back with the batch's result.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from ..core.types import InferRequest
+from . import codec
+
+
+class OpenStream:
+    """An open decoupled request: where its responses go, and the input leases it holds."""
+
+    __slots__ = ("request", "sink", "leases")
+
+    def __init__(self, request: InferRequest, leases: list[Any]) -> None:
+        self.request = request
+        self.sink = request.response_sink
+        self.leases = leases
+
+
+@dataclass
+class Packed:
+    frames: list[Any] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # worker-side request ids, one per request
+    leases: list[Any] = field(default_factory=list)  # released when the batch is answered
+    forget: list[str] = field(default_factory=list)
+    streams: dict[int, OpenStream] = field(default_factory=dict)  # request id -> decoupled request
+
+
+def release_leases(leases: list[Any]) -> None:
+    for lease in leases:
+        lease.release()
+    leases.clear()
+
+
+class InputPacker:
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool  # memory.shm_pool.ShmPool; None: inputs above INLINE_MAX_BYTES are refused
+        self._request_ids = itertools.count(1)
+        self._regions_seen: set[str] = set()
+        self._pool_epoch = -1
+
+    def pack(self, requests: Sequence[InferRequest]) -> Packed:
+        out = Packed()
+        frames = out.frames
+        pool = self._pool
+        if pool is not None and pool.epoch != self._pool_epoch:
+            self._pool_epoch = pool.epoch
+            out.forget = [name for name in self._regions_seen if not pool.is_live(name)]
+            self._regions_seen.difference_update(out.forget)
+        try:
+            for req in requests:
+                rid = next(self._request_ids)
+                refs = []
+                if req.response_sink is not None:  # a decoupled request keeps its leases until its final
+                    stream = out.streams[rid] = OpenStream(req, [])
+                    req_leases = stream.leases
+                else:
+                    req_leases = out.leases
+                for t in req.inputs:
+                    data = t.data
+                    nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
+                    if nbytes <= m.INLINE_MAX_BYTES:
+                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
+                                                     nbytes))
+                        frames.append(data)
+                        continue
+                    if t.shm_ref is not None:  # already in shared memory (a BLS input): pass the handle
+                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, t.shm_ref[0],
+                                                     t.shm_ref[1], nbytes))
+                        continue
+                    if pool is None:
+                        raise InferdError(ErrorCode.UNAVAILABLE, f"no shared memory for input '{t.name}'")
+                    lease = pool.lease(nbytes)
+                    req_leases.append(lease)
+                    lease.write(data)
+                    self._regions_seen.add(lease.name)
+                    refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, lease.name,
+                                                 lease.offset, nbytes))
+                out.items.append(codec.request_item(rid, req, refs))
+                out.ids.append(rid)
+        except BaseException:
+            release_leases(out.leases)
+            for stream in out.streams.values():
+                release_leases(stream.leases)
+            raise
+        return out
