@@ -121,8 +121,9 @@ async def _wait_file(path: Path) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _completion_order(server, model: str, tmp: Path) -> list[str]:
-    """Request "first" blocks in one instance while "second" runs on the other; the order they come back."""
+async def _completion_order(server, model: str, tmp: Path, grace_s: float) -> list[str]:
+    """Request "first" blocks in one instance while "second" runs on the other; the order they come back.
+    "first" is released once "second" is back, or `grace_s` after it started running."""
     release, started1, started2 = tmp / "release", tmp / "started1", tmp / "started2"
     order: list[str] = []
     async with grpcaio.InferenceServerClient(server.grpc_url) as client:
@@ -136,19 +137,20 @@ async def _completion_order(server, model: str, tmp: Path) -> list[str]:
         await _wait_file(started1)
         second = send("second", {"started_file": str(started2)})
         await _wait_file(started2)
-        await asyncio.wait({second}, timeout=2.0)  # unordered: it is back well within this
+        await asyncio.wait({second}, timeout=grace_s)
         release.touch()
         await asyncio.gather(first, second)
     return order
 
 
 def test_preserve_ordering_answers_in_request_order(server, tmp_path):
-    assert asyncio.run(_completion_order(server, "batch_probe_ordered", tmp_path)) == ["first", "second"]
+    # "second" would be back within the 2 s grace if nothing held it (see the control below)
+    assert asyncio.run(_completion_order(server, "batch_probe_ordered", tmp_path, 2.0)) == ["first", "second"]
 
 
 def test_without_preserve_ordering_a_fast_answer_overtakes(server, tmp_path):
     """The control for the test above: the same requests, answered as they finish."""
-    assert asyncio.run(_completion_order(server, "batch_probe_unordered", tmp_path)) == ["second", "first"]
+    assert asyncio.run(_completion_order(server, "batch_probe_unordered", tmp_path, WAIT_S)) == ["second", "first"]
 
 
 @pytest.mark.inferd_only
