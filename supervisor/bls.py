@@ -71,9 +71,10 @@ class BlsService:
         except m.ProtocolError as exc:
             log.warning("malformed BLS message from worker %s: %s", identity, exc)
             return
-        caller = self._callers.get(identity)
+        worker = identity.split("/", 1)[0]  # replies go to the socket that asked; state is per worker
+        caller = self._callers.get(worker)
         if caller is None:
-            caller = self._callers[identity] = _Caller()
+            caller = self._callers[worker] = _Caller()
         kind = type(message)
         if kind is m.BlsRequest:
             call_id = message.call_id
@@ -96,7 +97,7 @@ class BlsService:
 
     def _on_gone(self, identity: str) -> None:
         """The worker left (stopped or died): its calls stop, its leases and mappings go."""
-        caller = self._callers.pop(identity + BLS_SUFFIX, None)
+        caller = self._callers.pop(identity, None)
         if caller is not None:
             caller.close()
             shm.sweep_stale()  # the regions a dead caller owned
@@ -196,13 +197,12 @@ class BlsService:
 
     def _check_deadlock(self, identity: str, request: InferRequest) -> None:
         """A call into the caller's own model with every instance waiting on BLS can never run."""
-        worker_identity = identity[: -len(BLS_SUFFIX)]
+        worker_identity = identity.split("/", 1)[0]
         target = self.manager.resolve_ready(request.model_name, request.model_version)
         identities = [inst.worker.identity for inst in target.instances if inst.worker is not None]
         if worker_identity not in identities:
             return
-        busy = sum(1 for ident in identities
-                   if (c := self._callers.get(ident + BLS_SUFFIX)) is not None and c.waiting > 0)
+        busy = sum(1 for ident in identities if (c := self._callers.get(ident)) is not None and c.waiting > 0)
         if busy >= len(identities):
             raise InferdError(
                 ErrorCode.UNAVAILABLE,

@@ -127,7 +127,10 @@ class BlsClient:
         # re-entrant: a garbage collection inside a locked section may run _release_later on this thread
         self._lock = threading.RLock()
         self._arena = _Arena()
-        self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs
+        self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs (under _lock)
+        self._local = threading.local()  # per-thread DEALER for synchronous calls (`direct`)
+        self._socket_ids = itertools.count(1)
+        self._thread_sockets: list[zmq.Socket] = []
         self._thread: Optional[threading.Thread] = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -139,8 +142,9 @@ class BlsClient:
     def infer(self, model_name: str, model_version: str, request_id: str,
               inputs: Sequence[tuple[str, str, np.ndarray]], requested_outputs: Sequence[str],
               correlation_id: Any = 0, flags: int = 0, timeout_us: int = 0, parameters: str = "{}",
-              decoupled: bool = False) -> tuple[int, _Call]:
-        """Send one request; returns (call id, call) whose future / stream yields BlsReply objects."""
+              decoupled: bool = False, direct: bool = False) -> tuple[int, _Call]:
+        """Send one request; returns (call id, call) whose future / stream yields BlsReply objects.
+        `direct`: send it on the calling thread's own socket and take the reply with `wait_direct`."""
         call = _Call(decoupled)
         refs: list[TensorRef] = []
         frames: list[Any] = []
@@ -164,8 +168,52 @@ class BlsClient:
             self._calls[call_id] = call
         message = BlsRequest(call_id, model_name, model_version, request_id, refs, list(requested_outputs),
                              correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled))
-        self._post([encode_header(message), *frames])
+        if direct:
+            self._thread_socket().send_multipart([encode_header(message), *frames], copy=False)
+        else:
+            self._post([encode_header(message), *frames])
         return call_id, call
+
+    def wait_direct(self, call_id: int, timeout_s: Optional[float]) -> BlsReply:
+        """The reply of a call sent with `direct=True`, read on this thread's socket: no hand-off to
+        the socket thread and back (two thread wake-ups per call). Raises InferdError on timeout."""
+        sock = self._thread_socket()
+        timeout_ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        while True:
+            if not sock.poll(timeout_ms):
+                self.cancel(call_id)
+                self.forget(call_id)
+                raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired")
+            try:
+                message, data = decode(sock.recv_multipart(copy=False))
+            except Exception:
+                continue  # the supervisor sent something odd: keep waiting (the timeout still applies)
+            if type(message) is not BlsResponse:
+                continue
+            try:
+                reply = self._reply(message, data)
+            except InferdError as exc:
+                reply = BlsReply([], exc, {}, True)
+            if message.call_id == call_id:
+                self.forget(call_id)
+                return reply
+            # a late reply to a call this thread gave up on: its arrays are dropped, leases released
+
+    def _thread_socket(self) -> zmq.Socket:
+        sock = getattr(self._local, "sock", None)
+        if sock is None:
+            if self._closed:
+                raise InferdError(ErrorCode.UNAVAILABLE, "the worker is shutting down")
+            with self._lock:
+                n = next(self._socket_ids)
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.IDENTITY, ("%s/%d" % (self._identity, n)).encode())
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self._endpoint)
+            self._local.sock = sock
+            with self._lock:
+                self._thread_sockets.append(sock)
+        return sock
 
     def cancel(self, call_id: int) -> None:
         """The caller gave up (timeout, iterator dropped): the supervisor cancels the request."""
@@ -196,6 +244,10 @@ class BlsClient:
         self._wake()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+        with self._lock:  # at exit: the threads that own these are done with them
+            for sock in self._thread_sockets:
+                sock.close(linger=0)
+            self._thread_sockets.clear()
         self._arena.close()
 
     # ---- the socket thread ------------------------------------------------------------------------
@@ -286,13 +338,14 @@ class BlsClient:
         if ref.loc == "frame":
             buf = data[ref.frame].buffer if hasattr(data[ref.frame], "buffer") else memoryview(data[ref.frame])
         else:
-            region = self._regions.get(ref.region)
-            if region is None:
-                if len(self._regions) >= 32:  # drop the oldest mapping (unmapped once unused)
-                    old = next(iter(self._regions))
-                    self._regions.pop(old).close()
-                region = self._regions[ref.region] = shm.attach(ref.region)
-            buf = region.buf[ref.offset: ref.offset + ref.nbytes]
+            with self._lock:  # the socket thread and synchronous callers share the mappings
+                region = self._regions.get(ref.region)
+                if region is None:
+                    if len(self._regions) >= 32:  # drop the oldest mapping (unmapped once unused)
+                        old = next(iter(self._regions))
+                        self._regions.pop(old).close()
+                    region = self._regions[ref.region] = shm.attach(ref.region)
+                buf = region.buf[ref.offset: ref.offset + ref.nbytes]
         if ref.datatype == "BYTES":
             count = int(np.prod(shape)) if shape else 1
             array = bytes_codec.deserialize(buf, count=count, name=ref.name).reshape(shape)

@@ -119,13 +119,18 @@ class Channel:
 
     def route_suffix(self, suffix: str, handler: Callable[[str, list[Any]], None],
                      on_gone: Callable[[str], None]) -> None:
-        """Messages from `<identity><suffix>` of a registered worker go to handler(full identity, frames);
+        """Messages from `<identity><suffix>` (or `<identity><suffix>/<n>`) of a registered worker go to
+        handler(full identity, frames);
         on_gone(identity) runs when that worker is unregistered."""
         self._suffix_routes[suffix.encode()] = (handler, on_gone)
 
     def _route_extra(self, ident: bytes, frames: list[Any]) -> bool:
+        cut = ident.find(b"/")  # "<worker>/<suffix>[/<n>]": a worker may open several such sockets
+        if cut < 0 or ident[:cut] not in self._handlers:
+            return False
+        tail = ident[cut:]
         for suffix, (handler, _) in self._suffix_routes.items():
-            if ident.endswith(suffix) and ident[: -len(suffix)] in self._handlers:
+            if tail == suffix or tail.startswith(suffix + b"/"):
                 try:
                     handler(ident.decode(), frames)
                 except Exception:

@@ -494,7 +494,7 @@ class InferenceRequest:
 
     # ---- BLS: this request sent to another model through the supervisor ----
 
-    def _send_bls(self, decoupled: bool) -> Any:
+    def _send_bls(self, decoupled: bool, direct: bool = False) -> Any:
         if not self._model_name:
             raise TritonModelException("BLS request must specify 'model_name'")
         inputs = []
@@ -504,21 +504,23 @@ class InferenceRequest:
             inputs.append((tensor._name, tensor._datatype, tensor._array))
         version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
         return _bls().infer(self._model_name, version, self._request_id, inputs, self._requested,
-                            self._correlation_id, self._flags, int(self._timeout or 0), self._parameters, decoupled)
+                            self._correlation_id, self._flags, int(self._timeout or 0), self._parameters, decoupled,
+                            direct)
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on `model_name` and wait: an InferenceResponse (errors inside it, as
         Triton), or with decoupled=True an iterator of them ending after the final one."""
         client = _bls()
-        call_id, call = self._send_bls(decoupled)
         if decoupled:
+            call_id, call = self._send_bls(True)
             return _ResponseIterator(client, call_id, call, self._timeout)
+        call_id, _ = self._send_bls(False, direct=True)  # this thread sends and reads the reply itself
+        from inferd.worker.wire.errors import InferdError
+
         try:
-            return _to_response(call.future.result(timeout=_wait_s(self._timeout)))
-        except _FutureTimeout:
-            client.cancel(call_id)
-            client.forget(call_id)
-            return InferenceResponse(error=TritonError("Request timeout expired", TritonError.UNAVAILABLE))
+            return _to_response(client.wait_direct(call_id, _wait_s(self._timeout)))
+        except InferdError as exc:
+            return InferenceResponse(error=TritonError(exc.message, TritonError.UNAVAILABLE))
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """`exec` for `async def execute`: awaits the response without blocking the event loop."""
