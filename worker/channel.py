@@ -146,7 +146,10 @@ class Outbox:
         return self._read_fd
 
     def post(self, message: Any, frames: Sequence[Any] = ()) -> None:
-        header = encode_header(message)
+        self.post_encoded(encode_header(message), frames)
+
+    def post_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
+        """`post` for a header already encoded."""
         with self._lock:
             self._queue.append((header, frames))
         try:

@@ -32,21 +32,24 @@ from .wire.messages import (
     Bye,
     Cancel,
     Execute,
-    ExecuteResult,
+    FramePacker,
     Heartbeat,
     LoadModel,
     LoadResult,
     ProtocolError,
-    ResponseItem,
     Shutdown,
-    StreamResponse,
     WireError,
+    execute_result_header,
+    output_ref_json,
+    response_item_json,
+    stream_response_header,
 )
 
 _now_ns = time.perf_counter_ns
 _input_array = tensors.input_array
 _check_output = tensors.check_output
-_output_frame = tensors.output_frame
+_output_data = tensors.output_data
+_ref_json = output_ref_json
 
 
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
@@ -205,20 +208,20 @@ class Runtime:
             self._cache.forget(message.forget_regions)
         cache = self._cache
         probe = self._is_cancelled
-        entries: list[Any] = []  # per request: its Request, or the ResponseItem of a failed one
+        entries: list[Any] = []  # per request: its Request, or (request_id, WireError) for a failed one
         runnable: list[Request] = []
         cancelled = self._cancelled  # Cancels read ahead while an earlier batch ran
         for item in message.requests:
             if cancelled and item.request_id in cancelled:  # cancelled before it started: never run it
-                entries.append(ResponseItem(item.request_id, [], _CANCELLED, {}))
+                entries.append((item.request_id, _CANCELLED))
                 continue
             try:
                 inputs = [Tensor(ref.name, ref.datatype, _input_array(ref, frames, cache)) for ref in item.inputs]
             except Exception as exc:
-                entries.append(ResponseItem(item.request_id, [], wire_error(exc), {}))
+                entries.append((item.request_id, wire_error(exc)))
                 continue
-            request = Request(
-                item.request_id, item.id, inputs, list(item.requested_outputs), item.parameters,
+            request = Request(  # the decoded item is ours alone: its lists need no copy
+                item.request_id, item.id, inputs, item.requested_outputs, item.parameters,
                 item.correlation_id, item.flags, item.timeout_us, probe,
             )
             entries.append(request)
@@ -229,27 +232,30 @@ class Runtime:
                 self._open.update(r.request_id for r in runnable)
             self._execute_thread.submit(self._execute_streaming, message.batch_id, entries, runnable, t0, t1)
             return
-        result, out_frames = self._execute(message.batch_id, entries, runnable, t0, t1)
-        self._channel.send(result, out_frames)
+        header, out_frames = self._execute(message.batch_id, entries, runnable, t0, t1)
+        self._channel.send_encoded(header, out_frames)
         if self._cancelled and message.requests:
             # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
             last = message.requests[-1].request_id
             self._cancelled = {rid for rid in self._cancelled if rid > last}
 
-    def _execute(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int,
-                 t1: int) -> tuple[ExecuteResult, list[Any]]:
+    def _execute(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int, t1: int,
+                 failed: Optional[list[int]] = None) -> tuple[bytes, list[Any]]:
+        """(ExecuteResult header, data frames) of one batch; ids of the requests answered with an
+        error are added to `failed` if given."""
         results = self._run_backend(runnable)
         t2 = _now_ns()
-        out_frames: list[Any] = []
+        packer = FramePacker()
         encode = self._encode
         if len(runnable) == len(entries):
-            responses = [encode(request, result, out_frames) for request, result in zip(runnable, results)]
+            items = [encode(request, result, packer, failed) for request, result in zip(runnable, results)]
         else:
             pending = iter(results)
-            responses = [encode(entry, next(pending), out_frames) if type(entry) is Request else entry
-                         for entry in entries]
+            items = [encode(entry, next(pending), packer, failed) if type(entry) is Request
+                     else self._error_item(entry[0], entry[1], failed) for entry in entries]
+        out_frames = packer.finish()
         t3 = _now_ns()
-        return ExecuteResult(batch_id, responses, t1 - t0, t2 - t1, t3 - t2), out_frames
+        return execute_result_header(batch_id, items, t1 - t0, t2 - t1, t3 - t2), out_frames
 
     # ---- decoupled models -------------------------------------------------------------------------
 
@@ -258,28 +264,34 @@ class Runtime:
         """Execute thread: run the batch; an error in the result ends that request (no FINAL will come)."""
         outbox = self._outbox
         assert outbox is not None
+        failed: list[int] = []
         try:
-            result, out_frames = self._execute(batch_id, entries, runnable, t0, t1)
+            header, out_frames = self._execute(batch_id, entries, runnable, t0, t1, failed)
         except Exception as exc:  # a bug on our side: still answer, or the supervisor's slot stays taken
             self._log("execute failed: %r" % exc)
             error = wire_error(exc)
-            result = ExecuteResult(batch_id, [ResponseItem(e.request_id, [], error, {}) for e in entries])
+            ids = [e.request_id if type(e) is Request else e[0] for e in entries]
+            failed = ids
+            header = execute_result_header(batch_id, [response_item_json(rid, (), error) for rid in ids])
             out_frames = []
-        for item in result.responses:
-            if item.error is not None:
-                self._end_stream(item.request_id)
-        outbox.post(result, out_frames)
+        for request_id in failed:
+            self._end_stream(request_id)
+        outbox.post_encoded(header, out_frames)
 
     def _emit(self, request: Request, response: Optional[Response], final: bool) -> None:
-        """One response of a decoupled request (None: flag-only final); any thread."""
+        """One response of a decoupled request (None: a flag-only final); any thread."""
         outbox = self._outbox
         if outbox is None:
             raise InferdError(ErrorCode.INTERNAL, "responses can only be streamed by decoupled models")
         frames: list[Any] = []
-        item = self._encode(request, response, frames) if response is not None else None
+        item = None
+        if response is not None:
+            packer = FramePacker()
+            item = self._encode(request, response, packer)
+            frames = packer.finish()
         if final:
             self._end_stream(request.request_id)
-        outbox.post(StreamResponse(request.request_id, final, item), frames)
+        outbox.post_encoded(stream_response_header(request.request_id, final, item), frames)
 
     def _end_stream(self, request_id: int) -> None:
         with self._open_lock:
@@ -307,26 +319,34 @@ class Runtime:
             self._log("execute failed in the backend: %s" % error.message)
             return [Response(error=error) for _ in requests]
 
-    def _encode(self, request: Request, result: Response, out_frames: list[Any]) -> ResponseItem:
-        params = result.parameters or {}
+    @staticmethod
+    def _error_item(request_id: int, error: WireError, failed: Optional[list[int]],
+                    params: Optional[dict[str, Any]] = None) -> str:
+        if failed is not None:
+            failed.append(request_id)
+        return response_item_json(request_id, (), error, params)
+
+    def _encode(self, request: Request, result: Response, packer: FramePacker,
+                failed: Optional[list[int]] = None) -> str:
+        """The ResponseItem JSON of one result; its outputs go into `packer`."""
+        params = result.parameters
         if result.error is not None:
-            return ResponseItem(request.request_id, [], wire_error(result.error), params)
+            return self._error_item(request.request_id, wire_error(result.error), failed, params)
         model = self._spec.model_name if self._spec else ""
         wanted = request.requested_outputs or self._output_names
         specs = self._outputs
-        refs = []
-        frames: list[Any] = []
-        base = len(out_frames)
+        outputs = []
         try:
             for out in result.outputs:
                 name = out.name
                 if name not in wanted:
                     continue
-                array = _check_output(specs.get(name), name, out.datatype, out.array, model)
-                ref, data = _output_frame(name, out.datatype, array, base + len(frames))
-                refs.append(ref)
-                frames.append(data)
+                datatype = out.datatype
+                array = _check_output(specs.get(name), name, datatype, out.array, model)
+                outputs.append((name, datatype) + _output_data(datatype, array))
         except Exception as exc:
-            return ResponseItem(request.request_id, [], wire_error(exc), params)
-        out_frames.extend(frames)
-        return ResponseItem(request.request_id, refs, None, params)
+            return self._error_item(request.request_id, wire_error(exc), failed, params)
+        add = packer.add  # only once every output is checked: a failed request adds no frames
+        refs = [_ref_json(name, datatype, shape, *add(data, nbytes), nbytes)
+                for name, datatype, shape, data, nbytes in outputs]
+        return response_item_json(request.request_id, refs, None, params)

@@ -90,7 +90,15 @@ def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
         if not 0 <= index < len(frames):
             raise internal("tensor '%s' refers to a missing data frame" % ref.name)
         frame = frames[index]
-        return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        offset, nbytes = ref.offset, ref.nbytes
+        if offset == 0 and (nbytes == 0 or nbytes >= buf.nbytes):  # the whole frame (too short: input_array
+            return buf  # says so); offset 0 + nbytes 0 is how references without a size name a whole frame
+        # the supervisor packs small inputs into one frame: ours is the slice [offset, offset + nbytes)
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                or offset + nbytes > buf.nbytes:
+            raise internal("tensor '%s' lies outside its data frame" % ref.name)
+        return (buf if buf.format == "B" else buf.cast("B"))[offset : offset + nbytes]
     if loc == "shm":
         return cache.view(ref.region, ref.offset, ref.nbytes)
     raise internal("tensor '%s' has an unknown location '%s'" % (ref.name, loc))
@@ -222,6 +230,24 @@ def output_frame(name: str, datatype: str, array: np.ndarray, frame: int) -> tup
         nbytes = int(array.nbytes)
     # ndarray.shape holds Python ints already
     return TensorRef(name, datatype, list(array.shape), "frame", frame, "", 0, nbytes), data
+
+
+def output_data(datatype: str, array: np.ndarray) -> tuple[list[int], Any, int]:
+    """(shape, C-contiguous little-endian buffer, nbytes) of one checked output; numeric buffers are
+    not copied here."""
+    if datatype == "BYTES":
+        data: Any = bytes_codec.serialize(array)
+        return list(array.shape), data, len(data)
+    dtype = array.dtype
+    if datatype == "BF16" and dtype != _BF16_VIEW:
+        array = array.view(_BF16_VIEW) if dtype.itemsize == 2 else array
+        dtype = array.dtype
+    if dtype.byteorder == ">":
+        array = array.astype(dtype.newbyteorder("<"))
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    # ndarray.shape holds Python ints already
+    return list(array.shape), array.reshape(-1).view(np.uint8) if array.size else b"", int(array.nbytes)
 
 
 def error_code(exc: BaseException) -> ErrorCode:

@@ -66,6 +66,19 @@ class BatchResult:
     compute_output_ns: int = 0
 
 
+def output_buffer(name: Any, frame: Any, offset: Any, nbytes: Any, buffers: Sequence[memoryview]) -> memoryview:
+    """The bytes of one output: `nbytes` at `offset` of data frame `frame` (the worker packs small
+    outputs into one frame). ValueError when the reference lies outside the frames."""
+    if type(frame) is not int or not 0 <= frame < len(buffers):
+        raise ValueError(f"output '{name}' has a bad reference")
+    buf = buffers[frame]
+    if offset == 0 and (nbytes == 0 or nbytes == len(buf)):  # offset 0 + nbytes 0: the whole frame
+        return buf
+    if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 or offset + nbytes > len(buf):
+        raise ValueError(f"output '{name}' lies outside its data frame")
+    return buf[offset:offset + nbytes]
+
+
 def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict[str, Any], data: Sequence[Any],
                  version: str) -> BatchResult:
     """An ExecuteResult header (as `parse` returns it) and its data frames as core responses; output
@@ -73,6 +86,7 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
     responses = msg["responses"]
     if len(responses) != len(requests):
         raise ValueError(f"{len(responses)} responses for {len(requests)} requests")
+    buffers = [frame.buffer for frame in data]
     out: list[InferResponse | InferdError] = []
     for req, rid, item in zip(requests, ids, responses, strict=True):
         if item["request_id"] != rid:
@@ -87,10 +101,11 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
             continue
         outputs = []
         for ref in item.get("outputs") or ():
-            frame = ref.get("frame", -1)
-            if ref.get("loc", "frame") != "frame" or type(frame) is not int or not 0 <= frame < len(data):
-                raise ValueError(f"output '{ref.get('name')}' has a bad reference")
-            outputs.append(Tensor(ref["name"], ref["datatype"], ref["shape"], data[frame].buffer))
+            name = ref["name"]
+            if ref.get("loc", "frame") != "frame":
+                raise ValueError(f"output '{name}' has a bad reference")
+            buf = output_buffer(name, ref.get("frame", -1), ref.get("offset", 0), ref.get("nbytes", 0), buffers)
+            outputs.append(Tensor(name, ref["datatype"], ref["shape"], buf))
         out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs,
                                  item.get("parameters") or {}))
     return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
@@ -110,11 +125,12 @@ def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any
         except ValueError:
             code = ErrorCode.INTERNAL
         return InferdError(code, str(item.error.message))
+    buffers = [frame.buffer for frame in data]
     outputs = []
     for ref in item.outputs:
-        frame = ref.frame
-        if ref.loc != "frame" or type(frame) is not int or not 0 <= frame < len(data):
+        if ref.loc != "frame":
             raise ValueError(f"output '{ref.name}' has a bad reference")
-        outputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), data[frame].buffer))
+        buf = output_buffer(ref.name, ref.frame, ref.offset, ref.nbytes, buffers)
+        outputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), buf))
     params = item.parameters if isinstance(item.parameters, dict) else {}
     return InferResponse(req.model_name, version or req.model_version, req.id, outputs, dict(params))

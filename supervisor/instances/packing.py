@@ -1,10 +1,11 @@
 """Turning a batch of InferRequests into one Execute's request items and data frames.
 
-Inputs up to INLINE_MAX_BYTES ride as frames; larger ones are written into shared-memory pool leases,
-or, when already in a region a worker owns (a BLS input), passed by that region's name. The packer
-remembers which pool regions its worker has seen, so each Execute can list the ones unlinked since
-(`forget_regions`) and the worker drops its stale mappings. A decoupled request keeps its leases (in its
-OpenStream) until its final response; other requests' leases go back with the batch's result.
+Inputs up to INLINE_MAX_BYTES ride as frames (the small ones packed into one, each at its offset);
+larger ones are written into shared-memory pool leases, or, when already in a region a worker owns
+(a BLS input), passed by that region's name. The packer remembers which pool regions its worker has
+seen, so each Execute can list the ones unlinked since (`forget_regions`) and the worker drops its
+stale mappings. A decoupled request keeps its leases (in its OpenStream) until its final response;
+other requests' leases go back with the batch's result.
 """
 
 from __future__ import annotations
@@ -57,7 +58,12 @@ class InputPacker:
 
     def pack(self, requests: Sequence[InferRequest]) -> Packed:
         out = Packed()
+        # inputs below ZERO_COPY_MIN_BYTES are packed into frame 0, each at its offset: a ZeroMQ frame
+        # costs a send here and a receive (with a Frame object) in the worker, more than the copy
         frames = out.frames
+        frames.append(b"")
+        small: list[Any] = []
+        size = 0
         pool = self._pool
         if pool is not None and pool.epoch != self._pool_epoch:
             self._pool_epoch = pool.epoch
@@ -76,9 +82,14 @@ class InputPacker:
                     data = t.data
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
                     if nbytes <= m.INLINE_MAX_BYTES:
-                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
-                                                     nbytes))
-                        frames.append(data)
+                        if 0 < nbytes < m.ZERO_COPY_MIN_BYTES:  # (offset 0, nbytes 0) would mean a whole frame
+                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", 0, "", size, nbytes))
+                            small.append(data)
+                            size += nbytes
+                        else:
+                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
+                                                         nbytes))
+                            frames.append(data)
                         continue
                     if t.shm_ref is not None:  # already in shared memory (a BLS input): pass the handle
                         refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, t.shm_ref[0],
@@ -99,4 +110,8 @@ class InputPacker:
             for stream in out.streams.values():
                 release_leases(stream.leases)
             raise
+        if small:
+            frames[0] = small[0] if len(small) == 1 else b"".join(small)
+        elif len(frames) == 1:
+            frames.clear()  # no inline input at all
         return out

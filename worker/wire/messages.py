@@ -1,9 +1,10 @@
 """Typed messages between the supervisor and a worker, and their framing.
 
 A message travels as ZeroMQ frames: frame 0 is a JSON header `{"t": <type tag>, ...fields}`, the
-following frames carry inline tensor bytes referenced by index. Larger tensors live in POSIX shared
-memory and are referenced by (region, offset, nbytes). No pickle: every message is one of the
-dataclasses below, decoded by its tag into that class; unknown tags or fields are a protocol error.
+following frames carry inline tensor bytes referenced by index and offset (small tensors share a
+frame). Larger tensors live in POSIX shared memory and are referenced by (region, offset, nbytes).
+No pickle: every message is one of the dataclasses below, decoded by its tag into that class;
+unknown tags or fields are a protocol error.
 
 Runs on Python 3.9+ (worker environments), so no `match`, no slots=, no `X | Y` at runtime.
 """
@@ -436,6 +437,85 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
     message = _new(Execute)
     message.__dict__ = header
     return message
+
+
+class FramePacker:
+    """The data frames of one message: buffers below ZERO_COPY_MIN_BYTES share one frame (each at
+    its offset), bigger ones get their own (sent zero-copy). Each frame costs a ZeroMQ send and a
+    receive (with a Frame object), far more than copying a few small buffers once."""
+
+    __slots__ = ("frames", "_parts", "_index", "_size")
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+        self._parts: list[Any] = []
+        self._index = -1  # the shared frame's index, once a small buffer has come
+        self._size = 0
+
+    def add(self, data: Any, nbytes: int) -> tuple[int, int]:
+        """(frame index, offset) where `data` (`nbytes` long) will be. An empty buffer gets an empty
+        frame of its own: (offset 0, nbytes 0) names a whole frame (references that carry no size)."""
+        if nbytes >= ZERO_COPY_MIN_BYTES or nbytes == 0:
+            self.frames.append(data)
+            return len(self.frames) - 1, 0
+        if self._index < 0:
+            self._index = len(self.frames)
+            self.frames.append(b"")
+        offset = self._size
+        self._parts.append(data)
+        self._size += nbytes
+        return self._index, offset
+
+    def finish(self) -> list[Any]:
+        """The frames, the shared one filled in."""
+        if self._index >= 0:
+            parts = self._parts
+            self.frames[self._index] = parts[0] if len(parts) == 1 else b"".join(parts)
+        return self.frames
+
+
+# ---- compact writer: the worker's ExecuteResult / StreamResponse headers -------------------------
+# Written straight from values (no ResponseItem/TensorRef objects, no per-field type checks: every
+# value comes from the worker's own checked code) and leaving out fields at their default (a
+# TensorRef's loc "frame" and region "", a ResponseItem's error null and parameters {}), which every
+# decoder fills in: about half the per-output cost of building objects and encoding them.
+
+_REF_HEADS: dict[tuple[str, str], str] = {}  # (name, datatype) -> '{"name":..,"datatype":..,"shape":['
+
+
+def output_ref_json(name: str, datatype: str, shape: Sequence[int], frame: int, offset: int, nbytes: int) -> str:
+    """A TensorRef (loc "frame": `nbytes` bytes at `offset` of data frame `frame`) as compact JSON."""
+    head = _REF_HEADS.get((name, datatype))
+    if head is None:
+        head = '{"name":%s,"datatype":%s,"shape":[' % (_json_str(name), _json_str(datatype))
+        if len(_REF_HEADS) < 4096:  # output names come from the model config: few, but stay bounded
+            _REF_HEADS[(name, datatype)] = head
+    return '%s%s],"frame":%d,"offset":%d,"nbytes":%d}' % (head, ",".join(map(str, shape)), frame, offset, nbytes)
+
+
+def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
+                       parameters: Optional[dict[str, Any]] = None) -> str:
+    """A ResponseItem as compact JSON; `refs` from `output_ref_json`."""
+    text = '{"request_id":%d,"outputs":[%s]' % (request_id, ",".join(refs))
+    if error is not None:
+        text += ',"error":{"code":%d,"message":%s}' % (error.code, _json_str(error.message))
+    if parameters:
+        text += ',"parameters":' + _dumps(parameters)
+    return text + "}"
+
+
+def execute_result_header(batch_id: int, items: Sequence[str], compute_input_ns: int = 0,
+                          compute_infer_ns: int = 0, compute_output_ns: int = 0) -> bytes:
+    """The header frame of an ExecuteResult whose responses are `response_item_json` texts."""
+    return ('{"batch_id":%d,"responses":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
+            '"compute_output_ns":%d,"t":"execute_result"}' % (
+                batch_id, ",".join(items), compute_input_ns, compute_infer_ns, compute_output_ns)).encode()
+
+
+def stream_response_header(request_id: int, final: bool, item: Optional[str]) -> bytes:
+    """The header frame of a StreamResponse; `item` a `response_item_json` text or None (flag-only)."""
+    return ('{"request_id":%d,"final":%s,"response":%s,"t":"stream_response"}' % (
+        request_id, "true" if final else "false", "null" if item is None else item)).encode()
 
 
 def _execute_result_json(message: ExecuteResult) -> Optional[str]:

@@ -79,8 +79,8 @@ def main() -> None:
                     os._exit(params["exit"])
                 outs = []
                 for ref in item.inputs:
-                    if ref.loc == "frame":
-                        buf = data[ref.frame].buffer
+                    if ref.loc == "frame":  # small inputs share a frame: ours is [offset, offset + nbytes)
+                        buf = data[ref.frame].buffer[ref.offset : ref.offset + ref.nbytes]
                     else:
                         if ref.region not in regions:
                             regions[ref.region] = shm.attach(ref.region, readonly=True)

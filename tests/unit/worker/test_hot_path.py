@@ -251,6 +251,9 @@ class FakeChannel:
     def send(self, message: object, frames: object = ()) -> None:
         self.sent.append((message, list(frames)))  # type: ignore[call-overload]
 
+    def send_encoded(self, header: bytes, frames: object = ()) -> None:
+        self.send(m.decode_header(header), frames)
+
     def read_ahead(self) -> list:
         return []
 
@@ -297,8 +300,44 @@ def test_runtime_execute_mixed_batch_keeps_order_and_frame_numbers():
     assert [r.request_id for r in result.responses] == [1, 2, 3]
     first, bad, third = result.responses
     assert bad.error is not None and bad.error.code == 3 and bad.outputs == [] and bad.parameters == {}
-    assert [(o.name, o.frame, o.shape) for o in first.outputs] == [("Y", 0, [2]), ("Z", 1, [2])]
-    assert [(o.name, o.frame, o.shape) for o in third.outputs] == [("Z", 2, [1])]
+    # small outputs share one frame, each at its offset
+    assert [(o.name, o.frame, o.offset, o.nbytes, o.shape) for o in first.outputs] == [
+        ("Y", 0, 0, 8, [2]), ("Z", 0, 8, 8, [2])]
+    assert [(o.name, o.frame, o.offset, o.nbytes, o.shape) for o in third.outputs] == [("Z", 0, 16, 4, [1])]
     assert first.parameters == {"id": "a"} and third.parameters == {"id": "c"}
-    assert [bytes(f) for f in out] == [np.array([2, 4], "<f4").tobytes(), data[0], data[1]]
+    assert [bytes(f) for f in out] == [np.array([2, 4], "<f4").tobytes() + data[0] + data[1]]
     assert m.encode_header(result) == generic_header(result)
+
+
+def test_compact_writer_decodes_to_the_same_messages():
+    ref_a = m.output_ref_json("na\u00efve \"x\"", "BYTES", [4], 0, 0, 99)
+    ref_b = m.output_ref_json("O", "FP32", (), 1, 8, 4)
+    items = [m.response_item_json(5, [ref_a, ref_b], None, {"k": "v", "n": [1, 2]}),
+             m.response_item_json(6, [], m.WireError(3, 'bad "input" \u00e9\n\u2603')),
+             m.response_item_json(1 << 70, [])]
+    header = m.execute_result_header(7, items, 1, 2, 3)
+    expected = m.ExecuteResult(7, [
+        m.ResponseItem(5, [m.TensorRef("na\u00efve \"x\"", "BYTES", [4], "frame", 0, "", 0, 99),
+                           m.TensorRef("O", "FP32", [], "frame", 1, "", 8, 4)], None, {"k": "v", "n": [1, 2]}),
+        m.ResponseItem(6, [], m.WireError(3, 'bad "input" \u00e9\n\u2603')),
+        m.ResponseItem(1 << 70, [])], 1, 2, 3)
+    assert m.decode_header(header) == expected
+    assert json.loads(header) == {**json.loads(m.encode_header(expected)), "responses": json.loads(header)["responses"]}
+    for final, item in ((True, None), (False, items[0]), (True, items[1])):
+        got = m.decode_header(m.stream_response_header(5, final, item))
+        assert got == m.StreamResponse(5, final, None if item is None else m.decode_header(header).responses[
+            0 if item is items[0] else 1])
+
+
+def test_frame_packer_shares_one_frame_for_small_buffers():
+    packer = m.FramePacker()
+    big = bytes(m.ZERO_COPY_MIN_BYTES)
+    assert packer.add(b"ab", 2) == (0, 0)
+    assert packer.add(big, len(big)) == (1, 0)
+    assert packer.add(b"", 0) == (2, 0)  # an empty frame of its own: (0, 0) means a whole frame
+    assert packer.add(memoryview(b"cde"), 3) == (0, 2)
+    assert [bytes(f) for f in packer.finish()] == [b"abcde", big, b""]
+    assert m.FramePacker().finish() == []
+    one = m.FramePacker()
+    one.add(b"xy", 2)
+    assert one.finish() == [b"xy"]

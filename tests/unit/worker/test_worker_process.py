@@ -123,7 +123,7 @@ def fp32_frame(name: str, values: np.ndarray, frame: int) -> tuple[m.TensorRef, 
 
 def output(result_frames: list, item: m.ResponseItem, name: str) -> np.ndarray:
     ref = next(o for o in item.outputs if o.name == name)
-    buf = result_frames[ref.frame].bytes
+    buf = result_frames[ref.frame].bytes[ref.offset : ref.offset + ref.nbytes]  # small outputs share a frame
     if ref.datatype == "BYTES":
         return bytes_codec.deserialize(buf).reshape(ref.shape)
     dtype = {"FP32": "<f4", "INT32": "<i4", "FP64": "<f8"}[ref.datatype]
