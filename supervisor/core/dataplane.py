@@ -9,6 +9,7 @@ frontend converts them to protobuf messages.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,6 +50,11 @@ class DataPlane(abc.ABC):
     @abc.abstractmethod
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one request (non-decoupled). Cancelling the awaiting task cancels the request."""
+
+    def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        """`infer` started at once, as a future (cancelling it cancels the request). Errors found before
+        the request is queued may be raised here. Default: `infer` in a task."""
+        return asyncio.ensure_future(self.infer(request))
 
     async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse | InferdError]:
         """Responses of one request on a stream. Decoupled models: any number, each marked final or

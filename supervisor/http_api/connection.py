@@ -9,6 +9,7 @@ calls `check_timeouts`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
-from .messages import Request, Response
+from .messages import Deferred, Request, Response
 
 if TYPE_CHECKING:
     from .server import HttpServer
@@ -45,6 +46,8 @@ def _status_line(status: int) -> bytes:
 
 _STATUS_LINES: dict[int, bytes] = {s.value: _status_line(s.value) for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CANCELLED = Response(400, b'{"error":"request cancelled"}')
+_INTERNAL = Response(500, b'{"error":"Internal Server Error"}')
 
 
 class _Abort(Exception):
@@ -91,6 +94,7 @@ class HttpConnection(asyncio.Protocol):
         self._queue: deque[Request] = deque()
         self._busy = False
         self._task: asyncio.Task[None] | None = None
+        self._pending: asyncio.Future[Any] | None = None  # the Deferred future the running request waits on
         self._paused_reading = False
         self._paused_writing = False
         self._write_ready: asyncio.Future[None] | None = None
@@ -107,6 +111,8 @@ class HttpConnection(asyncio.Protocol):
         self._server._forget(self)
         if self._task is not None:
             self._task.cancel()  # client went away: cancel the request it was waiting on
+        if self._pending is not None:
+            self._pending.cancel()
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_result(None)
         self._queue.clear()
@@ -252,9 +258,13 @@ class HttpConnection(asyncio.Protocol):
                 result = self._handler(req)
             except Exception:
                 log.exception("HTTP handler failed")
-                result = Response(500, b'{"error":"Internal Server Error"}')
+                result = _INTERNAL
             if not isinstance(result, Response):
-                self._task = self._loop.create_task(self._run(req, result))
+                if isinstance(result, Deferred):
+                    self._pending = future = result.future
+                    future.add_done_callback(functools.partial(self._deferred_done, req, result.finish))
+                else:
+                    self._task = self._loop.create_task(self._run(req, result))
                 return
             if not self._finish(req, result):
                 return
@@ -269,19 +279,43 @@ class HttpConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             if self.closed:
                 return
-            res = Response(400, b'{"error":"request cancelled"}')
+            res = _CANCELLED
         except Exception:
             log.exception("HTTP handler failed")
-            res = Response(500, b'{"error":"Internal Server Error"}')
+            res = _INTERNAL
         self._task = None
         if self.closed:
             return
         if self._paused_writing:
-            # the client is not reading: wait for the transport to drain before writing more
-            self._write_ready = self._loop.create_future()
-            await self._write_ready
-            if self.closed:
-                return
+            await self._write_when_ready(req, res)
+        elif self._finish(req, res):
+            self._dispatch(self._queue.popleft())
+
+    def _deferred_done(self, req: Request, finish: Any, future: asyncio.Future[Any]) -> None:
+        """The Deferred of the running request is done: build its response and write it."""
+        if future is not self._pending or self.closed:
+            return  # abandoned (the connection failed or closed)
+        self._pending = None
+        if future.cancelled():
+            res = _CANCELLED
+        else:
+            try:
+                res = finish(future)
+            except Exception:
+                log.exception("HTTP handler failed")
+                res = _INTERNAL
+        if self._paused_writing:
+            self._task = self._loop.create_task(self._write_when_ready(req, res))
+        elif self._finish(req, res):
+            self._dispatch(self._queue.popleft())
+
+    async def _write_when_ready(self, req: Request, res: Response) -> None:
+        """The client is not reading: wait for the transport to drain before writing more."""
+        self._write_ready = self._loop.create_future()
+        await self._write_ready
+        self._task = None
+        if self.closed:
+            return
         if self._finish(req, res):
             self._dispatch(self._queue.popleft())
 
@@ -379,6 +413,9 @@ class HttpConnection(asyncio.Protocol):
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         self._busy = False
         transport = self._transport
         if status:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Union
 
@@ -35,5 +36,16 @@ class Response:
         self.headers = headers
 
 
-HandlerResult = Union[Response, Awaitable[Response]]
+class Deferred:
+    """A response that `finish(future)` builds once `future` is done. The connection waits for it with a
+    done-callback instead of running a task per request (cheaper); cancelling `future` abandons it."""
+
+    __slots__ = ("future", "finish")
+
+    def __init__(self, future: asyncio.Future[Any], finish: Callable[[asyncio.Future[Any]], Response]) -> None:
+        self.future = future
+        self.finish = finish
+
+
+HandlerResult = Union[Response, Deferred, Awaitable[Response]]
 Handler = Callable[[Request], HandlerResult]

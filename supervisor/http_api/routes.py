@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -18,12 +19,14 @@ from urllib.parse import unquote
 
 import orjson
 from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.types import InferResponse
 from inferd.worker.wire.errors import invalid_arg
 
 from . import errors
 from .codec import InferCodec, Limits, ParsedInfer
 from .compression import decode_content, encode_content, pick_encoding
 from .generate import Generate
+from .messages import Deferred
 from .server import HandlerResult, Request, Response
 
 log = logging.getLogger("inferd.http")
@@ -234,7 +237,16 @@ class Router:
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
             return self._infer_compressed(req, model, version, encoding)
         parsed = self.codec.parse(model, version, req.headers, req.body)
+        if pick_encoding(req.headers.get("accept-encoding")) is None:
+            # the common case: no task per request, the response is built in a done-callback
+            return Deferred(self.dp.infer_nowait(parsed.request), functools.partial(self._infer_done, parsed))
         return self._infer_run(req, parsed)
+
+    def _infer_done(self, parsed: ParsedInfer, future: asyncio.Future[InferResponse]) -> Response:
+        try:
+            return self.codec.build(parsed, future.result())
+        except Exception as exc:
+            return errors.from_exception(exc)
 
     async def _infer_compressed(self, req: Request, model: str, version: str, encoding: str) -> Response:
         try:
