@@ -7,7 +7,9 @@ byte, BYTES elements as a 4-byte little-endian length followed by the bytes.
 
 from __future__ import annotations
 
+import array
 import struct
+import sys
 from typing import Any
 
 import numpy as np
@@ -17,6 +19,17 @@ from inferd.worker.wire.errors import internal, invalid_arg
 INT64_MAX = (1 << 63) - 1
 MAX_DIMS = 64  # also the deepest JSON `data` nesting accepted
 _LEN = struct.Struct("<I")
+
+# array-module typecodes of the numeric datatypes (little-endian hosts only: the wire is little-endian).
+# For the short `data` lists of a typical JSON request, array packs and unpacks ~5x cheaper than numpy.
+_ARRAY_CODES = {name: code for name, code in (
+    ("FP32", "f"), ("FP64", "d"), ("INT8", "b"), ("INT16", "h"), ("INT32", "i"), ("INT64", "q"),
+    ("UINT8", "B"), ("UINT16", "H"), ("UINT32", "I"), ("UINT64", "Q"),
+) if sys.byteorder == "little" and array.array(code).itemsize == BY_NAME[name].itemsize}
+_EXACT_INT = 1 << 53  # ints up to this size convert to a float exactly, as numpy's int64 path does
+_EXACT_LO = -_EXACT_INT
+_NUMBER_TYPES = frozenset((float, int))
+_INT_TYPE = {int}
 
 
 def datatype_of(datatype: Any, name: str) -> DataType:
@@ -143,6 +156,30 @@ def json_to_raw(datatype: str, shape: list[int], data: Any, name: str = "",
     """JSON `data` (flat or nested, row-major) into wire bytes, checked against shape and datatype."""
     dt = datatype_of(datatype, name)
     count = element_count(validate_shape(shape, name))
+    return pack_json(dt, shape, count, data, name, max_depth)
+
+
+def _pack_plain(dt: DataType, flat: list[Any]) -> bytes | None:
+    """`flat` packed with the array module when that gives exactly numpy's bytes: only floats and
+    exactly convertible ints for FP32/FP64, only in-range ints for integer types; else None."""
+    code = _ARRAY_CODES.get(dt.name)
+    if code is None:
+        return None
+    types = set(map(type, flat))  # one C-level pass; bools and anything else go the numpy way
+    if code in "fd":
+        if not types <= _NUMBER_TYPES or (int in types and not _EXACT_LO <= min(flat) <= max(flat) <= _EXACT_INT):
+            return None
+    elif types != _INT_TYPE:
+        return None
+    try:
+        return array.array(code, flat).tobytes()
+    except OverflowError:  # out of range: numpy's path reports it
+        return None
+
+
+def pack_json(dt: DataType, shape: list[int], count: int, data: Any, name: str = "",
+              max_depth: int = MAX_DIMS) -> bytes:
+    """`json_to_raw` for a datatype and shape already checked (`shape_info`); `count` elements."""
     flat = _flatten(data, name, max_depth)
     if len(flat) != count:
         raise invalid_arg(f"unexpected number of elements for tensor '{name}': shape {list(shape)} needs "
@@ -161,6 +198,9 @@ def json_to_raw(datatype: str, shape: list[int], data: Any, name: str = "",
     assert dt.numpy is not None
     if not flat:
         return b""
+    packed = _pack_plain(dt, flat)
+    if packed is not None:
+        return packed
     try:
         arr = np.array(flat)
     except (ValueError, TypeError, OverflowError):
@@ -209,4 +249,7 @@ def raw_to_json(datatype: str, shape: list[int], data: Any, name: str = "") -> l
         raise invalid_arg(f"sending {dt.name} data via JSON is not supported. Please use the binary data "
                           f"format for output {name}")
     assert dt.numpy is not None
+    code = _ARRAY_CODES.get(dt.name)
+    if code is not None:
+        return view.cast(code).tolist()  # type: ignore[call-overload]  # numpy tolist()'s numbers, cheaper
     return np.frombuffer(view, dtype=dt.numpy).tolist()  # type: ignore[no-any-return]
