@@ -1,7 +1,8 @@
 """Hot-path framing of Execute / ExecuteResult, byte-compatible with `wire.messages`.
 
 `wire.messages.encode` goes through `dataclasses.asdict` (tens of µs per batch); here the Execute
-header is built as plain dicts in the dataclasses' field order and serialized with orjson, and an
+header is built as plain dicts in the dataclasses' field order, fields at their default left out (the
+worker's decoder fills them in), and serialized with orjson, and an
 ExecuteResult header is read as plain dicts, checked as it is used. Every other message goes through
 `wire.messages`. tests/unit/instances/test_codec.py pins the equivalence.
 """
@@ -21,21 +22,27 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 def tensor_ref(name: str, datatype: str, shape: Sequence[int], loc: str, frame: int, region: str,
                offset: int, nbytes: int) -> dict[str, Any]:
+    if loc == "frame":  # loc "frame" and region "" are TensorRef's defaults: left out, less for the worker to parse
+        return {"name": name, "datatype": datatype, "shape": list(shape), "frame": frame, "offset": offset,
+                "nbytes": nbytes}
     return {"name": name, "datatype": datatype, "shape": list(shape), "loc": loc, "frame": frame,
             "region": region, "offset": offset, "nbytes": nbytes}
 
 
 def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "request_id": request_id,
-        "id": req.id,
-        "inputs": inputs,
-        "requested_outputs": [o.name for o in req.outputs],
-        "parameters": json.dumps(req.parameters) if req.parameters else "{}",
-        "correlation_id": req.correlation_id,
-        "flags": req.flags,
-        "timeout_us": req.timeout_us,
-    }
+    item = {"request_id": request_id, "id": req.id, "inputs": inputs,
+            "requested_outputs": [o.name for o in req.outputs]}
+    # fields at RequestItem's defaults ("{}", 0, 0, 0) are left out: less for the worker to parse
+    if req.parameters:
+        item["parameters"] = json.dumps(req.parameters)
+    cid = req.correlation_id
+    if not (type(cid) is int and cid == 0):
+        item["correlation_id"] = cid
+    if req.flags:
+        item["flags"] = req.flags
+    if req.timeout_us:
+        item["timeout_us"] = req.timeout_us
+    return item
 
 
 def execute_header(batch_id: int, items: list[dict[str, Any]], forget: list[str]) -> bytes:

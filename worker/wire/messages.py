@@ -397,16 +397,25 @@ def _build(cls: type[Any], data: dict[str, Any]) -> Any:
 # Same results as the generic `_build` / `_plain` + json.dumps above (tests pin the equivalence);
 # anything unusual (a missing or extra field, a value of another type) takes the generic path.
 
+def _required(cls: type[Any]) -> frozenset[str]:
+    """Fields of `cls` without a default."""
+    return frozenset(f.name for f in dataclasses.fields(cls)
+                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+
+
 _EXECUTE_KEYS = frozenset(_field_names(Execute))
 _REQUEST_KEYS = frozenset(_field_names(RequestItem))
+_REQUEST_REQUIRED = _required(RequestItem)
 _TENSOR_KEYS = frozenset(_field_names(TensorRef))
+_TENSOR_REQUIRED = _required(TensorRef)
 _new = object.__new__
 
 
 def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
-    """An Execute carrying every field (as the supervisor sends it), built without `_build`:
-    the parsed JSON objects become the instances' attribute dicts. None: use `_build` (nothing
-    has been changed in `header` then)."""
+    """An Execute as the supervisor sends it, built without `_build`: the parsed JSON objects become
+    the instances' attribute dicts. A RequestItem or TensorRef field left out keeps its default, which
+    a dataclass holds as a class attribute (read when the instance dict lacks the key); the fields
+    without a default must be there. None: use `_build` (nothing has been changed in `header` then)."""
     if header.keys() != _EXECUTE_KEYS:
         return None
     items = header["requests"]
@@ -414,14 +423,14 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
         return None
     built = []
     for item in items:
-        if type(item) is not dict or item.keys() != _REQUEST_KEYS:
+        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= _REQUEST_KEYS:
             return None
         refs = item["inputs"]
         if type(refs) is not list:
             return None
         inputs = []
         for ref in refs:
-            if type(ref) is not dict or ref.keys() != _TENSOR_KEYS:
+            if type(ref) is not dict or not _TENSOR_REQUIRED <= ref.keys() <= _TENSOR_KEYS:
                 return None
             tensor = _new(TensorRef)
             tensor.__dict__ = ref

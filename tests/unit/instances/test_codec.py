@@ -27,16 +27,33 @@ def test_execute_header_matches_wire_encoding():
         [m.TensorRef("IN", "FP32", [2], "frame", 0, "", 0, 8),
          m.TensorRef("BIG", "INT8", [1 << 20], "shm", -1, "inferd_1_0", 0, 1 << 20)],
         ["OUT"], json.dumps({"p": 1}), "seq-1", 3, 5)], ["inferd_1_9"])
-    assert json.loads(fast) == json.loads(m.encode(typed)[0])
+    generic = json.loads(m.encode(typed)[0])
+    for key in ("loc", "region"):  # a frame reference leaves its defaults out
+        del generic["requests"][0]["inputs"][0][key]
+    assert json.loads(fast) == generic
     decoded, _ = m.decode([Frame(fast)])
     assert decoded == typed
     assert set(json.loads(fast)) - {"t"} == {f for f in m.Execute.__dataclass_fields__}
     item_fields = set(json.loads(fast)["requests"][0])
     assert item_fields == set(m.RequestItem.__dataclass_fields__)
-    assert set(json.loads(fast)["requests"][0]["inputs"][0]) == set(m.TensorRef.__dataclass_fields__)
-    unused = InferRequest("m", inputs=[Tensor("X", "FP32", [1], b"1234")])
-    assert json.loads(codec.execute_header(1, [codec.request_item(1, unused, [])], []))["requests"][0][
-        "parameters"] == "{}"
+    assert set(json.loads(fast)["requests"][0]["inputs"][1]) == set(m.TensorRef.__dataclass_fields__)
+
+
+def test_execute_header_leaves_defaults_out_and_decodes_the_same():
+    plain = InferRequest("m", inputs=[Tensor("X", "FP32", [1], b"1234")])
+    ref = codec.tensor_ref("X", "FP32", [1], "frame", 0, "", 4, 4)
+    for cid in (0, "", "s", 7):
+        plain.correlation_id = cid
+        fast = codec.execute_header(1, [codec.request_item(1, plain, [ref])], [])
+        item = json.loads(fast)["requests"][0]
+        assert set(item) == {"request_id", "id", "inputs", "requested_outputs"} | (
+            set() if cid == 0 and type(cid) is int else {"correlation_id"})
+        assert set(item["inputs"][0]) == {"name", "datatype", "shape", "frame", "offset", "nbytes"}
+        typed = m.Execute(1, [m.RequestItem(1, "", [m.TensorRef("X", "FP32", [1], "frame", 0, "", 4, 4)], [],
+                                            "{}", cid, 0, 0)], [])
+        decoded, _ = m.decode([Frame(fast)])
+        assert decoded == typed and repr(decoded) == repr(typed)
+        assert type(decoded.requests[0].correlation_id) is type(cid)
 
 
 def test_parse_execute_result_and_others():
