@@ -25,6 +25,7 @@ from inferd.supervisor.core.types import (
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import internal, invalid_arg
 
+from . import templates
 from .server import Response
 
 UINT64_MAX = (1 << 64) - 1
@@ -98,6 +99,7 @@ class InferCodec:
     def __init__(self, dataplane: DataPlane, limits: Limits | None = None) -> None:
         self.dp = dataplane
         self.limits = limits or Limits()
+        self._templates: dict[tuple[str, str, int, bytes], templates.HeaderTemplate] = {}
 
     def parse(self, model: str, version: str, headers: dict[str, str], body: Any) -> ParsedInfer:
         total = len(body) if not isinstance(body, memoryview) else body.nbytes
@@ -112,13 +114,26 @@ class InferCodec:
             if hlen == 0:
                 return self._parse_raw(model, version, body, total)
         head = body if hlen < 0 or hlen == total else memoryview(body)[:hlen]
+        key = None
+        if 0 < hlen <= templates.MAX_HEADER:  # a binary request: its header may have been seen before
+            key = (model, version, total, bytes(head))
+            tpl = self._templates.get(key)
+            if tpl is not None:
+                return ParsedInfer(*tpl.instantiate(model, version, body, hlen))
         try:
             doc = orjson.loads(head)
         except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
             raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
         if not isinstance(doc, dict):
             raise invalid_arg("the inference request must be a JSON object")
-        return self._parse_doc(model, version, doc, body, hlen, total)
+        parsed = self._parse_doc(model, version, doc, body, hlen, total)
+        if key is not None:
+            tpl = templates.HeaderTemplate.of(parsed, body, hlen)
+            if tpl is not None:
+                if len(self._templates) >= templates.MAX_TEMPLATES:
+                    self._templates.clear()
+                self._templates[key] = tpl
+        return parsed
 
     def _parse_doc(self, model: str, version: str, doc: dict[str, Any], body: Any, hlen: int,
                    total: int) -> ParsedInfer:
@@ -145,7 +160,7 @@ class InferCodec:
                 raise invalid_arg(f"input '{name}' is given more than once")
             seen.add(name)
             datatype = item.get("datatype")
-            _, shape, count, nbytes = tensors.shape_info(datatype, item.get("shape"), name)
+            dt, shape, count, nbytes = tensors.shape_info(datatype, item.get("shape"), name)
             params = _params(item, f"input '{name}'")
             has_data = "data" in item
             bsize = params.get("binary_data_size")
@@ -156,7 +171,7 @@ class InferCodec:
             extra = ({k: v for k, v in params.items() if k != "binary_data_size" and k not in _SHM_KEYS}
                      if params else {})
             if has_data:
-                data: Any = tensors.json_to_raw(datatype, shape, item["data"], name, lim.max_depth)
+                data: Any = tensors.pack_json(dt, shape, count, item["data"], name, lim.max_depth)
             elif bsize is not None:
                 if hlen < 0:
                     raise invalid_arg("must specify valid 'Infer-Header-Content-Length' in request header to "
