@@ -46,6 +46,11 @@ def _status_line(status: int) -> bytes:
 
 _STATUS_LINES: dict[int, bytes] = {s.value: _status_line(s.value) for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# raw header name -> its lower-cased str, and content type -> its header line: one dict lookup per
+# request instead of decoding and formatting each time (bounded: clients choose the names)
+_HEADER_NAMES: dict[bytes, str] = {}
+_CONTENT_TYPES: dict[str, bytes] = {}
+_CACHE_MAX = 256
 _CANCELLED = Response(400, b'{"error":"request cancelled"}')
 _INTERNAL = Response(500, b'{"error":"Internal Server Error"}')
 
@@ -189,7 +194,12 @@ class HttpConnection(asyncio.Protocol):
         self._hbytes += len(name) + len(value) + 4
         if self._hbytes > self._server.max_header_size or len(self._headers) >= self._server.max_headers:
             raise _Abort(431, "request header too large")
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = _HEADER_NAMES.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(_HEADER_NAMES) < _CACHE_MAX:
+                _HEADER_NAMES[name] = key
+        self._headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.state = _BODY
@@ -341,11 +351,20 @@ class HttpConnection(asyncio.Protocol):
 
     def _write(self, transport: asyncio.Transport, res: Response, keep: bool, conn_hdr: str | None) -> None:
         body: Any = res.body
-        single = isinstance(body, (bytes, bytearray, memoryview))
-        size = memoryview(body).nbytes if single else sum(memoryview(b).nbytes for b in body)
+        if type(body) is bytes:
+            single, size = True, len(body)
+        else:
+            single = isinstance(body, (bytearray, memoryview))
+            size = memoryview(body).nbytes if single else sum(memoryview(b).nbytes for b in body)
         head = [_STATUS_LINES.get(res.status) or _status_line(res.status)]
-        if res.content_type is not None and size:
-            head.append(b"Content-Type: %s\r\n" % res.content_type.encode("latin-1"))
+        ctype = res.content_type
+        if ctype is not None and size:
+            line = _CONTENT_TYPES.get(ctype)
+            if line is None:
+                line = b"Content-Type: %s\r\n" % ctype.encode("latin-1")
+                if len(_CONTENT_TYPES) < _CACHE_MAX:
+                    _CONTENT_TYPES[ctype] = line
+            head.append(line)
         if res.headers:
             for k, v in res.headers.items():
                 head.append(f"{k}: {v}\r\n".encode("latin-1"))
