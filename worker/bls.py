@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 import zmq
 
+from .arena import Arena
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
@@ -46,51 +47,7 @@ from .wire.messages import (
 
 BLS_SUFFIX = "/bls"
 MAX_ARENA_BYTES = 1 << 30  # bound on this worker's input regions (busy + idle)
-_MIN_CLASS = 128 * 1024
 _END = object()  # marks the end of a decoupled call's response queue
-
-
-def _size_class(nbytes: int) -> int:
-    return _MIN_CLASS if nbytes <= _MIN_CLASS else 1 << (nbytes - 1).bit_length()
-
-
-class _Arena:
-    """This worker's regions for large BLS inputs: one tensor per region, reused per size class."""
-
-    def __init__(self) -> None:
-        self._free: dict[int, list[shm.Region]] = collections.defaultdict(list)
-        self._all: dict[str, shm.Region] = {}
-        self._bytes = 0
-        self._names = itertools.count()
-        self._lock = threading.Lock()
-
-    def put(self, data: memoryview) -> shm.Region:
-        size = _size_class(data.nbytes)
-        with self._lock:
-            free = self._free[size]
-            region = free.pop() if free else None
-            if region is None:
-                if self._bytes + size > MAX_ARENA_BYTES:
-                    raise InferdError(ErrorCode.UNAVAILABLE, "BLS shared memory exhausted (%d bytes in use)"
-                                      % self._bytes)
-                region = shm.create(shm.make_name(os.getpid(), "b%d" % next(self._names)), size)
-                self._all[region.name] = region
-                self._bytes += size
-        region.buf[: data.nbytes] = data
-        return region
-
-    def give_back(self, regions: Sequence[shm.Region]) -> None:
-        with self._lock:
-            for region in regions:
-                self._free[region.size].append(region)
-
-    def close(self) -> None:
-        with self._lock:
-            for region in self._all.values():
-                shm.unlink(region.name)
-                region.close()
-            self._all.clear()
-            self._free.clear()
 
 
 class _Call:
@@ -126,7 +83,7 @@ class BlsClient:
         self._ids = itertools.count(1)
         # re-entrant: a garbage collection inside a locked section may run _release_later on this thread
         self._lock = threading.RLock()
-        self._arena = _Arena()
+        self._arena = Arena("b", MAX_ARENA_BYTES)
         self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs (under _lock)
         self._local = threading.local()  # per-thread DEALER for synchronous calls (`direct`)
         self._socket_ids = itertools.count(1)
