@@ -22,7 +22,7 @@ import numpy as np
 
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
-from .wire.messages import TensorRef
+from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
 
 _BF16_VIEW = np.dtype("<u2")
 
@@ -126,10 +126,7 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
             "input '%s': expected %d bytes for shape %s of %s, got %d"
             % (name, count * dt.itemsize, list(shape), dt.name, nbytes)
         )
-    array = np.frombuffer(buf, dtype=numpy_dtype)
-    if len(shape) != 1:
-        array = array.reshape(shape)
-    return array
+    return np.ndarray(shape, numpy_dtype, buf)  # one call: about half of np.frombuffer + reshape
 
 
 # ---- outputs ----------------------------------------------------------------------------------
@@ -232,12 +229,12 @@ def output_frame(name: str, datatype: str, array: np.ndarray, frame: int) -> tup
     return TensorRef(name, datatype, list(array.shape), "frame", frame, "", 0, nbytes), data
 
 
-def output_data(datatype: str, array: np.ndarray) -> tuple[list[int], Any, int]:
+def output_data(datatype: str, array: np.ndarray) -> tuple[tuple[int, ...], Any, int]:
     """(shape, C-contiguous little-endian buffer, nbytes) of one checked output; numeric buffers are
     not copied here."""
     if datatype == "BYTES":
         data: Any = bytes_codec.serialize(array)
-        return list(array.shape), data, len(data)
+        return array.shape, data, len(data)
     dtype = array.dtype
     if datatype == "BF16" and dtype != _BF16_VIEW:
         array = array.view(_BF16_VIEW) if dtype.itemsize == 2 else array
@@ -246,8 +243,10 @@ def output_data(datatype: str, array: np.ndarray) -> tuple[list[int], Any, int]:
         array = array.astype(dtype.newbyteorder("<"))
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    # ndarray.shape holds Python ints already
-    return list(array.shape), array.reshape(-1).view(np.uint8) if array.size else b"", int(array.nbytes)
+    nbytes = array.nbytes
+    if nbytes < ZERO_COPY_MIN_BYTES:  # copied into the shared frame: any C-contiguous buffer does
+        return array.shape, array, nbytes
+    return array.shape, array.reshape(-1).view(np.uint8), nbytes  # a flat byte view for a zero-copy frame
 
 
 def error_code(exc: BaseException) -> ErrorCode:

@@ -465,7 +465,7 @@ class FramePacker:
         """(frame index, offset) where `data` (`nbytes` long) will be. An empty buffer gets an empty
         frame of its own: (offset 0, nbytes 0) names a whole frame (references that carry no size)."""
         if nbytes >= ZERO_COPY_MIN_BYTES or nbytes == 0:
-            self.frames.append(data)
+            self.frames.append(data if nbytes else b"")
             return len(self.frames) - 1, 0
         if self._index < 0:
             self._index = len(self.frames)
@@ -478,8 +478,7 @@ class FramePacker:
     def finish(self) -> list[Any]:
         """The frames, the shared one filled in."""
         if self._index >= 0:
-            parts = self._parts
-            self.frames[self._index] = parts[0] if len(parts) == 1 else b"".join(parts)
+            self.frames[self._index] = b"".join(self._parts)
         return self.frames
 
 
@@ -490,6 +489,7 @@ class FramePacker:
 # decoder fills in: about half the per-output cost of building objects and encoding them.
 
 _REF_HEADS: dict[tuple[str, str], str] = {}  # (name, datatype) -> '{"name":..,"datatype":..,"shape":['
+_SHAPES: dict[tuple[int, ...], str] = {}  # shape tuple -> "1,4": batches repeat a few shapes
 
 
 def output_ref_json(name: str, datatype: str, shape: Sequence[int], frame: int, offset: int, nbytes: int) -> str:
@@ -499,7 +499,12 @@ def output_ref_json(name: str, datatype: str, shape: Sequence[int], frame: int, 
         head = '{"name":%s,"datatype":%s,"shape":[' % (_json_str(name), _json_str(datatype))
         if len(_REF_HEADS) < 4096:  # output names come from the model config: few, but stay bounded
             _REF_HEADS[(name, datatype)] = head
-    return '%s%s],"frame":%d,"offset":%d,"nbytes":%d}' % (head, ",".join(map(str, shape)), frame, offset, nbytes)
+    dims = _SHAPES.get(shape) if type(shape) is tuple else None
+    if dims is None:
+        dims = ",".join(map(str, shape))
+        if type(shape) is tuple and len(_SHAPES) < 4096:
+            _SHAPES[shape] = dims
+    return '%s%s],"frame":%d,"offset":%d,"nbytes":%d}' % (head, dims, frame, offset, nbytes)
 
 
 def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
