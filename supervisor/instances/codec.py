@@ -86,8 +86,17 @@ def output_buffer(name: Any, frame: Any, offset: Any, nbytes: Any, buffers: Sequ
     return buf[offset:offset + nbytes]
 
 
+def shm_output(name: str, datatype: str, shape: list[int], region: Any, offset: Any, nbytes: Any,
+               outputs: Any) -> Tensor:
+    """An output the worker wrote into its own region (worker/arena.py): a view of its mapping, passed on
+    by handle (`shm_ref`). ValueError for a bad reference or a worker that may not send one."""
+    if outputs is None or type(region) is not str or type(offset) is not int or type(nbytes) is not int:
+        raise ValueError(f"output '{name}' has a bad reference")
+    return Tensor(name, datatype, shape, outputs.view(region, offset, nbytes), shm_ref=(region, offset))
+
+
 def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict[str, Any], data: Sequence[Any],
-                 version: str) -> BatchResult:
+                 version: str, outputs_in_shm: Any = None) -> BatchResult:
     """An ExecuteResult header (as `parse` returns it) and its data frames as core responses; output
     tensors are views of the frames. KeyError/TypeError/ValueError when the worker sent nonsense."""
     responses = msg["responses"]
@@ -109,7 +118,12 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
         outputs = []
         for ref in item.get("outputs") or ():
             name = ref["name"]
-            if ref.get("loc", "frame") != "frame":
+            loc = ref.get("loc", "frame")
+            if loc == "shm":
+                outputs.append(shm_output(name, ref["datatype"], ref["shape"], ref.get("region"),
+                                          ref.get("offset", 0), ref.get("nbytes", 0), outputs_in_shm))
+                continue
+            if loc != "frame":
                 raise ValueError(f"output '{name}' has a bad reference")
             buf = output_buffer(name, ref.get("frame", -1), ref.get("offset", 0), ref.get("nbytes", 0), buffers)
             outputs.append(Tensor(name, ref["datatype"], ref["shape"], buf))
@@ -120,7 +134,7 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
 
 
 def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any],
-                    version: str) -> InferResponse | InferdError:
+                    version: str, outputs_in_shm: Any = None) -> InferResponse | InferdError:
     """One StreamResponse as a core response (a flag-only final: a response without outputs) or
     the error it carries. ValueError when the worker sent nonsense."""
     item = msg.response
@@ -135,6 +149,10 @@ def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any
     buffers = [frame.buffer for frame in data]
     outputs = []
     for ref in item.outputs:
+        if ref.loc == "shm":
+            outputs.append(shm_output(ref.name, ref.datatype, list(ref.shape), ref.region, ref.offset, ref.nbytes,
+                                      outputs_in_shm))
+            continue
         if ref.loc != "frame":
             raise ValueError(f"output '{ref.name}' has a bad reference")
         buf = output_buffer(ref.name, ref.frame, ref.offset, ref.nbytes, buffers)

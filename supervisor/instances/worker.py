@@ -33,6 +33,7 @@ from . import codec
 from .channel import Channel
 from .codec import BatchResult
 from .launcher import Bootstrap, Launcher
+from .outputs import WorkerOutputs
 from .packing import InputPacker, OpenStream, release_leases
 
 log = logging.getLogger("inferd.instances.worker")
@@ -128,6 +129,8 @@ class WorkerProcess:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._batch_ids = itertools.count(1)
         self._packer = InputPacker(pool)
+        # large outputs the worker wrote into its own regions; their names go back once collected
+        self._outputs = WorkerOutputs(lambda names: self._send_quiet(m.ReleaseOutputs(names)))
         self._hb_frames = m.encode(m.Heartbeat(0))
         self._log = logging.getLogger(f"inferd.worker.{name}")
 
@@ -336,7 +339,7 @@ class WorkerProcess:
             return
         self._release_leases(batch.leases)
         try:
-            result = codec.batch_result(batch.requests, batch.ids, msg, data, self.model_version)
+            result = codec.batch_result(batch.requests, batch.ids, msg, data, self.model_version, self._outputs)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             result = None
             self._kill(f"sent a malformed result ({exc!r})")
@@ -362,7 +365,7 @@ class WorkerProcess:
         if stream is None:
             return  # ended already (failed, or its worker was replaced): late responses are dropped
         try:
-            item = codec.stream_response(stream.request, msg, data, self.model_version)
+            item = codec.stream_response(stream.request, msg, data, self.model_version, self._outputs)
         except (TypeError, ValueError, AttributeError) as exc:
             self._kill(f"sent a malformed stream response ({exc!r})")
             return
@@ -503,6 +506,7 @@ class WorkerProcess:
         self._slots = 0
 
     def _cleanup(self) -> None:
+        self._outputs.close()
         self._channel.unregister(self.identity)
         if self._hb_task is not None and self._hb_task is not asyncio.current_task():
             self._hb_task.cancel()

@@ -171,6 +171,13 @@ class Cancel:
 
 
 @dataclass
+class ReleaseOutputs:
+    """Output regions of this worker (TensorRef loc "shm" in results) the supervisor no longer uses."""
+
+    regions: list[str]
+
+
+@dataclass
 class Shutdown:
     pass
 
@@ -257,6 +264,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "load_model": LoadModel,
     "execute": Execute,
     "cancel": Cancel,
+    "release_outputs": ReleaseOutputs,
     "shutdown": Shutdown,
     "heartbeat": Heartbeat,
     "bls_request": BlsRequest,

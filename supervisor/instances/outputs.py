@@ -1,0 +1,67 @@
+"""Large outputs that a worker wrote into its own shared-memory regions instead of ZeroMQ frames.
+
+The supervisor maps each such region read-only (once; the worker reuses its regions) and hands the
+output on as a numpy uint8 view of the mapping with `Tensor.shm_ref` set, so an ensemble's next step
+gets the region by name and the bytes never enter the supervisor's heap. When the last view of an
+output is garbage collected (the response was written, the next step answered), the region's name goes
+back to the worker in a ReleaseOutputs message, batched per event-loop pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from inferd.worker.wire import shm
+
+
+class WorkerOutputs:
+    def __init__(self, release: Callable[[list[str]], None]) -> None:
+        self._release = release  # sends ReleaseOutputs(names) to the worker
+        self._maps: dict[str, shm.Region] = {}
+        self._pending: list[str] = []
+        self._loop = asyncio.get_running_loop()
+        self._closed = False
+
+    def view(self, region: str, offset: int, nbytes: int) -> np.ndarray:
+        """The output's bytes (a view of the worker's region); ValueError for a bad reference."""
+        if not shm.valid_name(region):
+            raise ValueError(f"invalid output region {region!r}")
+        mapped = self._maps.get(region)
+        if mapped is None:
+            mapped = self._maps[region] = shm.attach(region, readonly=True)
+        if offset < 0 or nbytes < 0 or offset + nbytes > mapped.size:
+            raise ValueError(f"output lies outside region {region!r}")
+        root = np.frombuffer(mapped.buf, dtype=np.uint8, count=nbytes, offset=offset)
+        weakref.finalize(root, self._collected, region)
+        return root
+
+    def _collected(self, region: str) -> None:
+        # may run from a garbage collection anywhere: only queue here, send from the loop
+        if self._closed:
+            return
+        if not self._pending:
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed: the worker is going away too
+                return
+        self._pending.append(region)
+
+    def _flush(self) -> None:
+        names, self._pending = self._pending, []
+        if names and not self._closed:
+            self._release(names)
+
+    def close(self) -> None:
+        """The worker is gone: forget its mappings (views still held stay valid until collected)."""
+        self._closed = True
+        for mapped in self._maps.values():
+            mapped.close()
+        self._maps.clear()
+
+    @property
+    def mapped(self) -> dict[str, Any]:
+        return dict(self._maps)
