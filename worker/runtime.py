@@ -208,6 +208,7 @@ class Runtime:
             self._cache.forget(message.forget_regions)
         cache = self._cache
         probe = self._is_cancelled
+        frames = tensors.frame_buffers(frames)
         entries: list[Any] = []  # per request: its Request, or (request_id, WireError) for a failed one
         runnable: list[Request] = []
         cancelled = self._cancelled  # Cancels read ahead while an earlier batch ran

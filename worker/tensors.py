@@ -83,6 +83,13 @@ def _check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def frame_buffers(frames: Sequence[Any]) -> list[memoryview]:
+    """Byte views of a message's data frames (ZeroMQ Frames, bytes...), made once per message: the
+    inputs packed into one frame are slices of the same view."""
+    views = [frame.buffer if hasattr(frame, "buffer") else memoryview(frame) for frame in frames]
+    return [view if view.format == "B" else view.cast("B") for view in views]
+
+
 def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
     loc = ref.loc
     if loc == "frame":
@@ -90,7 +97,7 @@ def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
         if not 0 <= index < len(frames):
             raise internal("tensor '%s' refers to a missing data frame" % ref.name)
         frame = frames[index]
-        buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        buf = frame if type(frame) is memoryview else frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         offset, nbytes = ref.offset, ref.nbytes
         if offset == 0 and (nbytes == 0 or nbytes >= buf.nbytes):  # the whole frame (too short: input_array
             return buf  # says so); offset 0 + nbytes 0 is how references without a size name a whole frame

@@ -335,10 +335,10 @@ class PythonBackend:
                 error_code = ErrorCode(code)
             except ValueError:
                 error_code = ErrorCode.INTERNAL
-            return Response(error=InferdError(error_code, err.message()), parameters=params)
+            return Response(None, InferdError(error_code, err.message()), params)
         wanted = request._requested
         outputs = [Tensor(t._name, t._datatype, t._array) for t in response._outputs if t._name in wanted]
-        return Response(outputs=outputs, parameters=params)
+        return Response(outputs, None, params)
 
     def _log_exception(self, what: str) -> None:
         self._pb.Logger._emit(
