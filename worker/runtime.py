@@ -23,6 +23,7 @@ from typing import Any, Optional
 import zmq
 
 from . import backends, tensors
+from .arena import Arena
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
 from .channel import Channel, Outbox
 from .wire.errors import ErrorCode, InferdError
@@ -37,10 +38,12 @@ from .wire.messages import (
     LoadModel,
     LoadResult,
     ProtocolError,
+    ReleaseOutputs,
     Shutdown,
     WireError,
     execute_result_header,
     output_ref_json,
+    output_shm_ref_json,
     response_item_json,
     stream_response_header,
 )
@@ -51,6 +54,9 @@ _check_output = tensors.check_output
 _output_data = tensors.output_data
 _ref_json = output_ref_json
 
+
+# outputs this big are written into the worker's own shared memory instead of a ZeroMQ frame
+OUTPUT_SHM_MIN_BYTES = 256 * 1024
 
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
 
@@ -68,6 +74,7 @@ class Runtime:
         self._channel = channel
         self._log = log or (lambda message: None)
         self._cache = tensors.ShmCache()
+        self._out_arena = Arena("o")  # large outputs (worker/arena.py), released by the supervisor
         self._backend: Optional[Backend] = None
         self._spec: Optional[ModelSpec] = None
         self._outputs: dict[str, tensors.OutputSpec] = {}
@@ -90,6 +97,7 @@ class Runtime:
             LoadModel: self._on_load,
             Execute: self._on_execute,
             Cancel: self._on_cancel,
+            ReleaseOutputs: self._on_release_outputs,
             Shutdown: self._on_shutdown,
             Heartbeat: self._on_heartbeat,
         }
@@ -198,6 +206,7 @@ class Runtime:
         if self._outbox is not None:
             self._outbox.flush(self._channel)
         self._cache.close()
+        self._out_arena.close()
         self.bye_error = error
         self._channel.send(Bye(error=error))
         self._running = False
@@ -327,6 +336,20 @@ class Runtime:
             failed.append(request_id)
         return response_item_json(request_id, (), error, params)
 
+    def _shm_ref(self, name: str, datatype: str, shape: Any, data: Any, nbytes: int,
+                 add: Callable[[Any, int], tuple[int, int]]) -> str:
+        """A large output goes into one of this worker's regions (the supervisor maps it, and passes it
+        to the next ensemble step by name); with the arena full it rides as a frame after all."""
+        region = self._out_arena.take(nbytes)
+        if region is None:
+            frame, offset = add(data, nbytes)
+            return _ref_json(name, datatype, shape, frame, offset, nbytes)
+        region.buf[:nbytes] = memoryview(data).cast("B")
+        return output_shm_ref_json(name, datatype, shape, region.name, nbytes)
+
+    def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
+        self._out_arena.give_back_names(message.regions)
+
     def _encode(self, request: Request, result: Response, packer: FramePacker,
                 failed: Optional[list[int]] = None) -> str:
         """The ResponseItem JSON of one result; its outputs go into `packer`."""
@@ -348,6 +371,7 @@ class Runtime:
         except Exception as exc:
             return self._error_item(request.request_id, wire_error(exc), failed, params)
         add = packer.add  # only once every output is checked: a failed request adds no frames
-        refs = [_ref_json(name, datatype, shape, *add(data, nbytes), nbytes)
+        refs = [self._shm_ref(name, datatype, shape, data, nbytes, add) if nbytes >= OUTPUT_SHM_MIN_BYTES
+                and datatype != "BYTES" else _ref_json(name, datatype, shape, *add(data, nbytes), nbytes)
                 for name, datatype, shape, data, nbytes in outputs]
         return response_item_json(request.request_id, refs, None, params)

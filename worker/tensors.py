@@ -27,6 +27,13 @@ from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
 _BF16_VIEW = np.dtype("<u2")
 
 
+def _worker_owned(name: str) -> bool:
+    """Supervisor pool regions are `inferd_<pid>_<n>`; worker arenas name theirs `inferd_<pid>_<tag><n>`
+    with a one-letter tag (worker/arena.py)."""
+    tail = name.rsplit("_", 1)[-1]
+    return len(tail) > 1 and tail[0].isalpha() and tail[1:].isdigit()
+
+
 class ShmCache:
     """Mappings of supervisor-created regions, kept between Executes (LRU, bounded).
 
@@ -45,6 +52,13 @@ class ShmCache:
         return name in self._regions
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
+        if _worker_owned(name):
+            # another worker's region (its output, or a BLS caller's input) may feed several readers: map
+            # it copy-on-write, once per use, so a model editing its input in place changes nothing shared
+            private = shm.attach(name, private=True)
+            if offset < 0 or nbytes < 0 or offset + nbytes > private.size:
+                raise internal("tensor reference lies outside its shared memory region")
+            return private.buf[offset : offset + nbytes]
         region = self._regions.get(name)
         if region is not None and shm.inode_of(name) != region.inode:
             self._drop(name)

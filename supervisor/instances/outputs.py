@@ -1,7 +1,7 @@
 """Large outputs that a worker wrote into its own shared-memory regions instead of ZeroMQ frames.
 
 The supervisor maps each such region read-only (once; the worker reuses its regions) and hands the
-output on as a numpy uint8 view of the mapping with `Tensor.shm_ref` set, so an ensemble's next step
+output on as a view of the mapping with `Tensor.shm_ref` set, so an ensemble's next step
 gets the region by name and the bytes never enter the supervisor's heap. When the last view of an
 output is garbage collected (the response was written, the next step answered), the region's name goes
 back to the worker in a ReleaseOutputs message, batched per event-loop pass.
@@ -26,7 +26,7 @@ class WorkerOutputs:
         self._loop = asyncio.get_running_loop()
         self._closed = False
 
-    def view(self, region: str, offset: int, nbytes: int) -> np.ndarray:
+    def view(self, region: str, offset: int, nbytes: int) -> memoryview:
         """The output's bytes (a view of the worker's region); ValueError for a bad reference."""
         if not shm.valid_name(region):
             raise ValueError(f"invalid output region {region!r}")
@@ -37,7 +37,8 @@ class WorkerOutputs:
             raise ValueError(f"output lies outside region {region!r}")
         root = np.frombuffer(mapped.buf, dtype=np.uint8, count=nbytes, offset=offset)
         weakref.finalize(root, self._collected, region)
-        return root
+        # a memoryview (what every consumer of tensor bytes takes) keeps `root` alive while it lives
+        return memoryview(root)  # type: ignore[arg-type]  # ndarray exports the buffer protocol
 
     def _collected(self, region: str) -> None:
         # may run from a garbage collection anywhere: only queue here, send from the loop

@@ -27,6 +27,7 @@ from typing import Any
 from inferd.supervisor.config import WorkerTimings
 from inferd.supervisor.core.types import InferRequest, InferResponse
 from inferd.worker.wire import messages as m
+from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from . import codec
@@ -507,6 +508,8 @@ class WorkerProcess:
 
     def _cleanup(self) -> None:
         self._outputs.close()
+        if self._proc is not None and self._proc.returncode is not None:
+            shm.unlink_owned(self._proc.pid)  # regions a dead worker created (its output/BLS arenas)
         self._channel.unregister(self.identity)
         if self._hb_task is not None and self._hb_task is not asyncio.current_task():
             self._hb_task.cancel()

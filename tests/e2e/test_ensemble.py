@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.inferd_only
 
-PIXELS = 32768  # FEATURES is 128 KiB: above the inline limit, so it travels through shared memory
+PIXELS = 131072  # FEATURES is 512 KiB: the worker writes it into its own shared memory (>= 256 KiB)
 DIM = 16
 
 # Each branch waits (bounded) until the other branch of the same request has arrived: the ensemble
@@ -270,6 +270,13 @@ def test_no_shared_memory_growth_over_2000_requests(server):
     # every lease went back to the pool, and the pool did not grow with the request count (a region or
     # two more is the working set of 4 concurrent clients settling, not a leak)
     assert _metric(server, "inferd_shm_bytes_in_use") == 0
+    # FEATURES left pipeline_pre in that worker's own regions (by handle to the ONNX step), and those
+    # regions were reused, not multiplied, over the 2,000 requests (a region returns when the supervisor's
+    # last view of it is collected, so a few more than the 4 in flight may be out at once)
+    pre_pids = server.worker_pids("pipeline_pre")
+    own = [n for n in after if any(n.startswith(f"inferd_{pid}_o") for pid in pre_pids)]
+    assert own, "pipeline_pre never wrote an output into its own shared memory"
+    assert len(own) <= 32, own
     owners = [server.pid]
     new = leak_diff(before, after, owners)
     assert len(new) <= 2, new

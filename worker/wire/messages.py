@@ -515,6 +515,12 @@ def output_ref_json(name: str, datatype: str, shape: Sequence[int], frame: int, 
     return '%s%s],"frame":%d,"offset":%d,"nbytes":%d}' % (head, dims, frame, offset, nbytes)
 
 
+def output_shm_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, nbytes: int) -> str:
+    """A TensorRef for an output the worker wrote into its own region (loc "shm", offset 0)."""
+    return '{"name":%s,"datatype":%s,"shape":[%s],"loc":"shm","region":%s,"offset":0,"nbytes":%d}' % (
+        _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(region), nbytes)
+
+
 def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
                        parameters: Optional[dict[str, Any]] = None) -> str:
     """A ResponseItem as compact JSON; `refs` from `output_ref_json`."""

@@ -141,10 +141,11 @@ def _reserve(fd: int, size: int) -> None:
             raise
 
 
-def attach(name: str, readonly: bool = False) -> Region:
-    """Map an existing region. Refuses symlinks, non-regular files and files of another user."""
+def attach(name: str, readonly: bool = False, private: bool = False) -> Region:
+    """Map an existing region. Refuses symlinks, non-regular files and files of another user.
+    `private`: a copy-on-write mapping (writes stay in this process; the region is never changed)."""
     path = _path(name)
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | _O_NOFOLLOW | _O_CLOEXEC
+    flags = (os.O_RDONLY if readonly or private else os.O_RDWR) | _O_NOFOLLOW | _O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -164,10 +165,24 @@ def attach(name: str, readonly: bool = False) -> Region:
         if st.st_size <= 0:
             raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is empty")
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
-        mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
+        mm = mmap.mmap(fd, st.st_size, mmap.MAP_PRIVATE if private else mmap.MAP_SHARED, prot)
         return Region(name, mm, st.st_size, readonly, st.st_ino)
     finally:
         os.close(fd)
+
+
+def unlink_owned(pid: int, directory: str = SHM_DIR) -> list[str]:
+    """Unlink every region named for owner `pid` (call once that process is gone)."""
+    prefix = "%s%d_" % (PREFIX, int(pid))
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(prefix) and unlink(name):
+            removed.append(name)
+    return removed
 
 
 def unlink(name: str) -> bool:

@@ -123,7 +123,12 @@ def fp32_frame(name: str, values: np.ndarray, frame: int) -> tuple[m.TensorRef, 
 
 def output(result_frames: list, item: m.ResponseItem, name: str) -> np.ndarray:
     ref = next(o for o in item.outputs if o.name == name)
-    buf = result_frames[ref.frame].bytes[ref.offset : ref.offset + ref.nbytes]  # small outputs share a frame
+    if ref.loc == "shm":  # large outputs: written into the worker's own region
+        region = shm.attach(ref.region, readonly=True)
+        buf = bytes(region.buf[ref.offset : ref.offset + ref.nbytes])
+        region.close()
+    else:
+        buf = result_frames[ref.frame].bytes[ref.offset : ref.offset + ref.nbytes]  # small outputs share a frame
     if ref.datatype == "BYTES":
         return bytes_codec.deserialize(buf).reshape(ref.shape)
     dtype = {"FP32": "<f4", "INT32": "<i4", "FP64": "<f8"}[ref.datatype]
