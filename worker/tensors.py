@@ -52,19 +52,13 @@ class ShmCache:
         return name in self._regions
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
-        if _worker_owned(name):
-            # another worker's region (its output, or a BLS caller's input) may feed several readers: map
-            # it copy-on-write, once per use, so a model editing its input in place changes nothing shared
-            private = shm.attach(name, private=True)
-            if offset < 0 or nbytes < 0 or offset + nbytes > private.size:
-                raise internal("tensor reference lies outside its shared memory region")
-            return private.buf[offset : offset + nbytes]
+        owned_by_worker = _worker_owned(name)
         region = self._regions.get(name)
         if region is not None and shm.inode_of(name) != region.inode:
             self._drop(name)
             region = None
         if region is None:
-            region = shm.attach(name)
+            region = shm.attach(name, readonly=owned_by_worker)
             self._regions[name] = region
             while len(self._regions) > self._max:
                 self._drop(next(iter(self._regions)))
@@ -72,6 +66,11 @@ class ShmCache:
             self._regions.move_to_end(name)
         if offset < 0 or nbytes < 0 or offset + nbytes > region.size:
             raise internal("tensor reference lies outside its shared memory region")
+        if owned_by_worker:
+            # another worker's region (its output, or a BLS caller's input) may feed several readers at
+            # once: the model gets its own copy, so editing an input in place changes nothing shared (one
+            # memcpy from a mapping kept between uses: cheaper than page-faulting a fresh private mapping)
+            return memoryview(bytearray(region.buf[offset : offset + nbytes]))
         return region.buf[offset : offset + nbytes]
 
     def forget(self, names: Sequence[str]) -> None:
