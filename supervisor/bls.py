@@ -24,9 +24,8 @@ from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .core.dataplane import DataPlane
+from .core.server import FINAL_FLAG
 from .core.types import InferRequest, InferResponse, RequestedOutput, Tensor
-
-FINAL_FLAG = "triton_final_response"  # as core.server: marks a decoupled request's last response
 
 log = logging.getLogger("inferd.bls")
 
@@ -99,8 +98,7 @@ class BlsService:
         """The worker left (stopped or died): its calls stop, its leases and mappings go."""
         caller = self._callers.pop(identity, None)
         if caller is not None:
-            caller.close()
-            shm.sweep_stale()  # the regions a dead caller owned
+            caller.close()  # its regions are unlinked by WorkerProcess when it is reaped
 
     def _send(self, identity: str, message: Any, frames: Sequence[Any] = ()) -> None:
         try:

@@ -3,8 +3,8 @@
 Inputs become numpy views without a copy: `np.frombuffer` on the ZeroMQ frame or on a cached
 mapping of the supervisor's shm region. They are writable, as in Triton (models edit inputs in
 place): a frame belongs to this worker's message, and an input region is leased to one request only.
-A region shared between requests (ensembles) must be handed out as a copy-on-write view instead.
-BYTES inputs decode into object arrays of
+A region another worker owns (its output in an ensemble, a BLS caller's input) may have several
+readers, so the model gets a private copy of those bytes. BYTES inputs decode into object arrays of
 `bytes`; BF16 stays a raw little-endian uint16 view, marked "BF16" by its datatype.
 
 Outputs are checked against the model configuration (declared, same datatype, compatible shape) and

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from inferd.worker.wire import shm
@@ -62,7 +61,3 @@ class WorkerOutputs:
         for mapped in self._maps.values():
             mapped.close()
         self._maps.clear()
-
-    @property
-    def mapped(self) -> dict[str, Any]:
-        return dict(self._maps)

@@ -591,10 +591,6 @@ def _bls() -> Any:
         raise TritonModelException(exc.message) from None
 
 
-try:
-    from concurrent.futures import TimeoutError as _FutureTimeout
-except ImportError:  # pragma: no cover
-    _FutureTimeout = Exception  # type: ignore[assignment,misc]
 
 
 def _wait_s(timeout_us: Any) -> Optional[float]:

@@ -141,11 +141,10 @@ def _reserve(fd: int, size: int) -> None:
             raise
 
 
-def attach(name: str, readonly: bool = False, private: bool = False) -> Region:
-    """Map an existing region. Refuses symlinks, non-regular files and files of another user.
-    `private`: a copy-on-write mapping (writes stay in this process; the region is never changed)."""
+def attach(name: str, readonly: bool = False) -> Region:
+    """Map an existing region. Refuses symlinks, non-regular files and files of another user."""
     path = _path(name)
-    flags = (os.O_RDONLY if readonly or private else os.O_RDWR) | _O_NOFOLLOW | _O_CLOEXEC
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | _O_NOFOLLOW | _O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -165,7 +164,7 @@ def attach(name: str, readonly: bool = False, private: bool = False) -> Region:
         if st.st_size <= 0:
             raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is empty")
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
-        mm = mmap.mmap(fd, st.st_size, mmap.MAP_PRIVATE if private else mmap.MAP_SHARED, prot)
+        mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
         return Region(name, mm, st.st_size, readonly, st.st_ino)
     finally:
         os.close(fd)
