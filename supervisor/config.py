@@ -56,6 +56,7 @@ class ServerConfig:
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_server: str = "native"  # our HTTP/2 server; "grpcio" = grpc.aio's
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
@@ -90,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument(
+        "--grpc-server", choices=("native", "grpcio"), default="native",
+        help="gRPC implementation: inferd's own HTTP/2 server (fast) or grpcio's grpc.aio server",
+    )
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
@@ -152,6 +157,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc_server=args.grpc_server,
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,

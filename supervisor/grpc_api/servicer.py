@@ -133,13 +133,24 @@ class InferenceService:
     # ---- inference ----
     async def ModelInfer(self, request: convert.ParsedRequest, context: Any) -> bytes:
         """Takes what `wire.decode_request` made of the bytes; answers serialized bytes."""
+        future, shm_out = self.infer_start(request)
+        # a client cancel cancels this task, and with it the awaiting infer (never swallowed)
+        return wire.encode_response(await future, shm_out, self.dp)
+
+    def infer_start(self, request: convert.ParsedRequest | convert.BadRequest) -> tuple[Any, Any]:
+        """ModelInfer without a task: the data plane's future (cancelling it cancels the request)."""
+        if request is BAD:
+            raise invalid_arg(PARSE_ERROR)
+        assert isinstance(request, convert.ParsedRequest)
         dp = self.dp
         if dp.model_is_decoupled(request.model_name, request.model_version):
             raise InferdError(ErrorCode.UNSUPPORTED, DECOUPLED_UNARY)
         req, shm_out = convert.to_core(request, dp)
-        # a client cancel cancels this task, and with it the awaiting infer (never swallowed)
-        resp = await dp.infer(req)
-        return wire.encode_response(resp, shm_out, dp)
+        return dp.infer_nowait(req), shm_out
+
+    def infer_finish(self, resp: Any, shm_out: Any) -> tuple[list[Any], int]:
+        """The ModelInferResponse of `infer_start`'s result, as byte pieces (outputs not copied)."""
+        return wire.response_parts(resp, shm_out, self.dp)
 
     # ---- repository ----
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
@@ -251,8 +262,9 @@ class InferenceService:
         return status(status=status.SERVING if self.dp.ready() else status.NOT_SERVING)
 
     # ---- registration ----
-    def generic_handlers(self) -> list[grpc.GenericRpcHandler]:
-        unary = {
+    def method_table(self) -> dict[str, tuple[Any, Any]]:
+        """Unary RPC name -> (request class, response class), for the protobuf-coded methods."""
+        return {
             "ServerLive": (pb.ServerLiveRequest, pb.ServerLiveResponse),
             "ServerReady": (pb.ServerReadyRequest, pb.ServerReadyResponse),
             "ModelReady": (pb.ModelReadyRequest, pb.ModelReadyResponse),
@@ -263,10 +275,7 @@ class InferenceService:
             "RepositoryIndex": (pb.RepositoryIndexRequest, pb.RepositoryIndexResponse),
             "RepositoryModelLoad": (pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse),
             "RepositoryModelUnload": (pb.RepositoryModelUnloadRequest, pb.RepositoryModelUnloadResponse),
-            "SystemSharedMemoryStatus": (
-                pb.SystemSharedMemoryStatusRequest,
-                pb.SystemSharedMemoryStatusResponse,
-            ),
+            "SystemSharedMemoryStatus": (pb.SystemSharedMemoryStatusRequest, pb.SystemSharedMemoryStatusResponse),
             "SystemSharedMemoryRegister": (
                 pb.SystemSharedMemoryRegisterRequest,
                 pb.SystemSharedMemoryRegisterResponse,
@@ -276,10 +285,7 @@ class InferenceService:
                 pb.SystemSharedMemoryUnregisterResponse,
             ),
             "CudaSharedMemoryStatus": (pb.CudaSharedMemoryStatusRequest, pb.CudaSharedMemoryStatusResponse),
-            "CudaSharedMemoryRegister": (
-                pb.CudaSharedMemoryRegisterRequest,
-                pb.CudaSharedMemoryRegisterResponse,
-            ),
+            "CudaSharedMemoryRegister": (pb.CudaSharedMemoryRegisterRequest, pb.CudaSharedMemoryRegisterResponse),
             "CudaSharedMemoryUnregister": (
                 pb.CudaSharedMemoryUnregisterRequest,
                 pb.CudaSharedMemoryUnregisterResponse,
@@ -287,8 +293,11 @@ class InferenceService:
             "TraceSetting": (pb.TraceSettingRequest, pb.TraceSettingResponse),
             "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
         }
+
+    def generic_handlers(self) -> list[grpc.GenericRpcHandler]:
+        """The service for grpcio's server (`--grpc-server grpcio`)."""
         handlers: dict[str, grpc.RpcMethodHandler] = {
-            name: _unary(getattr(self, name), req, resp) for name, (req, resp) in unary.items()
+            name: _unary(getattr(self, name), req, resp) for name, (req, resp) in self.method_table().items()
         }
         # the hot path: hand-written wire codec, responses leave as bytes (wire.py)
         handlers["ModelInfer"] = _unary(self.ModelInfer, None, None, decode=wire.decode_request)

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from inferd.supervisor.core.dataplane import DataPlane
 from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.grpc_api.native import start_native_server
 from inferd.supervisor.grpc_api.server import start_grpc_server
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
@@ -258,7 +259,10 @@ class TestDataPlane(DataPlane):
 
 async def main() -> None:
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
-    server = await start_grpc_server(TestDataPlane(), "127.0.0.1", 0)
+    if sys.argv[1:] == ["grpcio"]:
+        server: Any = await start_grpc_server(TestDataPlane(), "127.0.0.1", 0)
+    else:
+        server = await start_native_server(TestDataPlane(), "127.0.0.1", 0)
     sys.stdout.flush()
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)  # returns when the test closes our stdin

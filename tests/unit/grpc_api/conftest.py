@@ -1,4 +1,5 @@
-"""A real grpc.aio server (our frontend over an in-test DataPlane) in a subprocess.
+"""Our gRPC frontend over an in-test DataPlane, in a subprocess: the tests run against both
+implementations, inferd's own HTTP/2 server (the default) and grpcio's grpc.aio server.
 
 The server runs in its own process because our generated protos and tritonclient's share names
 (DESIGN.md, Known traps); this process imports only tritonclient.
@@ -19,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 
-@pytest.fixture(scope="session")
-def grpc_url() -> Iterator[str]:
+@pytest.fixture(scope="session", params=["native", "grpcio"])
+def grpc_url(request: pytest.FixtureRequest) -> Iterator[str]:
     subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py")], check=True, cwd=ROOT)
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "_server_main.py")],
+        [sys.executable, str(HERE / "_server_main.py"), request.param],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

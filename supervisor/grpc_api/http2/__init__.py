@@ -1,0 +1,1 @@
+"""A small HTTP/2 server for gRPC: frames, HPACK, connections, gRPC calls."""

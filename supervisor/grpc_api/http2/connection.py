@@ -1,0 +1,490 @@
+"""One HTTP/2 server connection (RFC 9113) as an asyncio protocol: frames, streams, flow control.
+
+What gRPC needs and nothing more: no server push, no priorities (PRIORITY is read and ignored), no
+TLS. Requests are handed to `app.open_stream` once their headers are complete; the stream handler
+it returns gets the DATA payloads (memoryviews into the received chunk: no copy here) and a reset.
+Responses go out through `respond` / `send_headers` / `send_data` / `send_trailers`, which split
+DATA into frames the peer accepts and queue what its flow-control windows do not yet allow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from . import frames as f
+from .hpack_codec import Decoder, HeaderListTooLarge
+
+log = logging.getLogger("inferd.grpc")
+
+MAX_CONCURRENT_STREAMS = 4096
+STREAM_WINDOW = 4 * 1024 * 1024  # what a client may send on one stream before we acknowledge
+CONNECTION_WINDOW = 64 * 1024 * 1024
+MAX_FRAME_IN = 1024 * 1024  # largest frame we accept (fewer frames for big tensors)
+MAX_HEADER_LIST = 64 * 1024
+MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # HEADERS + CONTINUATION bytes before decoding
+
+
+class StreamHandler(Protocol):
+    def on_data(self, payload: memoryview, end_stream: bool) -> None: ...
+    def on_reset(self) -> None: ...
+
+
+class App(Protocol):
+    def open_stream(
+        self, conn: H2Connection, stream_id: int, headers: list[tuple[str, str]], end_stream: bool
+    ) -> StreamHandler | None: ...
+    def connection_made(self, conn: H2Connection) -> None: ...
+    def connection_lost(self, conn: H2Connection) -> None: ...
+
+
+class _Stream:
+    __slots__ = ("id", "handler", "send_window", "pending", "trailers", "remote_closed", "recv_window", "consumed")
+
+    def __init__(self, stream_id: int, send_window: int) -> None:
+        self.id = stream_id
+        self.handler: StreamHandler | None = None
+        self.send_window = send_window
+        self.pending: list[memoryview] = []  # DATA waiting for window
+        self.trailers: bytes | None = None  # header block to send once `pending` is out
+        self.remote_closed = False
+        self.recv_window = STREAM_WINDOW  # what the client may still send
+        self.consumed = 0  # bytes the handler is done with, not yet given back with WINDOW_UPDATE
+
+
+_SETTINGS = f.settings(
+    {
+        f.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
+        f.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+        f.MAX_FRAME_SIZE: MAX_FRAME_IN,
+        f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+    }
+) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+
+
+class H2Connection(asyncio.Protocol):
+    def __init__(self, app: App) -> None:
+        self.app = app
+        self.transport: asyncio.Transport | None = None
+        self.streams: dict[int, _Stream] = {}
+        self.last_stream_id = 0
+        self.closing = False  # GOAWAY sent: no new streams
+        self.decoder = Decoder(MAX_HEADER_LIST)
+        self.send_window = f.DEFAULT_WINDOW
+        self.peer_initial_window = f.DEFAULT_WINDOW
+        self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        self.conn_unacked = 0
+        self._preface = b""
+        self._preface_seen = False
+        self._hold: list[Any] = []  # bytes of an incomplete frame
+        self._hold_len = 0
+        self._need = 9
+        self._header_block: list[bytes] = []  # HEADERS + CONTINUATION being collected
+        self._header_stream = 0
+        self._header_end_stream = False
+        self._paused = False
+        self._drained: asyncio.Future[None] | None = None
+
+    # ---- asyncio.Protocol ----
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.write(_SETTINGS)  # type: ignore[union-attr]
+        self.app.connection_made(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        streams, self.streams = self.streams, {}
+        for s in streams.values():
+            if s.handler is not None:
+                s.handler.on_reset()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self.app.connection_lost(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait while the transport's write buffer is above its high-water mark."""
+        if self._paused:
+            if self._drained is None or self._drained.done():
+                self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            view = memoryview(data)
+            if not self._preface_seen:
+                view = self._read_preface(view)
+                if not view:
+                    return
+            if self._hold_len:
+                view = self._complete_held(view)
+                if not view:
+                    return
+            self._parse(view)
+        except f.ConnectionError_ as exc:
+            self._fail(exc.code, str(exc))
+
+    # ---- framing ----
+    def _read_preface(self, view: memoryview) -> memoryview:
+        need = len(f.PREFACE) - len(self._preface)
+        self._preface += bytes(view[:need])
+        if not f.PREFACE.startswith(self._preface):
+            self.transport.close()  # type: ignore[union-attr]  # not HTTP/2 (an HTTP/1 client?)
+            return view[:0]
+        if len(self._preface) < len(f.PREFACE):
+            return view[:0]
+        self._preface_seen = True
+        return view[need:]
+
+    def _complete_held(self, view: memoryview) -> memoryview:
+        """Adds to the held partial frame; parses it once whole and returns the rest of `view`."""
+        take = self._need - self._hold_len
+        self._hold.append(view[:take])
+        self._hold_len += min(take, len(view))
+        view = view[take:]
+        if self._hold_len < self._need:
+            return view
+        if self._need == 9:  # the header is complete: now we know the frame's length
+            head = b"".join(self._hold)
+            self._hold = [head]
+            length = f.parse_header(head, 0)[0]
+            self._check_length(length)
+            self._need = 9 + length
+            if length:
+                return self._complete_held(view) if view else view
+        frame = b"".join(self._hold)
+        self._hold = []
+        self._hold_len = 0
+        self._need = 9
+        self._parse(memoryview(frame))
+        return view
+
+    def _check_length(self, length: int) -> None:
+        if length > MAX_FRAME_IN:
+            raise f.ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes exceeds {MAX_FRAME_IN}")
+
+    def _parse(self, view: memoryview) -> None:
+        pos = 0
+        end = len(view)
+        while end - pos >= 9:
+            length, ftype, flags, sid = f.parse_header(view, pos)
+            self._check_length(length)
+            if end - pos - 9 < length:
+                break
+            start = pos + 9
+            pos = start + length
+            self._frame(ftype, flags, sid, view[start:pos])
+        if pos < end:
+            self._hold = [bytes(view[pos:])]
+            self._hold_len = end - pos
+            self._need = 9
+            if self._hold_len >= 9:
+                length = f.parse_header(self._hold[0], 0)[0]
+                self._check_length(length)
+                self._need = 9 + length
+
+    def _frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> None:
+        if self._header_stream and ftype != f.CONTINUATION:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "expected CONTINUATION")
+        if ftype == f.DATA:
+            self._on_data(flags, sid, payload)
+        elif ftype == f.HEADERS:
+            self._on_headers(flags, sid, payload)
+        elif ftype == f.CONTINUATION:
+            self._on_continuation(flags, sid, payload)
+        elif ftype == f.RST_STREAM:
+            self._on_rst(sid, payload)
+        elif ftype == f.SETTINGS:
+            self._on_settings(flags, sid, payload)
+        elif ftype == f.PING:
+            if len(payload) != 8 or sid:
+                raise f.ConnectionError_(f.FRAME_SIZE_ERROR, "bad PING")
+            if not flags & f.ACK:
+                self.transport.write(f.ping_ack(bytes(payload)))  # type: ignore[union-attr]
+        elif ftype == f.WINDOW_UPDATE:
+            self._on_window_update(sid, payload)
+        elif ftype == f.GOAWAY:
+            self.closing = True
+            self._close_if_idle()
+        elif ftype == f.PUSH_PROMISE:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # PRIORITY and unknown frame types are ignored
+
+    @staticmethod
+    def _unpad(flags: int, payload: memoryview) -> memoryview:
+        if flags & f.PADDED:
+            if not payload:
+                raise f.ConnectionError_(f.PROTOCOL_ERROR, "padded frame without pad length")
+            pad = payload[0]
+            if pad >= len(payload):
+                raise f.ConnectionError_(f.PROTOCOL_ERROR, "padding longer than the frame")
+            return payload[1 : len(payload) - pad]
+        return payload
+
+    def _on_data(self, flags: int, sid: int, payload: memoryview) -> None:
+        if not sid:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "DATA on stream 0")
+        size = len(payload)
+        self.conn_unacked += size
+        if self.conn_unacked >= CONNECTION_WINDOW // 4:
+            self.transport.write(f.window_update(0, self.conn_unacked))  # type: ignore[union-attr]
+            self.conn_unacked = 0
+        stream = self.streams.get(sid)
+        if stream is None or stream.remote_closed:
+            if sid > self.last_stream_id:
+                raise f.ConnectionError_(f.PROTOCOL_ERROR, "DATA on an idle stream")
+            return  # a stream we already reset or answered: drop what the client still sends
+        stream.recv_window -= size
+        if stream.recv_window < 0:
+            self._reset_stream(stream, f.FLOW_CONTROL_ERROR)
+            return
+        end = bool(flags & f.END_STREAM)
+        if end:
+            stream.remote_closed = True
+        body = self._unpad(flags, payload)
+        stream.consumed += size - len(body)  # padding is ours to give back at once
+        if stream.handler is not None:
+            stream.handler.on_data(body, end)
+
+    def acknowledge(self, stream_id: int, nbytes: int) -> None:
+        """The handler is done with `nbytes` of the stream's data: the client may send that much more
+        (given back in updates of at least a quarter window, not one per message)."""
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.remote_closed:
+            return
+        stream.consumed += nbytes
+        if stream.consumed >= STREAM_WINDOW // 4:
+            self.transport.write(f.window_update(stream_id, stream.consumed))  # type: ignore[union-attr]
+            stream.recv_window += stream.consumed
+            stream.consumed = 0
+
+    def _on_headers(self, flags: int, sid: int, payload: memoryview) -> None:
+        if not sid or not sid & 1:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on a stream a client cannot open")
+        body = self._unpad(flags, payload)
+        if flags & f.PRIORITY_FLAG:
+            body = body[5:]
+        self._header_block = [bytes(body)]
+        self._header_stream = sid
+        self._header_end_stream = bool(flags & f.END_STREAM)
+        if flags & f.END_HEADERS:
+            self._headers_complete()
+
+    def _on_continuation(self, flags: int, sid: int, payload: memoryview) -> None:
+        if sid != self._header_stream:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION out of sequence")
+        self._header_block.append(bytes(payload))
+        if sum(map(len, self._header_block)) > MAX_HEADER_BLOCK:
+            raise f.ConnectionError_(f.ENHANCE_YOUR_CALM, "header block too large")
+        if flags & f.END_HEADERS:
+            self._headers_complete()
+
+    def _headers_complete(self) -> None:
+        sid, end = self._header_stream, self._header_end_stream
+        block = b"".join(self._header_block)
+        self._header_block = []
+        self._header_stream = 0
+        try:
+            headers = self.decoder.decode(block)  # always: the decoder's table must follow the client
+        except HeaderListTooLarge:
+            headers = None
+        stream = self.streams.get(sid)
+        if stream is not None:  # trailers from the client: only the end of its stream matters
+            if end:
+                stream.remote_closed = True
+                if stream.handler is not None:
+                    stream.handler.on_data(memoryview(b""), True)
+            return
+        if sid <= self.last_stream_id:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on a closed stream")
+        self.last_stream_id = sid
+        if self.closing or len(self.streams) >= MAX_CONCURRENT_STREAMS or headers is None:
+            self.transport.write(f.rst_stream(sid, f.REFUSED_STREAM))  # type: ignore[union-attr]
+            return
+        stream = _Stream(sid, self.peer_initial_window)
+        stream.remote_closed = end
+        self.streams[sid] = stream
+        stream.handler = self.app.open_stream(self, sid, headers, end)
+        if stream.handler is None:
+            self.streams.pop(sid, None)
+
+    def _on_rst(self, sid: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise f.ConnectionError_(f.FRAME_SIZE_ERROR, "bad RST_STREAM")
+        stream = self.streams.pop(sid, None)
+        if stream is not None and stream.handler is not None:
+            stream.handler.on_reset()
+        self._close_if_idle()
+
+    def _on_settings(self, flags: int, sid: int, payload: memoryview) -> None:
+        if sid:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & f.ACK:
+            return
+        for key, value in f.parse_settings(payload):
+            if key == f.INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise f.ConnectionError_(f.FLOW_CONTROL_ERROR, "initial window too large")
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for s in self.streams.values():
+                    s.send_window += delta
+            elif key == f.MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= f.MAX_FRAME_LIMIT:
+                    raise f.ConnectionError_(f.PROTOCOL_ERROR, "bad MAX_FRAME_SIZE")
+                self.peer_max_frame = value
+        self.transport.write(f.SETTINGS_ACK)  # type: ignore[union-attr]
+        self._flush_blocked()
+
+    def _on_window_update(self, sid: int, payload: memoryview) -> None:
+        if len(payload) != 4:
+            raise f.ConnectionError_(f.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
+        inc = f.u32(payload) & 0x7FFFFFFF
+        if not sid:
+            self.send_window += inc
+            self._flush_blocked()
+            return
+        stream = self.streams.get(sid)
+        if stream is not None:
+            stream.send_window += inc
+            self._flush(stream)
+
+    # ---- sending ----
+    def respond(self, stream_id: int, head: bytes, message: Sequence[Any], size: int, trailers: bytes) -> None:
+        """HEADERS, one DATA payload made of `message` pieces (`size` bytes), trailers: in one write
+        when the windows allow, else what they allow now and the rest as WINDOW_UPDATEs arrive."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        if size <= self.peer_max_frame and size <= self.send_window and size <= stream.send_window:
+            self.send_window -= size
+            stream.send_window -= size
+            self.transport.writelines(  # type: ignore[union-attr]
+                [
+                    f.header(len(head), f.HEADERS, f.END_HEADERS, stream_id),
+                    head,
+                    f.header(size, f.DATA, 0, stream_id),
+                    *message,
+                    f.header(len(trailers), f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id),
+                    trailers,
+                ]
+            )
+            self._end(stream)
+            return
+        self.send_headers(stream_id, head)
+        self.send_data(stream_id, message)
+        self.send_trailers(stream_id, trailers)
+
+    def send_headers(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
+        flags = f.END_HEADERS | (f.END_STREAM if end_stream else 0)
+        self.transport.writelines([f.header(len(block), f.HEADERS, flags, stream_id), block])  # type: ignore[union-attr]
+        if end_stream:
+            stream = self.streams.get(stream_id)
+            if stream is not None:
+                self._end(stream)
+
+    def send_data(self, stream_id: int, pieces: Sequence[Any]) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        for piece in pieces:
+            if len(piece):
+                stream.pending.append(memoryview(piece).cast("B"))
+        self._flush(stream)
+
+    def send_trailers(self, stream_id: int, block: bytes) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return
+        stream.trailers = block
+        self._flush(stream)
+
+    def reset(self, stream_id: int, code: int = f.CANCEL) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            self._reset_stream(stream, code)
+
+    @property
+    def writable(self) -> bool:
+        return not self._paused
+
+    def _flush(self, stream: _Stream) -> None:
+        out: list[Any] = []
+        pending = stream.pending
+        while pending and self.send_window > 0 and stream.send_window > 0:
+            chunk = pending[0]
+            n = min(len(chunk), self.peer_max_frame, self.send_window, stream.send_window)
+            out.append(f.header(n, f.DATA, 0, stream.id))
+            if n == len(chunk):
+                out.append(chunk)
+                pending.pop(0)
+            else:
+                out.append(chunk[:n])
+                pending[0] = chunk[n:]
+            self.send_window -= n
+            stream.send_window -= n
+        done = not pending and stream.trailers is not None
+        if done:
+            trailers = stream.trailers or b""
+            out.append(f.header(len(trailers), f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id))
+            out.append(trailers)
+        if out:
+            self.transport.writelines(out)  # type: ignore[union-attr]
+        if done:
+            self._end(stream)
+
+    def _flush_blocked(self) -> None:
+        for stream in list(self.streams.values()):
+            if self.send_window <= 0:
+                return
+            if stream.pending or stream.trailers is not None:
+                self._flush(stream)
+
+    def _end(self, stream: _Stream) -> None:
+        """We sent END_STREAM. A client still sending is told to stop (RST_STREAM NO_ERROR)."""
+        self.streams.pop(stream.id, None)
+        stream.handler = None
+        if not stream.remote_closed:
+            self.transport.write(f.rst_stream(stream.id, f.NO_ERROR))  # type: ignore[union-attr]
+        self._close_if_idle()
+
+    def _reset_stream(self, stream: _Stream, code: int) -> None:
+        self.streams.pop(stream.id, None)
+        handler, stream.handler = stream.handler, None
+        self.transport.write(f.rst_stream(stream.id, code))  # type: ignore[union-attr]
+        if handler is not None:
+            handler.on_reset()
+        self._close_if_idle()
+
+    # ---- connection end ----
+    def goaway(self) -> None:
+        """Graceful shutdown: no new streams; the open ones finish; then the connection closes."""
+        if self.closing or self.transport is None or self.transport.is_closing():
+            self.closing = True
+            return
+        self.closing = True
+        self.transport.write(f.goaway(self.last_stream_id, f.NO_ERROR))
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if self.closing and not self.streams and self.transport is not None:
+            self.transport.close()
+
+    def _fail(self, code: int, message: str) -> None:
+        log.info("closing gRPC connection: %s", message)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(f.goaway(self.last_stream_id, code, message.encode()[:256]))
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close now (shutdown after the grace period): running streams see a reset."""
+        if self.transport is not None:
+            self.transport.abort()
