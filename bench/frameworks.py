@@ -5,15 +5,19 @@ plain Python loop (the floor).
 
 Models (built on the spot, tests/framework_models.py): add/sub on FP32 [16] (no batching) and an MLP
 1024 -> 256 -> 16 with a 1x1024 input (max_batch_size 8, dynamic batching). One instance, one intra-op
-thread, on both sides. Overhead per request = 1 / (inferd infer/s at c=1) - floor time per call; it
-includes the tritonclient gRPC client's own CPU time, which shares this machine's cores with the server.
+thread, on both sides. Overhead per request = 1 / (inferd infer/s at c=1) - floor time per call. Two
+clients: h2load (one low-overhead C client, the same pre-serialized ModelInferRequest each time, as in
+bench/run.py) and the tritonclient gRPC client, whose own CPU time (~0.3 ms per call) is part of its figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -127,6 +131,32 @@ def grpc_rate(url: str, name: str, case: dict, concurrency: int, seconds: float)
     return sum(counts) / (time.perf_counter() - t0)
 
 
+H2_RATE = re.compile(r"finished in [\d.]+\w*, ([\d.]+) req/s")
+H2_OK = re.compile(r"requests: (\d+) total, \d+ started, \d+ done, (\d+) succeeded")
+
+
+def h2load_rate(url: str, name: str, case: dict, concurrency: int, seconds: float, workdir: Path) -> float:
+    """infer/s of h2load sending one pre-serialized ModelInferRequest, `concurrency` connections."""
+    from tritonclient.grpc import service_pb2
+
+    req = service_pb2.ModelInferRequest(model_name=name)
+    for n, a in feeds(case).items():
+        t = req.inputs.add(name=n, datatype="FP32", shape=list(a.shape))
+        del t  # the tensor bytes go in raw_input_contents, in input order
+        req.raw_input_contents.append(a.tobytes())
+    body = req.SerializeToString()
+    path = workdir / f"{name}.grpc"
+    path.write_bytes(struct.pack(">BI", 0, len(body)) + body)
+    argv = ["h2load", "-t1", f"-c{concurrency}", "-m1", "-D", str(max(1, round(seconds))),
+            "-H", "content-type: application/grpc", "-H", "te: trailers", "-d", str(path),
+            f"http://{url}/inference.GRPCInferenceService/ModelInfer"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60).stdout
+    rate, ok = H2_RATE.search(out), H2_OK.search(out)
+    if not rate or not ok or ok.group(1) != ok.group(2):
+        raise SystemExit(f"h2load failed:\n{out}")
+    return float(rate.group(1))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -158,15 +188,22 @@ def main() -> None:
             if time.time() > deadline or server.poll() is not None:
                 raise SystemExit("server did not get ready; log in %s" % log.name)
             time.sleep(0.2)
-        print("| model | floor µs/call | c=1 infer/s | c=1 µs/req | overhead µs | ratio | c=8 infer/s |")
-        print("|---|---|---|---|---|---|---|")
+        clients = ["h2load", "tritonclient"] if shutil.which("h2load") else ["tritonclient"]
+        print("| model | client | floor µs/call | c=1 infer/s | c=1 µs/req | overhead µs | ratio | c=8 infer/s |")
+        print("|---|---|---|---|---|---|---|---|")
+        url = "127.0.0.1:%d" % grpc
         for name, case in cases.items():
             f = floor(name, case, args.seconds)
-            r1 = grpc_rate("127.0.0.1:%d" % grpc, name, case, 1, args.seconds)
-            r8 = grpc_rate("127.0.0.1:%d" % grpc, name, case, 8, args.seconds)
-            per = 1e6 / r1
-            print("| %s | %.1f | %.0f | %.0f | %.0f | %.1f× | %.0f |"
-                  % (name, f * 1e6, r1, per, per - f * 1e6, per / (f * 1e6), r8), flush=True)
+            for client in clients:
+                if client == "h2load":
+                    r1 = h2load_rate(url, name, case, 1, args.seconds, repo.parent)
+                    r8 = h2load_rate(url, name, case, 8, args.seconds, repo.parent)
+                else:
+                    r1 = grpc_rate(url, name, case, 1, args.seconds)
+                    r8 = grpc_rate(url, name, case, 8, args.seconds)
+                per = 1e6 / r1
+                print("| %s | %s | %.1f | %.0f | %.0f | %.0f | %.1f× | %.0f |"
+                      % (name, client, f * 1e6, r1, per, per - f * 1e6, per / (f * 1e6), r8), flush=True)
     finally:
         server.terminate()
         server.wait(15)

@@ -206,7 +206,7 @@ def parse_request(data: bytes) -> ParsedRequest | None:
 
 
 def _parse(buf: bytes) -> ParsedRequest:
-    if type(buf) is not bytes:
+    if type(buf) is not bytes and type(buf) is not bytearray:  # a bytearray: a message of many DATA frames
         raise _Unusual
     view = memoryview(buf)
     end = len(buf)

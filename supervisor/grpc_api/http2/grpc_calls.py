@@ -59,7 +59,7 @@ class Method:
 
     streaming: bool
     handler: Callable[..., Any]
-    decode: Callable[[bytes], Any]
+    decode: Callable[[Any], Any]  # bytes or bytearray -> request
     encode: Callable[[Any], bytes] | None = None
     start: Callable[[Any], tuple[asyncio.Future[Any], Any]] | None = None
     finish: Callable[[Any, Any], tuple[list[Any], int]] | None = None
@@ -101,43 +101,56 @@ def frame_message(message: bytes | memoryview) -> list[Any]:
 
 
 class Deframer:
-    """Length-prefixed messages out of DATA payloads; each message's size is checked before it is kept."""
+    """Length-prefixed messages out of DATA payloads; each message's size is checked before it is kept.
 
-    __slots__ = ("parts", "have", "need", "flag", "max_size", "encoding")
+    A message inside one payload is copied out once; one spread over many payloads (a big tensor) is
+    appended to a bytearray as it arrives, so it is copied once too, never joined at the end."""
+
+    __slots__ = ("head", "body", "need", "flag", "max_size", "encoding")
 
     def __init__(self, max_size: int, encoding: str | None) -> None:
-        self.parts: list[Any] = []
-        self.have = 0
-        self.need = 5  # prefix first, then the message
+        self.head = b""  # a prefix split over payloads
+        self.body: bytearray | None = None  # a message split over payloads
+        self.need = 5
         self.flag = -1  # compressed flag of the message being read; -1 = reading a prefix
         self.max_size = max_size
         self.encoding = encoding
 
-    def feed(self, data: memoryview) -> list[bytes]:
-        out: list[bytes] = []
+    def feed(self, data: memoryview) -> list[bytes | bytearray]:
+        out: list[bytes | bytearray] = []
         while data:
-            take = self.need - self.have
-            if not self.parts and len(data) >= take:
-                piece, data = data[:take], data[take:]
-            else:
-                piece = data[:take]
-                data = data[take:]
-                self.parts.append(piece)
-                self.have += len(piece)
-                if self.have < self.need:
-                    break
-                piece = b"".join(self.parts)  # type: ignore[assignment]
-                self.parts = []
-            self.have = 0
             if self.flag < 0:
-                self._prefix(piece)
+                if not self.head and len(data) >= 5:
+                    prefix: bytes | memoryview = data[:5]
+                    data = data[5:]
+                else:
+                    take = 5 - len(self.head)
+                    self.head += bytes(data[:take])
+                    data = data[take:]
+                    if len(self.head) < 5:
+                        break
+                    prefix, self.head = self.head, b""
+                self._prefix(prefix)
                 if self.need == 0:
                     out.append(self._message(b""))
-            else:
-                out.append(self._message(piece))
+                continue
+            body = self.body
+            if body is None:
+                n = self.need
+                if len(data) >= n:
+                    out.append(self._message(bytes(data[:n])))
+                    data = data[n:]
+                    continue
+                body = self.body = bytearray()
+            take = self.need - len(body)
+            body += data[:take]
+            data = data[take:]
+            if len(body) == self.need:
+                self.body = None
+                out.append(self._message(body))
         return out
 
-    def _prefix(self, prefix: memoryview) -> None:
+    def _prefix(self, prefix: bytes | memoryview) -> None:
         flag, length = _PREFIX.unpack(prefix)
         if length > self.max_size:
             raise Abort(
@@ -146,22 +159,22 @@ class Deframer:
         self.flag = flag
         self.need = length
 
-    def _message(self, body: bytes | memoryview) -> bytes:
+    def _message(self, body: bytes | bytearray) -> bytes | bytearray:
         flag = self.flag
         self.flag = -1
         self.need = 5
         if not flag:
-            return body if type(body) is bytes else bytes(body)
+            return body
         if self.encoding in ("gzip", "deflate"):
             return _decompress(body, self.encoding, self.max_size)
         raise Abort(INTERNAL, "compressed message without a grpc-encoding")
 
     @property
     def idle(self) -> bool:
-        return self.flag < 0 and not self.parts
+        return self.flag < 0 and not self.head
 
 
-def _decompress(body: bytes | memoryview, encoding: str, limit: int) -> bytes:
+def _decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
     d = zlib.decompressobj(31 if encoding == "gzip" else 15)
     try:
         out = d.decompress(body, limit + 1)
@@ -169,6 +182,8 @@ def _decompress(body: bytes | memoryview, encoding: str, limit: int) -> bytes:
         raise Abort(INTERNAL, f"cannot decompress the message ({encoding}): {exc}") from exc
     if len(out) > limit or d.unconsumed_tail:
         raise Abort(RESOURCE_EXHAUSTED, f"decompressed message larger than max ({limit})")
+    if not d.eof:
+        raise Abort(INTERNAL, f"cannot decompress the message ({encoding}): truncated")
     return out
 
 
@@ -276,7 +291,7 @@ class UnaryCall(Call):
         except Exception as exc:
             self.fail(exc)
 
-    def _start(self, data: bytes) -> None:
+    def _start(self, data: bytes | bytearray) -> None:
         method = self.method
         request = method.decode(data)
         if method.start is not None:
