@@ -383,9 +383,22 @@ class H2Connection(asyncio.Protocol):
         self.send_data(stream_id, message)
         self.send_trailers(stream_id, trailers)
 
+    def _header_frames(self, stream_id: int, block: bytes, end_stream: bool) -> list[bytes]:
+        """HEADERS, then CONTINUATION frames if the block is larger than the peer's max frame size
+        (a long grpc-message can be)."""
+        flags = f.END_STREAM if end_stream else 0
+        limit = self.peer_max_frame
+        if len(block) <= limit:
+            return [f.header(len(block), f.HEADERS, flags | f.END_HEADERS, stream_id), block]
+        out = [f.header(limit, f.HEADERS, flags, stream_id), block[:limit]]
+        for pos in range(limit, len(block), limit):
+            piece = block[pos : pos + limit]
+            last = f.END_HEADERS if pos + limit >= len(block) else 0
+            out += [f.header(len(piece), f.CONTINUATION, last, stream_id), piece]
+        return out
+
     def send_headers(self, stream_id: int, block: bytes, end_stream: bool = False) -> None:
-        flags = f.END_HEADERS | (f.END_STREAM if end_stream else 0)
-        self.transport.writelines([f.header(len(block), f.HEADERS, flags, stream_id), block])  # type: ignore[union-attr]
+        self.transport.writelines(self._header_frames(stream_id, block, end_stream))  # type: ignore[union-attr]
         if end_stream:
             stream = self.streams.get(stream_id)
             if stream is not None:
@@ -433,9 +446,7 @@ class H2Connection(asyncio.Protocol):
             stream.send_window -= n
         done = not pending and stream.trailers is not None
         if done:
-            trailers = stream.trailers or b""
-            out.append(f.header(len(trailers), f.HEADERS, f.END_HEADERS | f.END_STREAM, stream.id))
-            out.append(trailers)
+            out += self._header_frames(stream.id, stream.trailers or b"", True)
         if out:
             self.transport.writelines(out)  # type: ignore[union-attr]
         if done:

@@ -79,11 +79,12 @@ class Decoder:
                 else:  # literal without indexing / never indexed
                     field, pos = self._literal(block, pos, 4)
                 total += len(field[0]) + len(field[1]) + 32
-                if total > self.max_header_list:
-                    raise HeaderListTooLarge(f"header list larger than {self.max_header_list} bytes")
-                out.append(field)
+                if total <= self.max_header_list:
+                    out.append(field)
         except IndexError as exc:
             raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK block") from exc
+        if total > self.max_header_list:  # only now: the table must see the whole block's inserts
+            raise HeaderListTooLarge(f"header list larger than {self.max_header_list} bytes")
         return out
 
     def _literal(self, block: bytes, pos: int, prefix: int) -> tuple[tuple[str, str], int]:

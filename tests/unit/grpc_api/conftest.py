@@ -20,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 
-@pytest.fixture(scope="session", params=["native", "grpcio"])
-def grpc_url(request: pytest.FixtureRequest) -> Iterator[str]:
+def _serve(kind: str) -> Iterator[str]:
+    """Spawns _server_main.py with `kind` ("native" or "grpcio"), yields "host:port", stops it."""
     subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py")], check=True, cwd=ROOT)
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "_server_main.py"), request.param],
+        [sys.executable, str(HERE / "_server_main.py"), kind],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -47,15 +47,27 @@ def grpc_url(request: pytest.FixtureRequest) -> Iterator[str]:
         ready.set()
 
     threading.Thread(target=pump, daemon=True).start()
-    ready.wait(30)
+    ready.wait(60)
     if not found:
         proc.kill()
         pytest.fail("server did not start:\n" + "".join(seen))
     yield found[0]
     proc.stdin.close()
     try:
-        proc.wait(10)
+        proc.wait(20)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    assert proc.returncode == 0, "".join(seen)
     assert not any("Traceback" in line for line in seen), "".join(seen)
+
+
+@pytest.fixture(scope="session", params=["native", "grpcio"])
+def grpc_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _serve(request.param)
+
+
+@pytest.fixture(scope="session")
+def native_url() -> Iterator[str]:
+    """inferd's own HTTP/2 server only (for tests that speak raw HTTP/2 to it)."""
+    yield from _serve("native")
