@@ -312,9 +312,11 @@ class H2Connection(asyncio.Protocol):
         stream = _Stream(sid, self.peer_initial_window)
         stream.remote_closed = end
         self.streams[sid] = stream
-        stream.handler = self.app.open_stream(self, sid, headers, end)
-        if stream.handler is None:
+        stream.handler = handler = self.app.open_stream(self, sid, headers, end)
+        if handler is None:
             self.streams.pop(sid, None)
+        elif end:  # no DATA will come: the handler learns of the end here (a body-less call)
+            handler.on_data(memoryview(b""), True)
 
     def _on_rst(self, sid: int, payload: memoryview) -> None:
         if len(payload) != 4:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,6 +18,7 @@ from inferd.supervisor.grpc_api.http2 import frames as f
 from tritonclient.grpc import service_pb2
 
 from ._h2client import SERVICE, H2Client, grpc_message, request_headers
+from .conftest import _serve
 
 LIVE = b""  # ServerLiveRequest has no fields
 
@@ -344,3 +346,62 @@ def test_compressed_request_messages(h2: H2Client) -> None:
     h2.send(h2.headers(sid, request_headers(SERVICE + "ModelInfer")))
     h2.send_data(sid, struct.pack(">BI", 1, len(body)) + body)
     assert h2.response(sid).status == 13
+
+
+def test_request_without_a_body_is_answered(h2: H2Client) -> None:
+    # END_STREAM on the HEADERS: no DATA will come (it used to wait forever)
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ServerLive"), end_stream=True))
+    resp = h2.response(sid)
+    assert resp.status == 12 and "Missing request message" in resp.headers["grpc-message"]
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ModelStreamInfer"), end_stream=True))
+    resp = h2.response(sid)  # a stream with no requests: no answers, OK
+    assert resp.status == 0 and resp.data == b""
+    # half a message, then END_STREAM: INTERNAL
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ServerLive")))
+    h2.send_data(sid, grpc_message(b"\x08\x01")[:4])
+    assert h2.response(sid).status == 13
+
+
+def test_stop_sends_goaway_and_drains() -> None:
+    """A server of its own: stopping it (grace 1 s) says GOAWAY, finishes the streams already open,
+    refuses new ones, cancels what still runs after the grace period, and exits cleanly."""
+    server = _serve("native")
+    own_url = next(server)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            next(server, None)  # closes the server's stdin, waits for its exit, checks its log
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    client = H2Client(own_url).start()
+    stopper = threading.Thread(target=stop)
+    try:
+        slow = client.new_stream()
+        client.send(client.headers(slow, request_headers(SERVICE + "ModelInfer")))
+        client.send_data(slow, grpc_message(_infer_request("slow", b"\0\0\0\0", "INT32")))
+        _count(own_url, "started", 1)
+        live = client.new_stream()  # open, its request not sent yet
+        client.send(client.headers(live, request_headers(SERVICE + "ServerLive")))
+        client.send(f.header(8, f.PING, 0, 0) + b"pingpong")
+        client.wait_for(f.PING)  # the server has seen the HEADERS
+        stopper.start()
+        goaway = client.wait_for(f.GOAWAY)
+        assert struct.unpack(">II", goaway.payload[:8]) == (live, f.NO_ERROR)
+        client.send_data(live, grpc_message(LIVE))
+        assert client.response(live, give_back=False).status == 0
+        late = client.new_stream()
+        client.send(client.headers(late, request_headers(SERVICE + "ServerLive"), end_stream=True))
+        assert client.response(late, give_back=False).reset == f.REFUSED_STREAM
+        rest = client.read_until_closed()  # the slow call is cut off after the grace period
+        assert not [fr for fr in rest if fr.sid == slow and fr.type == f.DATA]
+    finally:
+        client.close()
+        if not stopper.is_alive() and not errors and stopper.ident is None:
+            stopper.start()
+        stopper.join(120)
+    assert not stopper.is_alive() and not errors, errors
