@@ -279,7 +279,7 @@ class H2Connection(asyncio.Protocol):
             self._headers_complete()
 
     def _on_continuation(self, flags: int, sid: int, payload: memoryview) -> None:
-        if sid != self._header_stream:
+        if not self._header_stream or sid != self._header_stream:
             raise f.ConnectionError_(f.PROTOCOL_ERROR, "CONTINUATION out of sequence")
         self._header_block.append(bytes(payload))
         if sum(map(len, self._header_block)) > MAX_HEADER_BLOCK:
@@ -321,6 +321,8 @@ class H2Connection(asyncio.Protocol):
     def _on_rst(self, sid: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise f.ConnectionError_(f.FRAME_SIZE_ERROR, "bad RST_STREAM")
+        if not sid:
+            raise f.ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
         stream = self.streams.pop(sid, None)
         if stream is not None and stream.handler is not None:
             stream.handler.on_reset()
@@ -352,11 +354,16 @@ class H2Connection(asyncio.Protocol):
         inc = f.u32(payload) & 0x7FFFFFFF
         if not sid:
             self.send_window += inc
+            if not inc or self.send_window > f.MAX_WINDOW:
+                raise f.ConnectionError_(f.FLOW_CONTROL_ERROR if inc else f.PROTOCOL_ERROR, "bad WINDOW_UPDATE")
             self._flush_blocked()
             return
         stream = self.streams.get(sid)
         if stream is not None:
             stream.send_window += inc
+            if not inc or stream.send_window > f.MAX_WINDOW:  # a stream error (RFC 9113 §6.9)
+                self._reset_stream(stream, f.FLOW_CONTROL_ERROR if inc else f.PROTOCOL_ERROR)
+                return
             self._flush(stream)
 
     # ---- sending ----

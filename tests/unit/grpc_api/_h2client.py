@@ -25,6 +25,7 @@ class Frame:
     flags: int
     sid: int
     payload: bytes
+    returned: bool = False  # DATA whose bytes went back to the connection window already
 
 
 @dataclass
@@ -242,7 +243,11 @@ class H2Client:
         data = bytearray()
         while True:
             frame = pending.pop(0) if pending else self._read()
-            if frame.sid != sid:
+            if frame.sid != sid:  # another stream's: its bytes go back to the connection at once
+                if give_back and frame.type == f.DATA and frame.payload and not frame.returned:
+                    self.send(f.window_update(0, len(frame.payload)))
+                    self.recv_window += len(frame.payload)
+                    frame.returned = True
                 self.backlog.append(frame)
                 continue
             resp.frames.append(frame)
@@ -253,8 +258,8 @@ class H2Client:
                 data += frame.payload
                 if give_back and frame.payload:
                     n = len(frame.payload)
-                    self.send(f.window_update(sid, n) + f.window_update(0, n))
-                    self.recv_window += n
+                    self.send(f.window_update(sid, n) + (b"" if frame.returned else f.window_update(0, n)))
+                    self.recv_window += 0 if frame.returned else n
                     self.stream_recv[sid] += n
             elif frame.type == f.HEADERS:
                 fields = self.header_block(frame)

@@ -295,7 +295,10 @@ GARBAGE = {
     "even_stream": (f.header(1, f.HEADERS, f.END_HEADERS, 2) + b"\x83", f.PROTOCOL_ERROR),
     "push_promise": (f.header(4, f.PUSH_PROMISE, f.END_HEADERS, 1) + b"\0\0\0\2", f.PROTOCOL_ERROR),
     "bad_window": (f.header(4, f.SETTINGS, 0, 0) + b"\0\4\xff\xff", f.FRAME_SIZE_ERROR),
-    "continuation_alone": (f.header(1, f.CONTINUATION, f.END_HEADERS, 0) + b"\x83", f.PROTOCOL_ERROR),
+    "continuation_alone": (f.header(1, f.CONTINUATION, 0, 0) + b"\x83", f.PROTOCOL_ERROR),
+    "rst_stream_0": (f.rst_stream(0, f.CANCEL), f.PROTOCOL_ERROR),
+    "window_update_0": (f.window_update(0, 0), f.PROTOCOL_ERROR),
+    "window_overflow": (f.window_update(0, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR),
 }
 
 
@@ -405,3 +408,73 @@ def test_stop_sends_goaway_and_drains() -> None:
             stopper.start()
         stopper.join(120)
     assert not stopper.is_alive() and not errors, errors
+
+
+def test_padding_priority_and_unknown_frames_are_tolerated(h2: H2Client) -> None:
+    sid = h2.new_stream()
+    block = h2.encoder.encode(request_headers(SERVICE + "ModelInfer"))
+    pad = 7
+    priority = struct.pack(">IB", 0, 15)  # depends on stream 0, weight 16
+    payload = bytes([pad]) + priority + block + b"\0" * pad
+    flags = f.END_HEADERS | f.PADDED | f.PRIORITY_FLAG
+    h2.send(f.header(len(payload), f.HEADERS, flags, sid) + payload)
+    h2.send(f.header(5, f.PRIORITY, 0, sid) + priority)
+    h2.send(f.header(3, 0xEE, 0, 0) + b"???")  # unknown frame type: ignored
+    body = grpc_message(_infer_request("identity", b"padded"))
+    for i in range(0, len(body), 10):  # padded DATA frames, the padding counted against the windows
+        piece = body[i : i + 10]
+        data = bytes([20]) + piece + b"\0" * 20
+        end = f.END_STREAM if i + 10 >= len(body) else 0
+        h2.send(f.header(len(data), f.DATA, f.PADDED | end, sid) + data)
+    resp = h2.response(sid)
+    assert resp.status == 0 and _infer_output(resp.messages()[0]) == b"padded"
+    # padding longer than the frame
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ServerLive")))
+    h2.send(f.header(3, f.DATA, f.PADDED, sid) + b"\x05ab")
+    goaway = h2.wait_for(f.GOAWAY)
+    assert f.u32(goaway.payload[4:]) == f.PROTOCOL_ERROR
+
+
+def test_concurrent_responses_share_a_small_connection_window(url: str) -> None:
+    client = H2Client(url, {f.INITIAL_WINDOW_SIZE: 20000}).start()
+    try:
+        client.wait_for(f.SETTINGS)
+        client.wait_for(f.SETTINGS)
+        payloads = {}
+        for i in range(6):
+            sid = client.new_stream()
+            payloads[sid] = bytes([i]) * (100_000 + i)
+            client.send(client.headers(sid, request_headers(SERVICE + "ModelInfer")))
+            client.send_data(sid, grpc_message(_infer_request("identity", payloads[sid])))
+        for sid, data in payloads.items():  # read one at a time: the others wait for the window
+            resp = client.response(sid)
+            assert resp.status == 0 and _infer_output(resp.messages()[0]) == data
+    finally:
+        client.close()
+
+
+def test_grpc_timeout_units(url: str, h2: H2Client) -> None:
+    for value in ("1n", "2u", "1m"):  # already over when the request arrives
+        resp = h2.unary("ModelInfer", _infer_request("slow", b"\0\0\0\0", "INT32"), grpc_timeout=value)
+        assert resp.status == 4
+    for value in ("1H", "99999999S", "junk", "5"):  # long, or not a timeout: no deadline
+        assert h2.unary("ServerLive", LIVE, grpc_timeout=value).status == 0
+
+
+def test_too_many_streams_are_refused(h2: H2Client) -> None:
+    limit = dict(f.parse_settings(h2.wait_for(f.SETTINGS).payload))[f.MAX_CONCURRENT_STREAMS]
+    sids = [h2.new_stream() for _ in range(limit + 1)]
+    h2.send(b"".join(h2.headers(sid, request_headers(SERVICE + "ServerLive")) for sid in sids))
+    assert h2.response(sids[-1]).reset == f.REFUSED_STREAM
+    h2.send(b"".join(f.rst_stream(sid, f.CANCEL) for sid in sids[:-1]))
+    assert h2.unary("ServerLive", LIVE).status == 0
+
+
+def test_bad_stream_window_update_resets_only_that_stream(h2: H2Client) -> None:
+    for increment, code in ((0, f.PROTOCOL_ERROR), (f.MAX_WINDOW, f.FLOW_CONTROL_ERROR)):
+        sid = h2.new_stream()
+        h2.send(h2.headers(sid, request_headers(SERVICE + "ServerLive")))
+        h2.send(f.window_update(sid, increment))
+        assert h2.response(sid).reset == code
+        assert h2.unary("ServerLive", LIVE).status == 0
