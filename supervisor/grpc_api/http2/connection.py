@@ -41,7 +41,17 @@ class App(Protocol):
 
 
 class _Stream:
-    __slots__ = ("id", "handler", "send_window", "pending", "trailers", "remote_closed", "recv_window", "consumed")
+    __slots__ = (
+        "id",
+        "handler",
+        "send_window",
+        "pending",
+        "trailers",
+        "remote_closed",
+        "recv_window",
+        "consumed",
+        "sent",
+    )
 
     def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
@@ -52,6 +62,12 @@ class _Stream:
         self.remote_closed = False
         self.recv_window = STREAM_WINDOW  # what the client may still send
         self.consumed = 0  # bytes the handler is done with, not yet given back with WINDOW_UPDATE
+        self.sent: asyncio.Future[None] | None = None  # set once `pending` is out (see `sent`)
+
+    def wake(self) -> None:
+        sent, self.sent = self.sent, None
+        if sent is not None and not sent.done():
+            sent.set_result(None)
 
 
 _SETTINGS = f.settings(
@@ -96,6 +112,7 @@ class H2Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         streams, self.streams = self.streams, {}
         for s in streams.values():
+            s.wake()
             if s.handler is not None:
                 s.handler.on_reset()
         if self._drained is not None and not self._drained.done():
@@ -324,8 +341,10 @@ class H2Connection(asyncio.Protocol):
         if not sid:
             raise f.ConnectionError_(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
         stream = self.streams.pop(sid, None)
-        if stream is not None and stream.handler is not None:
-            stream.handler.on_reset()
+        if stream is not None:
+            stream.wake()
+            if stream.handler is not None:
+                stream.handler.on_reset()
         self._close_if_idle()
 
     def _on_settings(self, flags: int, sid: int, payload: memoryview) -> None:
@@ -438,6 +457,16 @@ class H2Connection(asyncio.Protocol):
     def writable(self) -> bool:
         return not self._paused
 
+    async def sent(self, stream_id: int) -> None:
+        """Wait while the stream's DATA waits for the peer's flow-control windows (a streaming
+        handler writes its next answer only then: what a slow reader is owed stays bounded)."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.pending:
+            return
+        if stream.sent is None or stream.sent.done():
+            stream.sent = asyncio.get_running_loop().create_future()
+        await stream.sent
+
     def _flush(self, stream: _Stream) -> None:
         out: list[Any] = []
         pending = stream.pending
@@ -453,6 +482,8 @@ class H2Connection(asyncio.Protocol):
                 pending[0] = chunk[n:]
             self.send_window -= n
             stream.send_window -= n
+        if not pending:
+            stream.wake()
         done = not pending and stream.trailers is not None
         if done:
             out += self._header_frames(stream.id, stream.trailers or b"", True)
@@ -472,12 +503,14 @@ class H2Connection(asyncio.Protocol):
         """We sent END_STREAM. A client still sending is told to stop (RST_STREAM NO_ERROR)."""
         self.streams.pop(stream.id, None)
         stream.handler = None
+        stream.wake()
         if not stream.remote_closed:
             self.transport.write(f.rst_stream(stream.id, f.NO_ERROR))  # type: ignore[union-attr]
         self._close_if_idle()
 
     def _reset_stream(self, stream: _Stream, code: int) -> None:
         self.streams.pop(stream.id, None)
+        stream.wake()
         handler, stream.handler = stream.handler, None
         self.transport.write(f.rst_stream(stream.id, code))  # type: ignore[union-attr]
         if handler is not None:

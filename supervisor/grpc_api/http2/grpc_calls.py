@@ -338,17 +338,20 @@ def frame_message_sized(data: bytes | memoryview) -> tuple[list[Any], int]:
 
 _END = object()
 INBOX_MESSAGES = 256  # stream requests read but not yet taken by the handler before the client must wait
+INBOX_BYTES = 4 * 1024 * 1024  # ... or this many bytes of them
 
 
 class StreamCall(Call):
     """A bidirectional stream: requests are decoded as they arrive and read by the handler's
     iterator (their bytes are given back to the client's window when read); each answer the
-    handler yields is written as one message, waiting while the socket's buffer is full."""
+    handler yields is written as one message, waiting while the socket's buffer is full or the
+    client's flow-control window holds the previous one back."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.inbox: asyncio.Queue[Any] = asyncio.Queue()
         self.unacked = 0  # bytes received while the inbox was full: given back as it empties
+        self.inbox_bytes = 0
         self.task = asyncio.ensure_future(self._run())
 
     def on_data(self, payload: memoryview, end_stream: bool) -> None:
@@ -358,6 +361,7 @@ class StreamCall(Call):
             if payload:
                 for message in self.deframer.feed(payload):
                     self.inbox.put_nowait(message)
+                    self.inbox_bytes += len(message)
                 self.unacked += len(payload)
                 self._give_back()
             if end_stream:
@@ -367,7 +371,7 @@ class StreamCall(Call):
             self.fail(exc)
 
     def _give_back(self) -> None:
-        if self.unacked and self.inbox.qsize() < INBOX_MESSAGES:
+        if self.unacked and self.inbox.qsize() < INBOX_MESSAGES and self.inbox_bytes < INBOX_BYTES:
             self.conn.acknowledge(self.sid, self.unacked)
             self.unacked = 0
 
@@ -377,6 +381,7 @@ class StreamCall(Call):
             message = await self.inbox.get()
             if message is _END:
                 return
+            self.inbox_bytes -= len(message)
             self._give_back()
             yield decode(message)
 
@@ -394,6 +399,7 @@ class StreamCall(Call):
                 conn.send_data(sid, frame_message(data))
                 if not conn.writable:
                     await conn.drain()
+                await conn.sent(sid)
             self.end(OK)
         except asyncio.CancelledError:
             pass

@@ -478,3 +478,43 @@ def test_bad_stream_window_update_resets_only_that_stream(h2: H2Client) -> None:
         h2.send(f.window_update(sid, increment))
         assert h2.response(sid).reset == code
         assert h2.unary("ServerLive", LIVE).status == 0
+
+
+def test_stream_call_waits_for_a_slow_reader(url: str) -> None:
+    """A client that sends stream requests but opens no window for the answers: the server stops
+    taking requests after a bounded amount (it used to queue every answer in memory), and once the
+    client reads, everything is answered in order."""
+    client = H2Client(url, {f.INITIAL_WINDOW_SIZE: 0}).start()
+    try:
+        client.wait_for(f.SETTINGS)
+        client.wait_for(f.SETTINGS)
+        sid = client.new_stream()
+        client.send(client.headers(sid, request_headers(SERVICE + "ModelStreamInfer")))
+        count = 3000
+        message = grpc_message(_infer_request("identity", b"s" * 16384))
+        payload = memoryview(message * count)  # 48 MiB
+        pos = 0
+        client.sock.settimeout(3)  # "no window comes back": can only end the loop early, never fail it
+        try:
+            while pos < len(payload):
+                n = min(len(payload) - pos, client.send_window, client.stream_send[sid], client.peer_max_frame)
+                if n > 0:
+                    client.send(client.data_frame(sid, bytes(payload[pos : pos + n])))
+                    pos += n
+                else:
+                    client.backlog.append(client._read())
+        except TimeoutError:
+            pass
+        client.sock.settimeout(60)
+        # bounded by the stream window (4 MiB), the inbox (4 MiB) and the handler's 256 in flight
+        assert pos < 20 * 1024 * 1024
+        client.change_settings({f.INITIAL_WINDOW_SIZE: f.MAX_WINDOW})
+        client.send(f.window_update(0, 1 << 30))
+        client.recv_window += 1 << 30
+        client.send_data(sid, bytes(payload[pos:]), end_stream=True)
+        resp = client.response(sid, give_back=False)
+        assert resp.status == 0
+        answers = [service_pb2.ModelStreamInferResponse.FromString(m) for m in resp.messages()]
+        assert len(answers) == count and not any(a.error_message for a in answers)
+    finally:
+        client.close()
