@@ -122,12 +122,25 @@ def _string(block: bytes, pos: int) -> tuple[str, int]:
     if end > len(block):
         raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK string")
     raw = block[pos:end]
-    if huffman:
+    if not huffman:
+        return raw.decode("latin-1"), end
+    text = _huffman_seen.get(raw)
+    if text is None:
         try:
-            raw = decode_huffman(raw)
+            text = decode_huffman(raw).decode("latin-1")
         except Exception as exc:
             raise ConnectionError_(COMPRESSION_ERROR, "bad Huffman string") from exc
-    return raw.decode("latin-1"), end
+        if len(_huffman_seen) >= _HUFFMAN_CACHE:
+            _huffman_seen.clear()
+        if length <= 256:
+            _huffman_seen[raw] = text
+    return text, end
+
+
+# Clients repeat the same literals on every call (nghttp2 never indexes :path), and the
+# `hpack` package decodes Huffman bit by bit in Python: remember what short strings decoded to.
+_HUFFMAN_CACHE = 1024
+_huffman_seen: dict[bytes, str] = {}
 
 
 # ---- encoding (stateless) ----
