@@ -518,3 +518,18 @@ def test_stream_call_waits_for_a_slow_reader(url: str) -> None:
         assert len(answers) == count and not any(a.error_message for a in answers)
     finally:
         client.close()
+
+
+def test_client_trailers_end_the_request(h2: H2Client) -> None:
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ModelInfer")))
+    h2.send_data(sid, grpc_message(_infer_request("identity", b"t")), end_stream=False)
+    h2.send(h2.headers(sid, [("x-trailer", "1")], end_stream=True))
+    resp = h2.response(sid)
+    assert resp.status == 0 and _infer_output(resp.messages()[0]) == b"t"
+
+
+def test_error_message_is_percent_encoded(h2: H2Client) -> None:
+    resp = h2.unary("ModelInfer", _infer_request("caf\u00e9 100%", b"x"))
+    assert resp.status == 3
+    assert "caf%C3%A9 100%25" in resp.headers["grpc-message"]
