@@ -37,6 +37,7 @@ RESPONSE_HEAD = encode(
     [(":status", "200"), ("content-type", "application/grpc"), ("grpc-accept-encoding", "identity,deflate,gzip")]
 )
 TRAILERS_OK = encode([("grpc-status", "0")])
+MAX_MESSAGE_CHARS = 4096
 _TIMEOUT = re.compile(r"^(\d{1,8})([HMSmun])$")
 _UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
@@ -83,6 +84,8 @@ def trailers(code: int, message: str = "") -> bytes:
         return TRAILERS_OK
     fields = [("grpc-status", str(code))]
     if message:
+        if len(message) > MAX_MESSAGE_CHARS:  # clients refuse trailers above ~16 KiB: keep errors readable
+            message = message[:MAX_MESSAGE_CHARS] + "... (truncated)"
         fields.append(("grpc-message", _percent(message)))
     return encode(fields)
 

@@ -59,3 +59,16 @@ def test_20_mib_input_and_output(client: grpcclient.InferenceServerClient) -> No
     zeros = np.zeros(20 * 1024 * 1024, dtype=np.uint8)
     res = client.infer("identity", [_input(zeros)], compression_algorithm="gzip", client_timeout=120)
     assert np.array_equal(res.as_numpy("OUTPUT0"), zeros)
+
+
+def test_a_very_long_error_message_reaches_the_client_truncated(native_url: str) -> None:
+    # grpc.aio sends the whole text and the client refuses trailers that large (RESOURCE_EXHAUSTED)
+    c = grpcclient.InferenceServerClient(native_url)
+    try:
+        with pytest.raises(InferenceServerException) as err:
+            c.infer("m" * 40000, [_input(np.arange(4, dtype=np.uint8))])
+        assert err.value.status() != "StatusCode.RESOURCE_EXHAUSTED"
+        assert "(truncated)" in err.value.message()
+        assert c.is_server_live()
+    finally:
+        c.close()
