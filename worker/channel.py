@@ -35,10 +35,8 @@ LINGER_MS = 2000
 _BASE = getattr(getattr(zmq, "backend", None), "Socket", None) or zmq.Socket
 _send = _BASE.send
 _recv = _BASE.recv
-_get = _BASE.get if hasattr(_BASE, "get") else zmq.Socket.getsockopt
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
-_RCVMORE = int(zmq.RCVMORE)
 
 
 class Channel:
@@ -72,15 +70,15 @@ class Channel:
     def _recv(self, flags: int = 0) -> tuple[Any, list[Any]]:
         """One multipart message: the header copied (it is parsed at once), data frames zero-copy."""
         sock = self._sock
-        header = _recv(sock, flags)
+        header = _recv(sock, flags, False)  # a Frame: its `more` flag costs no getsockopt(RCVMORE) call
         frames = []
-        if _get(sock, _RCVMORE):
+        if header.more:
             while True:
                 frame = _recv(sock, 0, False)
                 frames.append(frame)
                 if not frame.more:
                     break
-        return decode_header(header), frames
+        return decode_header(header.bytes), frames
 
     def recv(self) -> tuple[Any, Sequence[Any]]:
         """Next (message, data frames); blocks. Raises ProtocolError on a malformed message."""

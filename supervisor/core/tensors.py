@@ -22,7 +22,7 @@ _LEN = struct.Struct("<I")
 
 # array-module typecodes of the numeric datatypes (little-endian hosts only: the wire is little-endian).
 # For the short `data` lists of a typical JSON request, array packs and unpacks ~5x cheaper than numpy.
-_ARRAY_CODES = {name: code for name, code in (
+ARRAY_CODES = {name: code for name, code in (
     ("FP32", "f"), ("FP64", "d"), ("INT8", "b"), ("INT16", "h"), ("INT32", "i"), ("INT64", "q"),
     ("UINT8", "B"), ("UINT16", "H"), ("UINT32", "I"), ("UINT64", "Q"),
 ) if sys.byteorder == "little" and array.array(code).itemsize == BY_NAME[name].itemsize}
@@ -30,6 +30,7 @@ _EXACT_INT = 1 << 53  # ints up to this size convert to a float exactly, as nump
 _EXACT_LO = -_EXACT_INT
 _NUMBER_TYPES = frozenset((float, int))
 _INT_TYPE = {int}
+_FLOAT_TYPE = {float}
 
 
 def datatype_of(datatype: Any, name: str) -> DataType:
@@ -159,15 +160,15 @@ def json_to_raw(datatype: str, shape: list[int], data: Any, name: str = "",
     return pack_json(dt, shape, count, data, name, max_depth)
 
 
-def _pack_plain(dt: DataType, flat: list[Any]) -> bytes | None:
-    """`flat` packed with the array module when that gives exactly numpy's bytes: only floats and
-    exactly convertible ints for FP32/FP64, only in-range ints for integer types; else None."""
-    code = _ARRAY_CODES.get(dt.name)
-    if code is None:
-        return None
+def _pack_plain(code: str, flat: list[Any]) -> bytes | None:
+    """`flat` packed with the array module (typecode `code`) when that gives exactly numpy's bytes:
+    only floats and exactly convertible ints for FP32/FP64, only in-range ints for integer types;
+    else None."""
     types = set(map(type, flat))  # one C-level pass; bools and anything else go the numpy way
     if code in "fd":
-        if not types <= _NUMBER_TYPES or (int in types and not _EXACT_LO <= min(flat) <= max(flat) <= _EXACT_INT):
+        if types == _FLOAT_TYPE:
+            return array.array(code, flat).tobytes()
+        if not types <= _NUMBER_TYPES or not _EXACT_LO <= min(flat) <= max(flat) <= _EXACT_INT:
             return None
     elif types != _INT_TYPE:
         return None
@@ -184,6 +185,11 @@ def pack_json(dt: DataType, shape: list[int], count: int, data: Any, name: str =
     if len(flat) != count:
         raise invalid_arg(f"unexpected number of elements for tensor '{name}': shape {list(shape)} needs "
                           f"{count}, got {len(flat)}")
+    code = ARRAY_CODES.get(dt.name)  # the common case first: numbers of a numeric type
+    if code is not None and flat:
+        packed = _pack_plain(code, flat)
+        if packed is not None:
+            return packed
     if dt.name == "BYTES":
         items = []
         for v in flat:
@@ -198,9 +204,6 @@ def pack_json(dt: DataType, shape: list[int], count: int, data: Any, name: str =
     assert dt.numpy is not None
     if not flat:
         return b""
-    packed = _pack_plain(dt, flat)
-    if packed is not None:
-        return packed
     try:
         arr = np.array(flat)
     except (ValueError, TypeError, OverflowError):
@@ -249,7 +252,7 @@ def raw_to_json(datatype: str, shape: list[int], data: Any, name: str = "") -> l
         raise invalid_arg(f"sending {dt.name} data via JSON is not supported. Please use the binary data "
                           f"format for output {name}")
     assert dt.numpy is not None
-    code = _ARRAY_CODES.get(dt.name)
+    code = ARRAY_CODES.get(dt.name)
     if code is not None:
         return view.cast(code).tolist()  # type: ignore[call-overload]  # numpy tolist()'s numbers, cheaper
     return np.frombuffer(view, dtype=dt.numpy).tolist()  # type: ignore[no-any-return]

@@ -161,7 +161,8 @@ class InferCodec:
             seen.add(name)
             datatype = item.get("datatype")
             dt, shape, count, nbytes = tensors.shape_info(datatype, item.get("shape"), name)
-            params = _params(item, f"input '{name}'")
+            params = item.get("parameters")  # (most inputs have none: no message formatted for _params)
+            params = {} if params is None else _params(item, f"input '{name}'")
             has_data = "data" in item
             bsize = params.get("binary_data_size")
             has_shm = "shared_memory_region" in params
@@ -316,10 +317,12 @@ class InferCodec:
         blobs: list[Any] = []
         binary_any = False
         default = parsed.binary_default
+        plans = parsed.plans
         for t in resp.outputs:
             entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
-            plan = parsed.plans.get(t.name)
-            nbytes = memoryview(t.data).nbytes
+            plan = plans.get(t.name) if plans else None
+            view = memoryview(t.data)
+            nbytes = view.nbytes
             dt = BY_NAME.get(t.datatype)
             if dt is None:
                 raise internal(f"output '{t.name}' has an unknown datatype")
@@ -339,7 +342,9 @@ class InferCodec:
                 if nbytes:
                     blobs.append(t.data)
             else:
-                entry["data"] = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
+                code = tensors.ARRAY_CODES.get(t.datatype)  # numbers: size checked above, a flat list at once
+                entry["data"] = (view.cast("B").cast(code).tolist() if code is not None  # type: ignore[call-overload]
+                                 else tensors.raw_to_json(t.datatype, t.shape, t.data, t.name))
             entries.append(entry)
         doc: dict[str, Any] = {}
         if resp.id:

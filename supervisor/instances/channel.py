@@ -30,7 +30,6 @@ _raw_get: Callable[[Any, int], int] = zmq.backend.Socket.get  # type: ignore[ass
 _raw_send = zmq.backend.Socket.send
 _raw_recv = zmq.backend.Socket.recv
 _EVENTS = int(zmq.EVENTS)
-_RCVMORE = int(zmq.RCVMORE)
 _POLLIN = int(zmq.POLLIN)
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
@@ -204,9 +203,11 @@ class Channel:
             try:
                 if not _raw_get(sock, _EVENTS) & _POLLIN:
                     return
-                frames = [_raw_recv(sock, _NOBLOCK, False)]
-                while _raw_get(sock, _RCVMORE):
-                    frames.append(_raw_recv(sock, _NOBLOCK, False))
+                frame = _raw_recv(sock, _NOBLOCK, False)
+                frames = [frame]
+                while frame.more:  # the Frame's own flag: no getsockopt(RCVMORE) call per frame
+                    frame = _raw_recv(sock, _NOBLOCK, False)
+                    frames.append(frame)
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:  # socket closed underneath us
