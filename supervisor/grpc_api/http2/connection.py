@@ -12,62 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from . import frames as f
 from .hpack_codec import Decoder, HeaderListTooLarge
+from .reader import FrameReader
+from .streams import STREAM_WINDOW, App, Stream
 
 log = logging.getLogger("inferd.grpc")
 
 MAX_CONCURRENT_STREAMS = 4096
-STREAM_WINDOW = 4 * 1024 * 1024  # what a client may send on one stream before we acknowledge
 CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_IN = 1024 * 1024  # largest frame we accept (fewer frames for big tensors)
 MAX_HEADER_LIST = 64 * 1024
 MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # HEADERS + CONTINUATION bytes before decoding
-
-
-class StreamHandler(Protocol):
-    def on_data(self, payload: memoryview, end_stream: bool) -> None: ...
-    def on_reset(self) -> None: ...
-
-
-class App(Protocol):
-    def open_stream(
-        self, conn: H2Connection, stream_id: int, headers: list[tuple[str, str]], end_stream: bool
-    ) -> StreamHandler | None: ...
-    def connection_made(self, conn: H2Connection) -> None: ...
-    def connection_lost(self, conn: H2Connection) -> None: ...
-
-
-class _Stream:
-    __slots__ = (
-        "id",
-        "handler",
-        "send_window",
-        "pending",
-        "trailers",
-        "remote_closed",
-        "recv_window",
-        "consumed",
-        "sent",
-    )
-
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.id = stream_id
-        self.handler: StreamHandler | None = None
-        self.send_window = send_window
-        self.pending: list[memoryview] = []  # DATA waiting for window
-        self.trailers: bytes | None = None  # header block to send once `pending` is out
-        self.remote_closed = False
-        self.recv_window = STREAM_WINDOW  # what the client may still send
-        self.consumed = 0  # bytes the handler is done with, not yet given back with WINDOW_UPDATE
-        self.sent: asyncio.Future[None] | None = None  # set once `pending` is out (see `sent`)
-
-    def wake(self) -> None:
-        sent, self.sent = self.sent, None
-        if sent is not None and not sent.done():
-            sent.set_result(None)
 
 
 _SETTINGS = f.settings(
@@ -84,7 +42,7 @@ class H2Connection(asyncio.Protocol):
     def __init__(self, app: App) -> None:
         self.app = app
         self.transport: asyncio.Transport | None = None
-        self.streams: dict[int, _Stream] = {}
+        self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0
         self.closing = False  # GOAWAY sent: no new streams
         self.decoder = Decoder(MAX_HEADER_LIST)
@@ -92,11 +50,7 @@ class H2Connection(asyncio.Protocol):
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.conn_unacked = 0
-        self._preface = b""
-        self._preface_seen = False
-        self._hold: list[Any] = []  # bytes of an incomplete frame
-        self._hold_len = 0
-        self._need = 9
+        self.reader = FrameReader(self._frame, MAX_FRAME_IN)
         self._header_block: list[bytes] = []  # HEADERS + CONTINUATION being collected
         self._header_stream = 0
         self._header_end_stream = False
@@ -136,78 +90,12 @@ class H2Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            view = memoryview(data)
-            if not self._preface_seen:
-                view = self._read_preface(view)
-                if not view:
-                    return
-            if self._hold_len:
-                view = self._complete_held(view)
-                if not view:
-                    return
-            self._parse(view)
+            if not self.reader.feed(data):
+                self.transport.close()  # type: ignore[union-attr]  # not HTTP/2 (an HTTP/1 client?)
         except f.ConnectionError_ as exc:
             self._fail(exc.code, str(exc))
 
-    # ---- framing ----
-    def _read_preface(self, view: memoryview) -> memoryview:
-        need = len(f.PREFACE) - len(self._preface)
-        self._preface += bytes(view[:need])
-        if not f.PREFACE.startswith(self._preface):
-            self.transport.close()  # type: ignore[union-attr]  # not HTTP/2 (an HTTP/1 client?)
-            return view[:0]
-        if len(self._preface) < len(f.PREFACE):
-            return view[:0]
-        self._preface_seen = True
-        return view[need:]
-
-    def _complete_held(self, view: memoryview) -> memoryview:
-        """Adds to the held partial frame; parses it once whole and returns the rest of `view`."""
-        take = self._need - self._hold_len
-        self._hold.append(view[:take])
-        self._hold_len += min(take, len(view))
-        view = view[take:]
-        if self._hold_len < self._need:
-            return view
-        if self._need == 9:  # the header is complete: now we know the frame's length
-            head = b"".join(self._hold)
-            self._hold = [head]
-            length = f.parse_header(head, 0)[0]
-            self._check_length(length)
-            self._need = 9 + length
-            if length:
-                return self._complete_held(view) if view else view
-        frame = b"".join(self._hold)
-        self._hold = []
-        self._hold_len = 0
-        self._need = 9
-        self._parse(memoryview(frame))
-        return view
-
-    def _check_length(self, length: int) -> None:
-        if length > MAX_FRAME_IN:
-            raise f.ConnectionError_(f.FRAME_SIZE_ERROR, f"frame of {length} bytes exceeds {MAX_FRAME_IN}")
-
-    def _parse(self, view: memoryview) -> None:
-        pos = 0
-        end = len(view)
-        while end - pos >= 9:
-            length, ftype, flags, sid = f.parse_header(view, pos)
-            self._check_length(length)
-            if end - pos - 9 < length:
-                break
-            start = pos + 9
-            pos = start + length
-            self._frame(ftype, flags, sid, view[start:pos])
-        if pos < end:
-            self._hold = [bytes(view[pos:])]
-            self._hold_len = end - pos
-            self._need = 9
-            if self._hold_len >= 9:
-                length = f.parse_header(self._hold[0], 0)[0]
-                self._check_length(length)
-                self._need = 9 + length
-
+    # ---- frames ----
     def _frame(self, ftype: int, flags: int, sid: int, payload: memoryview) -> None:
         if self._header_stream and ftype != f.CONTINUATION:
             raise f.ConnectionError_(f.PROTOCOL_ERROR, "expected CONTINUATION")
@@ -326,7 +214,7 @@ class H2Connection(asyncio.Protocol):
         if self.closing or len(self.streams) >= MAX_CONCURRENT_STREAMS or headers is None:
             self.transport.write(f.rst_stream(sid, f.REFUSED_STREAM))  # type: ignore[union-attr]
             return
-        stream = _Stream(sid, self.peer_initial_window)
+        stream = Stream(sid, self.peer_initial_window)
         stream.remote_closed = end
         self.streams[sid] = stream
         stream.handler = handler = self.app.open_stream(self, sid, headers, end)
@@ -467,7 +355,7 @@ class H2Connection(asyncio.Protocol):
             stream.sent = asyncio.get_running_loop().create_future()
         await stream.sent
 
-    def _flush(self, stream: _Stream) -> None:
+    def _flush(self, stream: Stream) -> None:
         out: list[Any] = []
         pending = stream.pending
         while pending and self.send_window > 0 and stream.send_window > 0:
@@ -499,7 +387,7 @@ class H2Connection(asyncio.Protocol):
             if stream.pending or stream.trailers is not None:
                 self._flush(stream)
 
-    def _end(self, stream: _Stream) -> None:
+    def _end(self, stream: Stream) -> None:
         """We sent END_STREAM. A client still sending is told to stop (RST_STREAM NO_ERROR)."""
         self.streams.pop(stream.id, None)
         stream.handler = None
@@ -508,7 +396,7 @@ class H2Connection(asyncio.Protocol):
             self.transport.write(f.rst_stream(stream.id, f.NO_ERROR))  # type: ignore[union-attr]
         self._close_if_idle()
 
-    def _reset_stream(self, stream: _Stream, code: int) -> None:
+    def _reset_stream(self, stream: Stream, code: int) -> None:
         self.streams.pop(stream.id, None)
         stream.wake()
         handler, stream.handler = stream.handler, None
