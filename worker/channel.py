@@ -27,7 +27,14 @@ from .wire.messages import (
     decode_header,
     encode,
     encode_header,
+    json_loads,
 )
+
+_orjson_loads: Optional[Callable[[bytes], Any]]
+try:  # optional (a model environment needs only numpy and pyzmq): parses a header 2-3x faster
+    from orjson import loads as _orjson_loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson_loads = None
 
 LINGER_MS = 2000
 # The hot path calls pyzmq's compiled Socket methods with plain int flags: the Python wrapper
@@ -37,6 +44,22 @@ _send = _BASE.send
 _recv = _BASE.recv
 _SNDMORE = int(zmq.SNDMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
+
+
+# orjson turns integer literals beyond 64 bits (19 digits or more) into floats where json.loads keeps
+# ints: a header holding such a digit run is left to json
+_DIGIT_MAP = bytes(49 if 48 <= b <= 57 else 48 for b in range(256))
+_LONG_DIGITS = b"1" * 19
+
+
+def header_loads(raw: bytes) -> Any:
+    """`json_loads(raw)`: with orjson where it accepts the text (the same values), else json's way."""
+    if _orjson_loads is not None and raw[:1] == b"{" and _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
+        try:
+            return _orjson_loads(raw)
+        except Exception:  # noqa: S110 - NaN, lone surrogates, deep nesting...: json decides below
+            pass
+    return json_loads(raw)
 
 
 class Channel:
@@ -78,7 +101,7 @@ class Channel:
                 frames.append(frame)
                 if not frame.more:
                     break
-        return decode_header(header.bytes), frames
+        return decode_header(header.bytes, header_loads), frames
 
     def recv(self) -> tuple[Any, Sequence[Any]]:
         """Next (message, data frames); blocks. Raises ProtocolError on a malformed message."""

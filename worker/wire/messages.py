@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import json.scanner
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
@@ -312,10 +312,11 @@ def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
                          else bytes(first)), frames[1:]
 
 
-def decode_header(raw: bytes) -> Any:
-    """The message of a JSON header frame; raises ProtocolError on anything malformed."""
+def decode_header(raw: bytes, loads: Optional[Callable[[bytes], Any]] = None) -> Any:
+    """The message of a JSON header frame; raises ProtocolError on anything malformed. `loads`, if
+    given, parses the JSON instead of `json_loads` (and must give the same values and errors)."""
     try:
-        header = _loads(raw)
+        header = (loads or _loads)(raw)
         if type(header) is not dict:
             raise TypeError("message header is not a JSON object")
         cls = MESSAGE_TYPES[header.pop("t")]
@@ -344,6 +345,9 @@ def _loads(raw: bytes) -> Any:
         except Exception:  # noqa: S110 - json.loads below raises its own error
             pass
     return json.loads(raw)
+
+
+json_loads = _loads
 
 
 _NESTED = {

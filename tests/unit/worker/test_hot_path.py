@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import zmq
-from inferd.worker.channel import Channel
+from inferd.worker.channel import Channel, header_loads
 from inferd.worker.wire import dtypes
 from inferd.worker.wire import messages as m
 
@@ -157,6 +157,25 @@ def test_loads_equals_json_loads(raw):
         got_value = m._loads(raw)
         assert got_value == expected or (got_value != got_value and expected != expected)
         assert type(got_value) is type(expected)
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"a":1}', b'{"a":"\xc3\xa9\\u00e9"}', b' {"a":1}', b'{"a":1} ', b'{"a":1}x', b'{"a":', b'{}', b'{',
+    b'\xef\xbb\xbf{"a":1}', b'{"a":"\xff"}', b'{"a":NaN}', b'{"a":1,"a":2}', b'{"a":"\\ud800"}', b'{"a":1E400}',
+    b'{"a":9223372036854775807}', b'{"a":18446744073709551615}', b'{"a":18446744073709551616}',
+    b'{"a":-9223372036854775809}', b'{"a":"12345678901234567890"}', b'{"a":[1.5,-0.0,1e-400,0.1]}',
+    b'{"t":' + b"[" * 5000 + b"]" * 5000 + b"}", json.dumps(execute_json()).encode(),
+])
+def test_channel_header_loads_equals_json_loads(raw):
+    try:
+        expected = json.loads(raw)
+    except Exception as exc:  # same type and text
+        with pytest.raises(type(exc)) as got:
+            header_loads(raw)
+        assert str(got.value) == str(exc)
+    else:
+        got_value = header_loads(raw)
+        assert repr(got_value) == repr(expected)  # repr: an int that became a float would differ
 
 
 def test_loads_deep_nesting_is_a_protocol_error():
