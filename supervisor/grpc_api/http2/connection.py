@@ -26,6 +26,9 @@ CONNECTION_WINDOW = 64 * 1024 * 1024
 MAX_FRAME_IN = 1024 * 1024  # largest frame we accept (fewer frames for big tensors)
 MAX_HEADER_LIST = 64 * 1024
 MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # HEADERS + CONTINUATION bytes before decoding
+# Request messages still arriving, all streams of a connection together: beyond this, new data for any
+# stream but the oldest such one fails that request (each stream's window alone would allow 16 GiB).
+MAX_PARTIAL_BYTES = 256 * 1024 * 1024
 
 
 _SETTINGS = f.settings(
@@ -50,6 +53,8 @@ class H2Connection(asyncio.Protocol):
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.conn_unacked = 0
+        self.partial: dict[int, int] = {}  # stream id -> bytes of its unfinished request message, oldest first
+        self.partial_bytes = 0
         self.reader = FrameReader(self._frame, MAX_FRAME_IN)
         self._header_block: list[bytes] = []  # HEADERS + CONTINUATION being collected
         self._header_stream = 0
@@ -170,6 +175,18 @@ class H2Connection(asyncio.Protocol):
             self.transport.write(f.window_update(stream_id, stream.consumed))  # type: ignore[union-attr]
             stream.recv_window += stream.consumed
             stream.consumed = 0
+
+    def hold(self, stream_id: int, delta: int) -> bool:
+        """The unfinished request message of `stream_id` grew (or shrank) by `delta` bytes. False when
+        the connection holds more than MAX_PARTIAL_BYTES and this is not the oldest such stream: the
+        caller fails that request (the oldest always goes on, so one big message still completes)."""
+        held = self.partial.get(stream_id, 0) + delta
+        if held > 0:
+            self.partial[stream_id] = held
+        else:
+            self.partial.pop(stream_id, None)
+        self.partial_bytes += delta
+        return delta <= 0 or self.partial_bytes <= MAX_PARTIAL_BYTES or next(iter(self.partial)) == stream_id
 
     def _on_headers(self, flags: int, sid: int, payload: memoryview) -> None:
         if not sid or not sid & 1:

@@ -176,6 +176,11 @@ class Deframer:
     def idle(self) -> bool:
         return self.flag < 0 and not self.head
 
+    @property
+    def buffered(self) -> int:
+        """Bytes of a message not yet complete."""
+        return len(self.body) if self.body is not None else 0
+
 
 def _decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
     d = zlib.decompressobj(31 if encoding == "gzip" else 15)
@@ -219,6 +224,7 @@ class Call:
         self.context = Context(metadata)
         self.deframer = Deframer(server.max_message_bytes, encoding)
         self.done = False
+        self.held = 0  # bytes of an unfinished request message counted in the connection's budget
         self.headers_sent = False
         self.timer: asyncio.TimerHandle | None = None
         if timeout is not None:
@@ -251,8 +257,19 @@ class Call:
             self.conn.send_headers(self.sid, trailers_only(code, message), end_stream=True)
         self._finished()
 
+    def _track_partial(self) -> None:
+        """An unfinished request message counts against its connection's budget (connection.hold)."""
+        held = self.deframer.buffered
+        if held != self.held:
+            delta, self.held = held - self.held, held
+            if not self.conn.hold(self.sid, delta):
+                raise Abort(RESOURCE_EXHAUSTED, "too many bytes of unfinished request messages on this connection")
+
     def _finished(self) -> None:
         self.done = True
+        if self.held:
+            self.conn.hold(self.sid, -self.held)
+            self.held = 0
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -285,6 +302,7 @@ class UnaryCall(Call):
         try:
             if payload:
                 messages = self.deframer.feed(payload)
+                self._track_partial()
                 self.conn.acknowledge(self.sid, len(payload))
                 if messages and not self.started:
                     self.started = True
@@ -365,6 +383,7 @@ class StreamCall(Call):
                 for message in self.deframer.feed(payload):
                     self.inbox.put_nowait(message)
                     self.inbox_bytes += len(message)
+                self._track_partial()
                 self.unacked += len(payload)
                 self._give_back()
             if end_stream:

@@ -533,3 +533,26 @@ def test_error_message_is_percent_encoded(h2: H2Client) -> None:
     resp = h2.unary("ModelInfer", _infer_request("caf\u00e9 100%", b"x"))
     assert resp.status == 3
     assert "caf%C3%A9 100%25" in resp.headers["grpc-message"]
+
+
+def test_unfinished_request_messages_are_bounded_per_connection(h2: H2Client) -> None:
+    # 90 streams each send 3 MiB of an 8 MiB message: 270 MiB would be held, the budget is 256 MiB
+    payload = bytes(range(256)) * (32 * 1024)  # 8 MiB
+    framed = grpc_message(_infer_request("identity", payload))
+    part = 3 * 1024 * 1024
+    sids = []
+    for _ in range(90):
+        sid = h2.new_stream()
+        h2.send(h2.headers(sid, request_headers(SERVICE + "ModelInfer")))
+        h2.send_data(sid, framed[:part], end_stream=False)
+        sids.append(sid)
+    refused = h2.response(sids[-1])  # over the budget: failed at once, not held
+    fields = {**refused.headers, **refused.trailers}  # trailers-only: the status is in the headers
+    assert refused.status == 8 and "unfinished request messages" in fields.get("grpc-message", "")
+    # the oldest unfinished stream still completes
+    h2.send_data(sids[0], framed[part:], end_stream=True)
+    done = h2.response(sids[0])
+    assert done.status == 0 and _infer_output(done.messages()[0]) == payload
+    for sid in sids[1:-1]:  # the client gives up on the rest: the server forgets them
+        h2.send(f.rst_stream(sid, f.CANCEL))
+    assert h2.unary("ServerLive", LIVE).status == 0
