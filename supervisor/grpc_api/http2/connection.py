@@ -226,7 +226,9 @@ class H2Connection(asyncio.Protocol):
                     stream.handler.on_data(memoryview(b""), True)
             return
         if sid <= self.last_stream_id:
-            raise f.ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on a closed stream")
+            # a stream we already answered or reset: the client's trailers may have crossed our
+            # END_STREAM / RST_STREAM on the wire, and frames on a stream we reset are ignored (RFC 9113 §5.1)
+            return
         self.last_stream_id = sid
         if self.closing or len(self.streams) >= MAX_CONCURRENT_STREAMS or headers is None:
             self.transport.write(f.rst_stream(sid, f.REFUSED_STREAM))  # type: ignore[union-attr]

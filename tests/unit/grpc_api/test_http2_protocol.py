@@ -556,3 +556,14 @@ def test_unfinished_request_messages_are_bounded_per_connection(h2: H2Client) ->
     for sid in sids[1:-1]:  # the client gives up on the rest: the server forgets them
         h2.send(f.rst_stream(sid, f.CANCEL))
     assert h2.unary("ServerLive", LIVE).status == 0
+
+
+def test_client_trailers_after_the_answer_are_ignored(h2: H2Client) -> None:
+    # the answer (and our RST_STREAM NO_ERROR) can cross the client's trailers on the wire
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ModelInfer")))
+    h2.send_data(sid, grpc_message(_infer_request("identity", b"t")), end_stream=False)
+    resp = h2.response(sid)
+    assert resp.status == 0 and _infer_output(resp.messages()[0]) == b"t"
+    h2.send(h2.headers(sid, [("x-trailer", "1")], end_stream=True))  # late: the stream is closed for us
+    assert h2.unary("ServerLive", LIVE).status == 0  # the same connection still serves
