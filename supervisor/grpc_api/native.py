@@ -21,18 +21,8 @@ from . import wire
 from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
 from .http2.connection import H2Connection
-from .http2.grpc_calls import (
-    INVALID_ARGUMENT,
-    UNAVAILABLE,
-    UNIMPLEMENTED,
-    Abort,
-    Call,
-    Method,
-    StreamCall,
-    UnaryCall,
-    parse_timeout,
-    trailers_only,
-)
+from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
+from .http2.grpc_wire import INVALID_ARGUMENT, UNAVAILABLE, UNIMPLEMENTED, Abort, parse_timeout, trailers_only
 from .http2.hpack_codec import encode
 from .servicer import HEALTH_SERVICE, SERVICE, InferenceService
 

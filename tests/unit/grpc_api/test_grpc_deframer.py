@@ -7,7 +7,7 @@ import struct
 import zlib
 
 import pytest
-from inferd.supervisor.grpc_api.http2.grpc_calls import INTERNAL, RESOURCE_EXHAUSTED, Abort, Deframer
+from inferd.supervisor.grpc_api.http2.grpc_wire import INTERNAL, RESOURCE_EXHAUSTED, Abort, Deframer
 
 MESSAGES = [b"hello", b"", b"\x00" * 5, bytes(range(256)) * 3, b"", b"x"]
 
