@@ -7,67 +7,19 @@ The server runs in its own process because our generated protos and tritonclient
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-
-
-def _serve(kind: str) -> Iterator[str]:
-    """Spawns _server_main.py with `kind` ("native" or "grpcio"), yields "host:port", stops it."""
-    subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py")], check=True, cwd=ROOT)
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "_server_main.py"), kind],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    found: list[str] = []
-    seen: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:  # reads the log until the start line, then keeps draining it
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            m = re.search(r"Started GRPCInferenceService at (\S+)", line)
-            if m and not found:
-                found.append(m.group(1))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    ready.wait(60)
-    if not found:
-        proc.kill()
-        pytest.fail("server did not start:\n" + "".join(seen))
-    yield found[0]
-    proc.stdin.close()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0, "".join(seen)
-    assert not any("Traceback" in line for line in seen), "".join(seen)
+from ._spawn import serve
 
 
 @pytest.fixture(scope="session", params=["native", "grpcio"])
 def grpc_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from _serve(request.param)
+    yield from serve(request.param)
 
 
 @pytest.fixture(scope="session")
 def native_url() -> Iterator[str]:
     """inferd's own HTTP/2 server only (for tests that speak raw HTTP/2 to it)."""
-    yield from _serve("native")
+    yield from serve("native")

@@ -18,7 +18,7 @@ from inferd.supervisor.grpc_api.http2 import frames as f
 from tritonclient.grpc import service_pb2
 
 from ._h2client import SERVICE, H2Client, grpc_message, request_headers
-from .conftest import _serve
+from ._spawn import serve
 
 LIVE = b""  # ServerLiveRequest has no fields
 
@@ -371,7 +371,7 @@ def test_request_without_a_body_is_answered(h2: H2Client) -> None:
 def test_stop_sends_goaway_and_drains() -> None:
     """A server of its own: stopping it (grace 1 s) says GOAWAY, finishes the streams already open,
     refuses new ones, cancels what still runs after the grace period, and exits cleanly."""
-    server = _serve("native")
+    server = serve("native")
     own_url = next(server)
     errors: list[BaseException] = []
 
