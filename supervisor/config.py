@@ -35,7 +35,7 @@ class WorkerTimings:
     restart_cap_s: float = 10.0
     restart_give_up: int = 5  # failures in a row before the model stays UNAVAILABLE
     healthy_run_s: float = 10.0  # a worker that lived this long after ready restarts at once
-    pipeline_depth: int = 4  # batches sent ahead to one worker (hides the round trip; executed in order)
+    pipeline_depth: int = 8  # batches sent ahead to one worker (hides the round trip; executed in order)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
-"""The default scheduler: a bounded per-model queue, served by one runner per instance.
+"""The default scheduler: a bounded per-model queue, served by runners, `pipeline_depth` per instance
+(each holds one request in that instance's worker, so the worker always has the next one at hand).
 
-A free instance takes the oldest request (so work goes to the least-busy ready instance), runs it and
-resolves the request's future. Requests wait only while at least one instance is ready; with none
-ready they fail at once with UNAVAILABLE, because readiness must tell the truth. As in Triton, a
-request's `timeout` parameter does nothing here: queue timeouts need a dynamic_batching queue policy.
+A new request wakes a waiting runner of the instance that holds the fewest requests (the least-busy
+ready instance), which runs it and resolves the request's future. Requests wait only while at least
+one instance is ready; with none ready they fail at once with UNAVAILABLE, because readiness must tell
+the truth. As in Triton, a request's `timeout` parameter does nothing here: queue timeouts need a
+dynamic_batching queue policy.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class DefaultScheduler:
         self.max_batch_requests = max_batch_requests
         self.runners_per_instance = runners_per_instance
         self.running = 0  # requests handed to instances and not yet answered
+        self._held = {id(e): 0 for e in executors}  # the same per instance: new work goes to the least busy
         self._ready_events = {id(e): asyncio.Event() for e in executors}
         self._tasks: list[asyncio.Task[None]] = []
         self._idle = asyncio.Event()
@@ -167,11 +170,19 @@ class DefaultScheduler:
     async def _runner(self, executor: Executor) -> None:
         ready = self._ready_events[id(executor)]
         queue = self.queue
+        key = id(executor)
+        held = self._held
+
+        def load() -> int:
+            return held[key]
+
+        balance = load if len(self.executors) > 1 else None  # one instance: plain FIFO wake-ups
+
         while True:
             if not ready.is_set():
                 await ready.wait()
             if not len(queue):
-                await queue.wait_nonempty()
+                await queue.wait_nonempty(balance)
             if not executor.ready:
                 continue
             batch = self._take_batch(executor)
@@ -179,10 +190,12 @@ class DefaultScheduler:
                 self._check_idle()
                 continue
             self.running += len(batch)
+            held[key] += len(batch)
             try:
                 await self._execute(executor, batch)
             finally:
                 self.running -= len(batch)
+                held[key] -= len(batch)
                 self._check_idle()
 
     def _items(self, request: InferRequest) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -15,7 +15,8 @@ class WorkQueue(Generic[T]):
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
         self._items: collections.deque[T] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # runners waiting for work, with how busy each one's instance is (None: not told)
+        self._waiters: collections.deque[tuple[asyncio.Future[None], Callable[[], int] | None]] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -47,19 +48,27 @@ class WorkQueue(Generic[T]):
         self._items.clear()
         return items
 
-    async def wait_nonempty(self) -> None:
+    async def wait_nonempty(self, load: Callable[[], int] | None = None) -> None:
+        """Wait until an item is queued. `load` tells how many requests the waiter's instance holds:
+        a new item wakes the waiter whose instance holds the fewest (the least-busy instance)."""
         while not self._items:
-            fut = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
+            waiter = (asyncio.get_running_loop().create_future(), load)
+            self._waiters.append(waiter)
             try:
-                await fut
+                await waiter[0]
             finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
 
     def _wake_one(self) -> None:
-        while self._waiters:
-            fut = self._waiters.popleft()
+        waiters = self._waiters
+        while waiters:
+            pick = 0
+            if len(waiters) > 1 and waiters[0][1] is not None:
+                loads = [w[1]() if w[1] is not None else 0 for w in waiters]
+                pick = loads.index(min(loads))  # the first of the least busy: FIFO among equals
+            fut = waiters[pick][0]
+            del waiters[pick]
             if not fut.done():
                 fut.set_result(None)
                 return

@@ -86,3 +86,21 @@ async def test_cancelled_while_queued_never_runs(made):
     ex.release(0)
     await first
     assert ex.batches == [["first"]]
+
+
+async def test_new_requests_go_to_the_least_busy_instance(made):
+    # each instance has 4 pipeline slots: a FIFO wake-up could hand work to a busy instance's free slot
+    a, b = HeldExecutor("a"), HeldExecutor("b")
+    scheduler, _ = make(made, [a, b], runners=4)
+    futures = [scheduler.submit(request("r0"))]
+    await until(lambda: len(a.batches) + len(b.batches) == 1, "the first execution")
+    busy, idle = (a, b) if a.batches else (b, a)
+    for i in range(1, 6):  # the next ones alternate: each goes where fewer requests are held
+        futures.append(scheduler.submit(request(f"r{i}")))
+        await until(lambda i=i: len(a.batches) + len(b.batches) == i + 1, f"execution {i}")
+    assert [len(idle.batches), len(busy.batches)] == [3, 3]
+    assert idle.batches[0] == ["r1"]  # the second request went to the idle instance, not behind r0
+    for ex in (a, b):
+        for k in range(len(ex.batches)):
+            ex.release(k)
+    await asyncio.gather(*futures)
