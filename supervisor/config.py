@@ -57,6 +57,8 @@ class ServerConfig:
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
     grpc_server: str = "native"  # our HTTP/2 server; "grpcio" = grpc.aio's
+    # largest gRPC request message; 0 = the HTTP body cap plus 1 MiB (a tensor of that size fits)
+    grpc_max_message_size: int = 0
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
@@ -91,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument(
+        "--grpc-max-message-size", type=int, default=0,
+        help="largest gRPC message in bytes (default: --http-max-input-size + 1 MiB; Triton allows 2 GiB)",
+    )
     p.add_argument(
         "--grpc-server", choices=("native", "grpcio"), default="native",
         help="gRPC implementation: inferd's own HTTP/2 server (fast) or grpcio's grpc.aio server",
@@ -158,6 +164,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_server=args.grpc_server,
+        grpc_max_message_size=args.grpc_max_message_size,
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,

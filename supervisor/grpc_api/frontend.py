@@ -18,15 +18,28 @@ class GrpcFrontend:
         await self.server.stop(self.grace_s if grace is None else grace)
 
 
+MAX_MESSAGE_LIMIT = 2**31 - 1  # what gRPC's 4-byte length prefix (and Triton) allow
+
+
+def max_message_size(config: Any) -> int:
+    """--grpc-max-message-size, or the HTTP body cap plus 1 MiB of protobuf around the tensors."""
+    size = int(getattr(config, "grpc_max_message_size", 0) or 0)
+    if size <= 0:
+        size = int(getattr(config, "http_max_input_size", 64 * 1024 * 1024)) + 1024 * 1024
+    return min(size, MAX_MESSAGE_LIMIT)
+
+
 async def start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
-    """`config` is the ServerConfig: grpc_address, grpc_port, grpc_server, exit_timeout_secs are read."""
+    """`config` is the ServerConfig: grpc_address, grpc_port, grpc_server, grpc_max_message_size,
+    http_max_input_size and exit_timeout_secs are read."""
     grace = float(getattr(config, "exit_timeout_secs", 30.0))
+    limit = max_message_size(config)
     if getattr(config, "grpc_server", "native") == "grpcio":
         from .server import start_grpc_server
 
-        server = await start_grpc_server(dataplane, config.grpc_address, config.grpc_port)
+        server = await start_grpc_server(dataplane, config.grpc_address, config.grpc_port, limit)
         return GrpcFrontend(server, server.inferd_port, grace)  # type: ignore[attr-defined]
     from .native import start_native_server
 
-    native = await start_native_server(dataplane, config.grpc_address, config.grpc_port)
+    native = await start_native_server(dataplane, config.grpc_address, config.grpc_port, limit)
     return GrpcFrontend(native, native.port, grace)

@@ -28,7 +28,7 @@ from .servicer import HEALTH_SERVICE, SERVICE, InferenceService
 
 log = logging.getLogger("inferd.grpc")
 
-MAX_GRPC_MESSAGE_SIZE = 2**31 - 1  # Triton's limit; the core enforces tensor size caps itself
+MAX_GRPC_MESSAGE_SIZE = 2**31 - 1  # when not told (the app passes --grpc-max-message-size's value)
 _ENCODINGS = (None, "identity", "gzip", "deflate")
 
 
@@ -179,8 +179,10 @@ class NativeGrpcServer:
             await self._server.wait_closed()
 
 
-async def start_native_server(dataplane: DataPlane, address: str, port: int) -> NativeGrpcServer:
-    server = NativeGrpcServer(build_methods(InferenceService(dataplane)))
+async def start_native_server(
+    dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_GRPC_MESSAGE_SIZE
+) -> NativeGrpcServer:
+    server = NativeGrpcServer(build_methods(InferenceService(dataplane)), max_message_bytes)
     try:
         await server.start(address, port)
     except OSError as exc:
