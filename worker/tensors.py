@@ -229,26 +229,6 @@ def check_output(
     )
 
 
-def output_frame(name: str, datatype: str, array: np.ndarray, frame: int) -> tuple[TensorRef, Any]:
-    """(TensorRef, buffer to send) for one output; numeric buffers are not copied here."""
-    if datatype == "BYTES":
-        data: Any = bytes_codec.serialize(array)
-        nbytes = len(data)
-    else:
-        dtype = array.dtype
-        if datatype == "BF16" and dtype != _BF16_VIEW:
-            array = array.view(_BF16_VIEW) if dtype.itemsize == 2 else array
-            dtype = array.dtype
-        if dtype.byteorder == ">":
-            array = array.astype(dtype.newbyteorder("<"))
-        if not array.flags.c_contiguous:
-            array = array.copy(order="C")
-        data = array.reshape(-1).view(np.uint8) if array.size else b""
-        nbytes = int(array.nbytes)
-    # ndarray.shape holds Python ints already
-    return TensorRef(name, datatype, list(array.shape), "frame", frame, "", 0, nbytes), data
-
-
 def output_data(datatype: str, array: np.ndarray) -> tuple[tuple[int, ...], Any, int]:
     """(shape, C-contiguous little-endian buffer, nbytes) of one checked output; numeric buffers are
     not copied here."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.dataplane import DataPlane
+from .http2.grpc_wire import MAX_MESSAGE_LIMIT
 
 
 class GrpcFrontend:
@@ -16,9 +17,6 @@ class GrpcFrontend:
     async def stop(self, grace: float | None = None) -> None:
         """Refuse new RPCs, give running ones `grace` seconds, then cancel them."""
         await self.server.stop(self.grace_s if grace is None else grace)
-
-
-MAX_MESSAGE_LIMIT = 2**31 - 1  # what gRPC's 4-byte length prefix (and Triton) allow
 
 
 def max_message_size(config: Any) -> int:

@@ -22,13 +22,20 @@ from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
 from .http2.connection import H2Connection
 from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
-from .http2.grpc_wire import INVALID_ARGUMENT, UNAVAILABLE, UNIMPLEMENTED, Abort, parse_timeout, trailers_only
+from .http2.grpc_wire import (
+    INVALID_ARGUMENT,
+    MAX_MESSAGE_LIMIT,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    Abort,
+    parse_timeout,
+    trailers_only,
+)
 from .http2.hpack_codec import encode
 from .servicer import HEALTH_SERVICE, SERVICE, InferenceService
 
 log = logging.getLogger("inferd.grpc")
 
-MAX_GRPC_MESSAGE_SIZE = 2**31 - 1  # when not told (the app passes --grpc-max-message-size's value)
 _ENCODINGS = (None, "identity", "gzip", "deflate")
 
 
@@ -80,7 +87,7 @@ _STATUS_415 = encode([(":status", "415")])
 class NativeGrpcServer:
     """Listens, owns the connections and tracks the calls so that `stop` can drain them."""
 
-    def __init__(self, methods: dict[str, Method], max_message_bytes: int = MAX_GRPC_MESSAGE_SIZE) -> None:
+    def __init__(self, methods: dict[str, Method], max_message_bytes: int = MAX_MESSAGE_LIMIT) -> None:
         self.methods = methods
         self.max_message_bytes = max_message_bytes
         self.calls: set[Call] = set()
@@ -180,7 +187,7 @@ class NativeGrpcServer:
 
 
 async def start_native_server(
-    dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_GRPC_MESSAGE_SIZE
+    dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_LIMIT
 ) -> NativeGrpcServer:
     server = NativeGrpcServer(build_methods(InferenceService(dataplane)), max_message_bytes)
     try:

@@ -7,11 +7,11 @@ import logging
 import grpc
 
 from ..core.dataplane import DataPlane
+from .http2.grpc_wire import MAX_MESSAGE_LIMIT
 from .servicer import InferenceService
 
 log = logging.getLogger("inferd.grpc")
 
-MAX_GRPC_MESSAGE_SIZE = 2**31 - 1  # Triton's limit; the core enforces tensor size caps itself
 MAX_CONCURRENT_STREAMS = 4096  # HTTP/2 streams per connection: many clients share few connections
 
 
@@ -20,7 +20,7 @@ def _host_port(address: str, port: int) -> str:
 
 
 async def start_grpc_server(
-    dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_GRPC_MESSAGE_SIZE
+    dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_LIMIT
 ) -> grpc.aio.Server:
     """Bind, start and return the server; `server.inferd_port` holds the bound port (for port 0).
 

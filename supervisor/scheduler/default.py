@@ -56,8 +56,8 @@ class DefaultScheduler:
         self.queue: WorkQueue[Pending] = WorkQueue(max_queue_size)
         self.max_batch_requests = max_batch_requests
         self.runners_per_instance = runners_per_instance
-        self.running = 0  # requests handed to instances and not yet answered
-        self._held = {id(e): 0 for e in executors}  # the same per instance: new work goes to the least busy
+        # per instance, requests handed to it and not yet answered: new work goes to the least busy
+        self._held = {id(e): 0 for e in executors}
         self._ready_events = {id(e): asyncio.Event() for e in executors}
         self._tasks: list[asyncio.Task[None]] = []
         self._idle = asyncio.Event()
@@ -152,7 +152,7 @@ class DefaultScheduler:
         self._check_idle()
 
     def _check_idle(self) -> None:
-        if self.running == 0 and not len(self.queue):
+        if not len(self.queue) and not any(self._held.values()):
             self._idle.set()
 
     def _take_batch(self, executor: Executor) -> list[Pending]:
@@ -189,12 +189,10 @@ class DefaultScheduler:
             if not batch:
                 self._check_idle()
                 continue
-            self.running += len(batch)
             held[key] += len(batch)
             try:
                 await self._execute(executor, batch)
             finally:
-                self.running -= len(batch)
                 held[key] -= len(batch)
                 self._check_idle()
 

@@ -355,11 +355,6 @@ class H2Connection(asyncio.Protocol):
         stream.trailers = block
         self._flush(stream)
 
-    def reset(self, stream_id: int, code: int = f.CANCEL) -> None:
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            self._reset_stream(stream, code)
-
     @property
     def writable(self) -> bool:
         return not self._paused

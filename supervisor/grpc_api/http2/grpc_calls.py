@@ -25,7 +25,6 @@ from .grpc_wire import (
     Abort,
     Deframer,
     frame_message,
-    frame_message_sized,
     status_of_code,
     trailers,
     trailers_only,
@@ -181,7 +180,7 @@ class UnaryCall(Call):
         try:
             result = await self.method.handler(request, self.context)
             data = result if self.method.encode is None else self.method.encode(result)
-            self.respond(*frame_message_sized(data))
+            self.respond(frame_message(data), len(data) + 5)
         except asyncio.CancelledError:
             pass
         except Exception as exc:

@@ -24,6 +24,7 @@ UNIMPLEMENTED = 12
 RESOURCE_EXHAUSTED = 8
 
 MESSAGE_PREFIX = struct.Struct(">BI")
+MAX_MESSAGE_LIMIT = 2**31 - 1  # the largest message gRPC's length prefix (and Triton) allow
 RESPONSE_HEAD = encode(
     [(":status", "200"), ("content-type", "application/grpc"), ("grpc-accept-encoding", "identity,deflate,gzip")]
 )
@@ -168,7 +169,3 @@ def _decompress(body: bytes | bytearray, encoding: str, limit: int) -> bytes:
     if not d.eof:
         raise Abort(INTERNAL, f"cannot decompress the message ({encoding}): truncated")
     return out
-
-
-def frame_message_sized(data: bytes | memoryview) -> tuple[list[Any], int]:
-    return [MESSAGE_PREFIX.pack(0, len(data)), data], len(data) + 5

@@ -145,28 +145,32 @@ def test_output_specs_and_checks():
     assert out.shape == (3, 2, 2)
 
 
-def test_output_frames():
+def test_output_data():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]  # not contiguous
-    r, data = tensors.output_frame("Y", "FP32", a, 3)
-    assert r.frame == 3 and r.shape == [3, 2] and r.nbytes == 24 and r.loc == "frame"
+    shape, data, nbytes = tensors.output_data("FP32", a)
+    assert list(shape) == [3, 2] and nbytes == 24
     np.testing.assert_array_equal(np.frombuffer(data, "<f4").reshape(3, 2), a)
 
     big = np.arange(4, dtype=">i4")
-    r, data = tensors.output_frame("B", "INT32", big, 0)
+    _, data, _ = tensors.output_data("INT32", big)
     assert np.frombuffer(data, "<i4").tolist() == [0, 1, 2, 3]
 
     c = np.ascontiguousarray(np.arange(4, dtype=np.int64))
-    r, data = tensors.output_frame("C", "INT64", c, 0)
+    _, data, _ = tensors.output_data("INT64", c)
     assert np.shares_memory(data, c)  # zero copy
 
+    large = np.arange(1 << 16, dtype=np.int64)  # above the zero-copy size: a flat byte view, still no copy
+    _, data, nbytes = tensors.output_data("INT64", large)
+    assert data.dtype == np.uint8 and data.ndim == 1 and nbytes == large.nbytes and np.shares_memory(data, large)
+
     scalar = np.array(5, dtype=np.int32)
-    r, data = tensors.output_frame("S0", "INT32", scalar, 0)
-    assert r.shape == [] and bytes(data) == b"\x05\x00\x00\x00"
+    shape, data, _ = tensors.output_data("INT32", scalar)
+    assert list(shape) == [] and memoryview(data).tobytes() == b"\x05\x00\x00\x00"
 
     s = np.array([["x", b"yz"]], dtype=object)
-    r, data = tensors.output_frame("S", "BYTES", s, 1)
-    assert r.shape == [1, 2] and bytes_codec.deserialize(data).tolist() == [b"x", b"yz"]
+    shape, data, _ = tensors.output_data("BYTES", s)
+    assert list(shape) == [1, 2] and bytes_codec.deserialize(data).tolist() == [b"x", b"yz"]
 
     empty = np.zeros((0, 3), np.float32)
-    r, data = tensors.output_frame("E", "FP32", empty, 0)
-    assert r.shape == [0, 3] and len(data) == 0
+    shape, data, nbytes = tensors.output_data("FP32", empty)
+    assert list(shape) == [0, 3] and nbytes == 0
