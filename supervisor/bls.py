@@ -164,8 +164,7 @@ class BlsService:
                 if not 0 <= ref.frame < len(data):
                     raise InferdError(ErrorCode.INVALID_ARG, "BLS input '%s' refers to a missing frame" % ref.name)
                 frame = data[ref.frame]
-                buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-                inputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), buf))
+                inputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), memoryview(frame)))
             elif ref.loc == "shm":
                 inputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), self._map(caller, ref),
                                      shm_ref=(ref.region, ref.offset)))
@@ -253,9 +252,7 @@ class BlsService:
                 for i, name in enumerate(msg.files):
                     if i >= len(data):
                         raise InferdError(ErrorCode.INVALID_ARG, "load_model file '%s' has no data" % name)
-                    params[name if name.startswith("file:") else "file:" + name] = bytes(data[i].buffer
-                                                                                       if hasattr(data[i], "buffer")
-                                                                                       else data[i])
+                    params[name if name.startswith("file:") else "file:" + name] = bytes(data[i])
                 await self.dataplane.load_model(msg.model_name, params)
             elif msg.op == "unload":
                 await self.dataplane.unload_model(msg.model_name, msg.unload_dependents)

@@ -1,39 +1,35 @@
-"""The one ROUTER socket all workers connect to (the only ZeroMQ user in the supervisor).
+"""The endpoint all workers connect to (the only link between the supervisor and its workers).
 
-Read on the event loop with `loop.add_reader` on the socket's FD and non-blocking drains: ZeroMQ's FD
-is edge-triggered, so every wake-up drains until EAGAIN, and after every send the socket's EVENTS are
-checked (a send can consume the FD's edge while messages wait). Messages are routed by the sender's
-identity to a handler registered per worker; a worker's heartbeat socket is `<identity>/hb`.
+Workers connect libzmq DEALER sockets to `ipc://<run_dir>/workers.sock`; the supervisor listens there
+itself and speaks ZeroMQ's wire protocol on its event loop (zmtp.py) with ROUTER semantics: each
+connection announces its identity in the ZMTP handshake, messages are routed by it to a handler
+registered per worker, and a worker's heartbeat socket is `<identity>/hb`. Without a ZeroMQ context
+here, a message to a worker is one socket write and a message from it one read, with no I/O thread
+hand-off on this side.
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
+import itertools
 import logging
 import os
+import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import zmq
 from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from . import zmtp
 
 log = logging.getLogger("inferd.instances.channel")
 
-Handler = Callable[[list[Any]], None]  # receives the message frames (zmq.Frame), identity removed
+Handler = Callable[[list[Any]], None]  # receives the message frames (memoryviews), identity removed
 HB_SUFFIX = "/hb"
-_DRAIN_BATCH = 512  # messages per wake-up before yielding to other callbacks
 _MAX_SUN_PATH = 107
-# pyzmq's Socket sugar converts options and flags through enum classes on every call (a few µs per
-# message); the hot path calls the backend methods with plain ints instead.
-_raw_get: Callable[[Any, int], int] = zmq.backend.Socket.get  # type: ignore[assignment]
-_raw_send = zmq.backend.Socket.send
-_raw_recv = zmq.backend.Socket.recv
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_NOBLOCK = int(zmq.NOBLOCK)
-_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
-_ZERO_COPY_MIN = zmq.COPY_THRESHOLD  # smaller frames are copied (pyzmq would copy them anyway)
+_MAX_FRAME = 1 << 30  # a worker frame larger than this breaks the protocol (tensors this big go in shm)
+_MAX_UNSENT = 256 << 20  # bytes queued for a worker that is not reading before sends are refused
+_anonymous = itertools.count(1)
 
 
 class ChannelError(InferdError):
@@ -41,55 +37,60 @@ class ChannelError(InferdError):
 
 
 class Channel:
-    """ROUTER bound at `ipc://<run_dir>/workers.sock`; `open()` must run on the event-loop thread."""
+    """Listens at `ipc://<run_dir>/workers.sock`; `open()` must run on the event-loop thread."""
 
     def __init__(self, run_dir: str) -> None:
         self.path = os.path.join(os.path.abspath(run_dir), "workers.sock")
         if len(self.path.encode()) > _MAX_SUN_PATH:
             raise ValueError(f"run dir path too long for an ipc socket: {self.path}")
         self.endpoint = "ipc://" + self.path
-        self._ctx: zmq.Context[Any] | None = None
-        self._sock: zmq.Socket[Any] | None = None
-        self._fd = -1
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._handlers: dict[bytes, Handler] = {}
+        self._listener: socket.socket | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._starting: asyncio.Task[None] | None = None
+        self._peers: dict[str, _Peer] = {}  # identity -> its connection
+        self._connections: set[_Peer] = set()
+        self._handlers: dict[str, Handler] = {}
         # extra per-worker sockets (e.g. "/bls"): suffix -> (handler(identity, frames), on_gone(worker identity))
-        self._suffix_routes: dict[bytes, tuple[Callable[[str, list[Any]], None], Callable[[str], None]]] = {}
-        self._drain_scheduled = False
+        self._suffix_routes: dict[str, tuple[Callable[[str, list[Any]], None], Callable[[str], None]]] = {}
         self.dropped = 0  # messages from unknown identities (late replies of dead workers)
 
     # ---- lifecycle ----
     def open(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        ctx: zmq.Context[Any] = zmq.Context(io_threads=1)
-        sock = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unknown/disconnected peer: EHOSTUNREACH, not a drop
+        loop = asyncio.get_running_loop()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o077)  # the socket file is ours alone
         try:
-            sock.bind(self.endpoint)
+            listener.bind(self.path)
         finally:
             os.umask(old_umask)
-        self._ctx, self._sock = ctx, sock
-        self._fd = sock.getsockopt(zmq.FD)
-        self._loop.add_reader(self._fd, self._drain)
-        # messages may already be queued (none at bind, but keep the invariant: drain after setup)
-        self._schedule_drain()
+        listener.listen(256)
+        listener.setblocking(False)
+        self._listener = listener
+        # bound and listening now (workers may connect at once); accepting starts on the next loop pass
+        self._starting = loop.create_task(self._serve(listener))
+
+    async def _serve(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _Peer(self), sock=listener)
 
     def close(self) -> None:
-        if self._sock is None:
+        if self._listener is None:
             return
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._fd)
-        self._sock.close(linger=0)
-        assert self._ctx is not None
-        self._ctx.term()
-        self._sock = None
-        self._ctx = None
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        if self._server is not None:
+            self._server.close()
+        else:
+            self._listener.close()
+        for peer in list(self._connections):
+            peer.abort()
+        self._listener = self._server = self._starting = None
+        self._peers.clear()
+        self._connections.clear()
         self._handlers.clear()
         try:
             os.unlink(self.path)
@@ -98,18 +99,16 @@ class Channel:
 
     @property
     def is_open(self) -> bool:
-        return self._sock is not None
+        return self._listener is not None
 
     # ---- routing ----
     def register(self, identity: str, handler: Handler, heartbeat_handler: Handler) -> None:
-        ident = identity.encode()
-        self._handlers[ident] = handler
-        self._handlers[ident + HB_SUFFIX.encode()] = heartbeat_handler
+        self._handlers[identity] = handler
+        self._handlers[identity + HB_SUFFIX] = heartbeat_handler
 
     def unregister(self, identity: str) -> None:
-        ident = identity.encode()
-        self._handlers.pop(ident, None)
-        self._handlers.pop(ident + HB_SUFFIX.encode(), None)
+        self._handlers.pop(identity, None)
+        self._handlers.pop(identity + HB_SUFFIX, None)
         for _, on_gone in self._suffix_routes.values():
             try:
                 on_gone(identity)
@@ -121,52 +120,60 @@ class Channel:
         """Messages from `<identity><suffix>` (or `<identity><suffix>/<n>`) of a registered worker go to
         handler(full identity, frames);
         on_gone(identity) runs when that worker is unregistered."""
-        self._suffix_routes[suffix.encode()] = (handler, on_gone)
+        self._suffix_routes[suffix] = (handler, on_gone)
 
-    def _route_extra(self, ident: bytes, frames: list[Any]) -> bool:
-        cut = ident.find(b"/")  # "<worker>/<suffix>[/<n>]": a worker may open several such sockets
+    def _route_extra(self, ident: str, frames: list[Any]) -> bool:
+        cut = ident.find("/")  # "<worker>/<suffix>[/<n>]": a worker may open several such sockets
         if cut < 0 or ident[:cut] not in self._handlers:
             return False
         tail = ident[cut:]
         for suffix, (handler, _) in self._suffix_routes.items():
-            if tail == suffix or tail.startswith(suffix + b"/"):
+            if tail == suffix or tail.startswith(suffix + "/"):
                 try:
-                    handler(ident.decode(), frames)
+                    handler(ident, frames)
                 except Exception:
                     log.exception("worker message handler failed")
                 return True
         return False
 
-    def send(self, identity: str, frames: Sequence[Any]) -> None:
-        """Send one message to a worker; raises InferdError(UNAVAILABLE) if it cannot.
-
-        Frames are sent one by one with plain int flags (pyzmq's send_multipart builds enum flags per
-        frame); small frames are copied into the message (cheaper than a zero-copy Frame), frames of
-        at least _ZERO_COPY_MIN bytes go zero-copy. A multipart message is atomic in ZeroMQ: once the
-        identity frame is accepted the remaining frames cannot fail for HWM or routing.
-        """
-        sock = self._sock
-        if sock is None:
-            raise ChannelError(ErrorCode.UNAVAILABLE, "worker channel is closed")
-        send = _raw_send
+    def _deliver(self, identity: str, frames: list[Any]) -> None:
+        handler = self._handlers.get(identity)
+        if handler is None:
+            if self._suffix_routes and self._route_extra(identity, frames):
+                return
+            self.dropped += 1
+            log.debug("dropping a message from unknown worker %r", identity)
+            return
         try:
-            last = len(frames) - 1
-            send(sock, identity.encode(), _MORE if last >= 0 else _NOBLOCK)
-            for i, frame in enumerate(frames):
-                flags = _MORE if i < last else _NOBLOCK
-                if type(frame) is bytes and len(frame) < _ZERO_COPY_MIN:
-                    send(sock, frame, flags)
-                else:
-                    nbytes = frame.nbytes if type(frame) is memoryview else memoryview(frame).nbytes
-                    send(sock, frame, flags, nbytes < _ZERO_COPY_MIN)
-        except zmq.Again:
-            raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading") from None
-        except zmq.ZMQError as exc:
-            if exc.errno == errno.EHOSTUNREACH:
-                raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not connected") from None
-            raise ChannelError(ErrorCode.UNAVAILABLE, f"send to worker '{identity}' failed: {exc}") from None
-        finally:
-            self._after_send()
+            handler(frames)
+        except Exception:
+            log.exception("worker message handler failed")
+
+    def _peer_ready(self, peer: _Peer) -> None:
+        # a reconnecting worker's new connection takes over its identity (ZeroMQ's ROUTER handover)
+        self._peers[peer.identity] = peer
+
+    def _peer_lost(self, peer: _Peer) -> None:
+        self._connections.discard(peer)
+        if self._peers.get(peer.identity) is peer:
+            del self._peers[peer.identity]
+
+    # ---- sending ----
+    def send(self, identity: str, frames: Sequence[Any]) -> None:
+        """Send one message to a worker; raises ChannelError(UNAVAILABLE) if it cannot."""
+        peer = self._peers.get(identity)
+        if peer is None:
+            if self._listener is None:
+                raise ChannelError(ErrorCode.UNAVAILABLE, "worker channel is closed")
+            raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not connected")
+        transport = peer.transport
+        if transport.get_write_buffer_size() > _MAX_UNSENT:
+            raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading")
+        whole, pieces = zmtp.encode(frames)
+        if pieces:
+            transport.writelines(pieces)
+        else:
+            transport.write(whole)
 
     def send_heartbeat(self, identity: str, frames: Sequence[Any]) -> bool:
         """Best effort: False when the worker's heartbeat socket is not (or no longer) connected."""
@@ -176,54 +183,69 @@ class Channel:
             return False
         return True
 
-    # ---- reading ----
-    def poll_now(self) -> None:
-        """Read everything queued now (e.g. before judging a worker silent after the loop was busy)."""
-        self._drain()
+    async def settle(self) -> None:
+        """Let the event loop read what is queued on the connections now (e.g. before judging a worker
+        silent after the loop was busy): two passes, since a resumed coroutine may run before the
+        I/O poll of the pass that resumes it."""
+        for _ in range(2):
+            await asyncio.sleep(0)
 
-    def _after_send(self) -> None:
-        sock = self._sock
-        if sock is not None and not self._drain_scheduled and _raw_get(sock, _EVENTS) & _POLLIN:
-            self._schedule_drain()
 
-    def _schedule_drain(self) -> None:
-        if not self._drain_scheduled and self._loop is not None:
-            self._drain_scheduled = True
-            self._loop.call_soon(self._drain)
+class _Peer(asyncio.Protocol):
+    """One worker socket's connection: ZMTP handshake, then frames gathered into messages."""
 
-    def _drain(self) -> None:
-        self._drain_scheduled = False
-        sock = self._sock
-        if sock is None:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.transport: Any = None
+        self.identity = ""
+        self._ready = False
+        self._parts: list[memoryview] = []
+        self._reader = zmtp.Reader(zmtp.check_greeting, self._on_frame, _MAX_FRAME)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        self.channel._connections.add(self)
+        self.transport.write(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._reader.feed(data)
+        except zmtp.ProtocolViolation as exc:
+            log.warning("dropping a worker connection (%s): %s", self.identity or "before handshake", exc)
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.channel._peer_lost(self)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _on_frame(self, flags: int, body: memoryview) -> None:
+        if flags & zmtp.COMMAND:
+            self._on_command(body)
             return
-        handlers = self._handlers
-        for _ in range(_DRAIN_BATCH):
-            # EVENTS (about 1.5 us) both tells whether a message waits and re-arms the edge-triggered
-            # FD; cheaper than ending every drain with a zmq.Again exception (about 4 us).
-            try:
-                if not _raw_get(sock, _EVENTS) & _POLLIN:
-                    return
-                frame = _raw_recv(sock, _NOBLOCK, False)
-                frames = [frame]
-                while frame.more:  # the Frame's own flag: no getsockopt(RCVMORE) call per frame
-                    frame = _raw_recv(sock, _NOBLOCK, False)
-                    frames.append(frame)
-            except zmq.Again:
-                return
-            except zmq.ZMQError as exc:  # socket closed underneath us
-                log.debug("channel recv failed: %s", exc)
-                return
-            handler = handlers.get(frames[0].bytes)
-            if handler is None:
-                if self._suffix_routes and self._route_extra(frames[0].bytes, frames[1:]):
-                    continue
-                self.dropped += 1
-                log.debug("dropping a message from unknown worker %r", frames[0].bytes)
-                continue
-            try:
-                handler(frames[1:])
-            except Exception:
-                log.exception("worker message handler failed")
-            if self._sock is None:
-                return
-        self._schedule_drain()  # more may be waiting: continue after other callbacks had a turn
+        if not self._ready:
+            raise zmtp.ProtocolViolation("message before the handshake")
+        self._parts.append(body)
+        if not flags & zmtp.MORE:
+            parts, self._parts = self._parts, []
+            self.channel._deliver(self.identity, parts)
+
+    def _on_command(self, body: memoryview) -> None:
+        name, rest = zmtp.parse_command(body)
+        if name == b"READY":
+            if self._ready:
+                raise zmtp.ProtocolViolation("a second READY")
+            props = zmtp.parse_properties(rest)
+            if props.get(b"socket-type") not in zmtp.COMPATIBLE_PEERS:
+                raise zmtp.ProtocolViolation(f"a {props.get(b'socket-type')!r} socket cannot talk to a ROUTER")
+            ident = props.get(b"identity")
+            # a socket without an identity gets one no handler has (its messages are dropped)
+            self.identity = ident.decode("utf-8", "surrogateescape") if ident else f"\x00{next(_anonymous)}"
+            self._ready = True
+            self.channel._peer_ready(self)
+        elif name == b"PING":  # heartbeat option of the worker's socket: answer with its context
+            self.transport.write(zmtp.command(b"PONG", bytes(rest[2:18])))
+        elif name == b"ERROR":
+            raise zmtp.ProtocolViolation("the peer reported an error: %r" % bytes(rest[1:]))

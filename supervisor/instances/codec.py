@@ -55,7 +55,7 @@ def parse(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
     if not frames:
         raise m.ProtocolError("empty message")
     try:
-        header = orjson.loads(frames[0].bytes)
+        header = orjson.loads(frames[0])
     except orjson.JSONDecodeError as exc:
         raise m.ProtocolError(f"malformed message: {exc}") from None
     if type(header) is dict and header.get("t") == "execute_result":
@@ -102,7 +102,7 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
     responses = msg["responses"]
     if len(responses) != len(requests):
         raise ValueError(f"{len(responses)} responses for {len(requests)} requests")
-    buffers = [frame.buffer for frame in data]
+    buffers = list(data)
     out: list[InferResponse | InferdError] = []
     for req, rid, item in zip(requests, ids, responses, strict=True):
         if item["request_id"] != rid:
@@ -146,7 +146,7 @@ def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any
         except ValueError:
             code = ErrorCode.INTERNAL
         return InferdError(code, str(item.error.message))
-    buffers = [frame.buffer for frame in data]
+    buffers = list(data)
     outputs = []
     for ref in item.outputs:
         if ref.loc == "shm":

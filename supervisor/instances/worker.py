@@ -447,7 +447,7 @@ class WorkerProcess:
             # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
             allowed = max(limit, STARTING_SILENCE_S) if self.state is WorkerState.STARTING else limit
             if silent > allowed:
-                self._channel.poll_now()  # the loop may have been busy: read what is queued first
+                await self._channel.settle()  # the loop may have been busy: read what is queued first
                 silent = self._loop.time() - self._last_hb
                 if silent > allowed:
                     self._kill(f"hung: no heartbeat for {silent:.1f} s")

@@ -36,7 +36,7 @@ async def test_routes_by_identity_and_heartbeat(channel):
 
     def handler(key):
         def h(frames):
-            got[key].append([bytes(f.buffer) for f in frames])
+            got[key].append([bytes(f) for f in frames])
             if sum(map(len, got.values())) == 4:
                 done.set()
         return h
