@@ -50,6 +50,7 @@ class Channel:
         self._peers: dict[str, _Peer] = {}  # identity -> its connection
         self._connections: set[_Peer] = set()
         self._handlers: dict[str, Handler] = {}
+        self._on_broken: dict[str, Callable[[str], None]] = {}  # worker identity -> told of protocol violations
         # extra per-worker sockets (e.g. "/bls"): suffix -> (handler(identity, frames), on_gone(worker identity))
         self._suffix_routes: dict[str, tuple[Callable[[str, list[Any]], None], Callable[[str], None]]] = {}
         self.dropped = 0  # messages from unknown identities (late replies of dead workers)
@@ -92,6 +93,7 @@ class Channel:
         self._peers.clear()
         self._connections.clear()
         self._handlers.clear()
+        self._on_broken.clear()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -102,13 +104,19 @@ class Channel:
         return self._listener is not None
 
     # ---- routing ----
-    def register(self, identity: str, handler: Handler, heartbeat_handler: Handler) -> None:
+    def register(self, identity: str, handler: Handler, heartbeat_handler: Handler,
+                 on_broken: Callable[[str], None] | None = None) -> None:
+        """Route a worker's messages; `on_broken(reason)` runs when one of its sockets breaks the
+        protocol (its connection is dropped, so whatever it was answering is lost)."""
         self._handlers[identity] = handler
         self._handlers[identity + HB_SUFFIX] = heartbeat_handler
+        if on_broken is not None:
+            self._on_broken[identity] = on_broken
 
     def unregister(self, identity: str) -> None:
         self._handlers.pop(identity, None)
         self._handlers.pop(identity + HB_SUFFIX, None)
+        self._on_broken.pop(identity, None)
         for _, on_gone in self._suffix_routes.values():
             try:
                 on_gone(identity)
@@ -152,6 +160,15 @@ class Channel:
     def _peer_ready(self, peer: _Peer) -> None:
         # a reconnecting worker's new connection takes over its identity (ZeroMQ's ROUTER handover)
         self._peers[peer.identity] = peer
+
+    def _peer_broken(self, peer: _Peer, reason: str) -> None:
+        log.warning("dropping a worker connection (%s): %s", peer.identity or "before handshake", reason)
+        on_broken = self._on_broken.get(peer.identity.split("/", 1)[0]) if peer.identity else None
+        if on_broken is not None:
+            try:
+                on_broken(reason)
+            except Exception:
+                log.exception("worker protocol-violation handler failed")
 
     def _peer_lost(self, peer: _Peer) -> None:
         self._connections.discard(peer)
@@ -211,8 +228,8 @@ class _Peer(asyncio.Protocol):
         try:
             self._reader.feed(data)
         except zmtp.ProtocolViolation as exc:
-            log.warning("dropping a worker connection (%s): %s", self.identity or "before handshake", exc)
             self.abort()
+            self.channel._peer_broken(self, str(exc))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.channel._peer_lost(self)

@@ -202,7 +202,8 @@ class WorkerProcess:
 
     async def _spawn_and_hello(self) -> None:
         t = self._timings
-        self._channel.register(self.identity, self._on_message, self._on_heartbeat)
+        self._channel.register(self.identity, self._on_message, self._on_heartbeat,
+                               lambda reason: self._kill(f"broke the worker protocol ({reason})"))
         boot = Bootstrap(
             endpoint=self._channel.endpoint,
             identity=self.identity,

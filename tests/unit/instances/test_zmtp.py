@@ -183,3 +183,20 @@ async def test_a_worker_that_stops_reading_gets_unavailable_not_unbounded_memory
         assert info.value.code == ErrorCode.UNAVAILABLE and "not reading" in str(info.value)
     finally:
         ctx.destroy(linger=0)
+
+
+async def test_a_worker_breaking_the_protocol_is_reported_and_dropped(channel, monkeypatch):
+    monkeypatch.setattr(channel_mod, "_MAX_FRAME", 1000)
+    broken: asyncio.Queue[str] = asyncio.Queue()
+    channel.register("w", lambda frames: None, lambda frames: None, broken.put_nowait)
+    ctx = zmq.Context()
+    try:
+        s = dealer(ctx, channel.endpoint, "w", RECONNECT_IVL=60_000)
+        monitor = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        s.send(b"x" * 5000)
+        assert "exceeds the 1000-byte limit" in await asyncio.wait_for(broken.get(), 10)
+        assert await asyncio.wait_for(asyncio.to_thread(monitor.poll, 10_000), 15), "connection not dropped"
+        channel.unregister("w")
+        assert "w" not in channel._on_broken
+    finally:
+        ctx.destroy(linger=0)
