@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -221,20 +222,24 @@ class Instance:
     # ---- work ----
     async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
         """Run a batch on this instance; InferdError(UNAVAILABLE) when it is not ready or dies meanwhile."""
+        return await self.launch(requests)
+
+    def launch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+        """Send a batch now (see WorkerProcess.launch); the future resolves to its BatchResult."""
         worker = self._worker
         if self.state is not InstanceState.READY or worker is None:
             raise self._not_ready()
+        fut = worker.launch(requests)
         n = len(requests)
         self._inflight += n
         self._idle.clear()
-        try:
-            return await worker.execute(requests)
-        finally:
-            self._inflight -= n
-            if not self._inflight:
-                self._idle.set()
+        fut.add_done_callback(functools.partial(self._batch_done, n))
+        return fut
 
-    run_batch = execute  # the scheduler's Executor protocol
+    def _batch_done(self, n: int, _fut: asyncio.Future[BatchResult]) -> None:
+        self._inflight -= n
+        if not self._inflight:
+            self._idle.set()
 
     async def stop(self) -> None:
         """Stop now (the scheduler has drained): requests still in flight fail with UNAVAILABLE."""

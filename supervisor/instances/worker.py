@@ -287,6 +287,21 @@ class WorkerProcess:
                 raise self._not_ready()
         else:
             self._slots += 1
+        return await self._send_batch(requests)
+
+    def launch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+        """`execute` without a coroutine when a pipeline slot is free: the Execute is sent before this
+        returns, and the future resolves as the result is read (schedulers' callback path). With the
+        pipeline full it falls back to waiting in `execute`'s queue. Cancelling the future sends Cancel."""
+        if self.state is not WorkerState.READY:
+            raise self._not_ready()
+        if self._slots >= self.max_inflight:
+            return asyncio.ensure_future(self.execute(requests))
+        self._slots += 1
+        return self._send_batch(requests)
+
+    def _send_batch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+        """Pack and send one Execute; the caller holds a pipeline slot, which the reply frees."""
         try:
             batch_id = next(self._batch_ids)
             packed = self._packer.pack(requests)
@@ -311,13 +326,13 @@ class WorkerProcess:
             raise
         for rid, stream in streams.items():
             stream.sink.attach(functools.partial(self._cancel_stream, rid))
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            # the caller was cancelled (which cancels `fut`): tell the worker, whose reply still frees the slot
-            if fut.cancelled() and self._batches.get(batch_id) is batch:
-                self._send_quiet(m.Cancel(list(batch.ids)))
-            raise
+        fut.add_done_callback(functools.partial(self._batch_settled, batch))
+        return fut
+
+    def _batch_settled(self, batch: _Batch, fut: asyncio.Future[BatchResult]) -> None:
+        # the caller gave up (cancelling the future): tell the worker, whose reply still frees the slot
+        if fut.cancelled() and self._batches.get(batch.batch_id) is batch:
+            self._send_quiet(m.Cancel(list(batch.ids)))
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""

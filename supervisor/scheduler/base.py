@@ -22,6 +22,11 @@ class Executor(Protocol):
     async def execute(self, requests: list[InferRequest]) -> Any:
         """A BatchResult: .responses (InferResponse | InferdError per request) and compute_*_ns."""
 
+    def launch(self, requests: list[InferRequest]) -> asyncio.Future[Any]:
+        """`execute` as a future, the batch sent before it returns when the instance has room (the
+        callback path of the default and dynamic schedulers: no task per batch). Raises InferdError
+        when the instance cannot take it; cancelling the future cancels the batch."""
+
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (in flight on this instance) are cancelled."""
 

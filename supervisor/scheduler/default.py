@@ -1,11 +1,12 @@
-"""The default scheduler: a bounded per-model queue, served by runners, `pipeline_depth` per instance
-(each holds one request in that instance's worker, so the worker always has the next one at hand).
+"""The default scheduler: a bounded per-model queue feeding the instances, `pipeline_depth` requests
+in flight per instance (so its worker always has the next one at hand).
 
-A new request wakes a waiting runner of the instance that holds the fewest requests (the least-busy
-ready instance), which runs it and resolves the request's future. Requests wait only while at least
-one instance is ready; with none ready they fail at once with UNAVAILABLE, because readiness must tell
-the truth. As in Triton, a request's `timeout` parameter does nothing here: queue timeouts need a
-dynamic_batching queue policy.
+Driven by callbacks, not runner tasks: a request that finds an instance with room is sent to it within
+`submit`, and an answered request makes room for the next queued one within the completion callback,
+so no event-loop pass is spent handing work between tasks. New work goes to the least-busy ready
+instance. Requests wait only while at least one instance is ready; with none ready they fail at once
+with UNAVAILABLE, because readiness must tell the truth. As in Triton, a request's `timeout` parameter
+does nothing here: queue timeouts need a dynamic_batching queue policy.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
@@ -55,36 +57,31 @@ class DefaultScheduler:
         self.stats = stats
         self.queue: WorkQueue[Pending] = WorkQueue(max_queue_size)
         self.max_batch_requests = max_batch_requests
-        self.runners_per_instance = runners_per_instance
-        # per instance, requests handed to it and not yet answered: new work goes to the least busy
+        self.depth = max(1, runners_per_instance)  # batches one instance may hold at once
+        # per instance, batches handed to it and not yet answered: new work goes to the least busy
         self._held = {id(e): 0 for e in executors}
-        self._ready_events = {id(e): asyncio.Event() for e in executors}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._next = 0  # round-robin start among equally busy instances
         self._idle = asyncio.Event()
         self._idle.set()
+        self._started = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ---- lifecycle ----
     def start(self) -> None:
-        """One runner per batch an instance may hold at once (its pipeline depth)."""
+        self._started = True
         for ex in self.executors:
             self.instance_changed(ex)
-            for _ in range(max(1, self.runners_per_instance)):
-                self._tasks.append(asyncio.create_task(self._runner(ex), name="runner-" + ex.name))
 
     def instance_changed(self, executor: Executor) -> None:
         """Called whenever an instance's readiness may have changed."""
-        event = self._ready_events.get(id(executor))
-        if event is None:
+        if id(executor) not in self._held:
             return
         if executor.ready:
-            event.set()
-        else:
-            event.clear()
-            if not any(e.ready for e in self.executors):
-                self._fail_queued(ErrorCode.UNAVAILABLE,
-                                  "no ready instance of model '%s'" % self.model_name)
+            self._feed()
+        elif not any(e.ready for e in self.executors):
+            self._fail_queued(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
 
     @property
     def pending_count(self) -> int:
@@ -99,15 +96,11 @@ class DefaultScheduler:
             self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
 
     async def close(self) -> None:
+        """Fail what is queued; batches still running are cancelled (their requests: UNAVAILABLE)."""
         self._closed = True
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
-        self._tasks.clear()
+        self._started = False
+        for fut in list(self._inflight):
+            fut.cancel()
         self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
 
     # ---- request path ----
@@ -121,17 +114,21 @@ class DefaultScheduler:
             raise InferdError(ErrorCode.UNAVAILABLE,
                               "no ready instance of model '%s'" % self.model_name)
         queue = self.queue
-        if queue.full():
-            self.stats.record_failure("REJECTED", 0)
-            raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
-                              % (request.id or "<id_unknown>"))
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         item = Pending(request, loop.create_future())
-        queue.put(item)
+        executor = self._pick_executor() if not len(queue) and self._started else None
+        if executor is None:
+            if queue.full():
+                self.stats.record_failure("REJECTED", 0)
+                raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
+                                  % (request.id or "<id_unknown>"))
+            queue.put(item)
         item.future.add_done_callback(functools.partial(self._on_done, item))
         self._idle.clear()
+        if executor is not None:
+            self._run(executor, [item])
         return item.future
 
     def _on_done(self, item: Pending, future: asyncio.Future[InferResponse]) -> None:
@@ -152,8 +149,40 @@ class DefaultScheduler:
         self._check_idle()
 
     def _check_idle(self) -> None:
-        if not len(self.queue) and not any(self._held.values()):
+        if not len(self.queue) and not self._inflight:
             self._idle.set()
+
+    # ---- dispatching ----
+    def _pick_executor(self) -> Executor | None:
+        """The ready instance holding the fewest batches (round-robin among equals), if it has room."""
+        best: Executor | None = None
+        best_load = self.depth
+        executors = self.executors
+        n = len(executors)
+        for i in range(n):
+            e = executors[(self._next + i) % n]
+            load = self._held[id(e)]
+            if load < best_load and e.ready:
+                best, best_load = e, load
+                if load == 0:
+                    break
+        if best is not None and n > 1:
+            self._next = (executors.index(best) + 1) % n
+        return best
+
+    def _feed(self) -> None:
+        """Hand queued requests to instances with room."""
+        if not self._started:
+            return
+        while len(self.queue):
+            executor = self._pick_executor()
+            if executor is None:
+                return
+            batch = self._take_batch(executor)
+            if not batch:
+                break
+            self._run(executor, batch)
+        self._check_idle()
 
     def _take_batch(self, executor: Executor) -> list[Pending]:
         batch: list[Pending] = []
@@ -167,53 +196,43 @@ class DefaultScheduler:
             batch.append(item)
         return batch
 
-    async def _runner(self, executor: Executor) -> None:
-        ready = self._ready_events[id(executor)]
-        queue = self.queue
-        key = id(executor)
-        held = self._held
-
-        def load() -> int:
-            return held[key]
-
-        balance = load if len(self.executors) > 1 else None  # one instance: plain FIFO wake-ups
-
-        while True:
-            if not ready.is_set():
-                await ready.wait()
-            if not len(queue):
-                await queue.wait_nonempty(balance)
-            if not executor.ready:
-                continue
-            batch = self._take_batch(executor)
-            if not batch:
-                self._check_idle()
-                continue
-            held[key] += len(batch)
-            try:
-                await self._execute(executor, batch)
-            finally:
-                held[key] -= len(batch)
-                self._check_idle()
+    def _run(self, executor: Executor, batch: list[Pending]) -> None:
+        """Send one batch now; its answers settle the requests' futures in `_finished`."""
+        for item in batch:
+            item.executor = executor
+        self._held[id(executor)] += 1
+        start = time.monotonic_ns()
+        try:
+            fut = executor.launch([p.request for p in batch])
+        except Exception as exc:  # not ready, or the batch could not be sent: fail it the same way
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+        self._inflight.add(fut)
+        fut.add_done_callback(functools.partial(self._finished, executor, batch, start))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:
             return max(1, request.inputs[0].shape[0])
         return 1
 
-    async def _execute(self, executor: Executor, batch: list[Pending]) -> None:
-        start = time.monotonic_ns()
-        try:
-            result = await executor.execute([p.request for p in batch])
-        except InferdError as exc:
-            responses: list[InferResponse | InferdError] = [exc] * len(batch)
-            result = None
-        except Exception as exc:  # a bug on our side: fail the batch, keep the runner alive
-            log.exception("instance %s failed a batch", executor.name)
-            responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
-            result = None
+    def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
+        self._inflight.discard(fut)
+        self._held[id(executor)] -= 1
+        result = None
+        if fut.cancelled():  # close(): the model is going away
+            error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+            responses: list[InferResponse | InferdError] = [error] * len(batch)
         else:
-            responses = result.responses
+            exc = fut.exception()
+            if exc is None:
+                result = fut.result()
+                responses = result.responses
+            elif isinstance(exc, InferdError):
+                responses = [exc] * len(batch)
+            else:  # a bug on our side: fail the batch, keep serving
+                log.error("instance %s failed a batch", executor.name, exc_info=exc)
+                responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
+        self._feed()  # the next queued request goes out before these answers are written
         end = time.monotonic_ns()
         items = sum(self._items(p.request) for p, r in zip(batch, responses) if not isinstance(r, InferdError))
         if result is not None and items:
@@ -236,3 +255,4 @@ class DefaultScheduler:
                                               result.compute_output_ns)
                 if not item.future.done():
                     item.future.set_result(response)
+        self._check_idle()

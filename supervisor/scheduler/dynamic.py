@@ -64,7 +64,7 @@ class DynamicBatcher:
         self._inflight = {id(e): 0 for e in self.executors}  # batches per instance
         self._next = 0  # round-robin start among equally loaded instances
         self._order: deque[Pending] = deque()  # preserve_ordering: dispatched, not yet released
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._running_batches: set[asyncio.Future[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
@@ -101,10 +101,8 @@ class DynamicBatcher:
         self._started = False
         if self._timer is not None:
             self._timer.cancel()
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        for fut in list(self._running_batches):
+            fut.cancel()  # its callback answers the batch's requests: UNAVAILABLE, unloaded
         self._order.clear()
         self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
 
@@ -213,7 +211,7 @@ class DynamicBatcher:
             self._launch(executor, queue.pop_front(decision.count))
 
     def _launch(self, executor: Executor, batch: list[Pending]) -> None:
-        assert self._loop is not None
+        """Send one batch now (no task: the Execute leaves within this call); `_finished` answers it."""
         self._inflight[id(executor)] += 1
         self._next = (self.executors.index(executor) + 1) % len(self.executors)
         self.running += len(batch)
@@ -224,23 +222,27 @@ class DynamicBatcher:
             item.executor = executor
         if self.preserve_ordering:
             self._order.extend(batch)
-        task = self._loop.create_task(self._run(executor, batch))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, executor: Executor, batch: list[Pending]) -> None:
+        start = time.monotonic_ns()
         try:
-            responses = await self._execute(executor, batch)
-        except asyncio.CancelledError:  # close(): the model is going away
+            fut = executor.launch([p.request for p in batch])
+        except Exception as exc:  # not ready, or the batch could not be sent: fail it the same way
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(exc)
+        self._running_batches.add(fut)
+        fut.add_done_callback(functools.partial(self._finished, executor, batch, start))
+
+    def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
+        self._running_batches.discard(fut)
+        self._inflight[id(executor)] -= 1
+        self.running -= len(batch)
+        if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
             for item in batch:
                 _settle(item.future, error)
-            raise
-        finally:
-            self._inflight[id(executor)] -= 1
-            self.running -= len(batch)
-        # The next batch goes to the worker before these answers are written out: its Execute is
-        # sent by a task step queued now, ahead of the wake-ups the answers below queue.
+            self._check_idle()
+            return
+        responses = self._record(executor, batch, start, fut)
+        # the next batch goes to the worker before these answers are written out
         self._dispatch()
         if self.preserve_ordering:
             for item, response in zip(batch, responses):
@@ -251,17 +253,18 @@ class DynamicBatcher:
                 _settle(item.future, response)
         self._check_idle()
 
-    async def _execute(self, executor: Executor, batch: list[Pending]) -> list[InferResponse | InferdError]:
-        """Run the batch and record its statistics; the answers, one per request."""
-        start = time.monotonic_ns()
+    def _record(self, executor: Executor, batch: list[Pending], start: int,
+                fut: asyncio.Future[Any]) -> list[InferResponse | InferdError]:
+        """The answers of a finished batch, one per request, with its statistics recorded."""
         result = None
-        try:
-            result = await executor.execute([p.request for p in batch])
+        exc = fut.exception()
+        if exc is None:
+            result = fut.result()
             responses: list[InferResponse | InferdError] = result.responses
-        except InferdError as exc:
+        elif isinstance(exc, InferdError):
             responses = [exc] * len(batch)
-        except Exception as exc:  # a bug on our side: fail the batch, keep serving
-            log.exception("instance %s failed a batch", executor.name)
+        else:  # a bug on our side: fail the batch, keep serving
+            log.error("instance %s failed a batch", executor.name, exc_info=exc)
             responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
         end = time.monotonic_ns()
         items = sum(p.items for p, r in zip(batch, responses) if not isinstance(r, InferdError))

@@ -1,11 +1,10 @@
-"""Request queues: a bounded FIFO that runners (one per instance) wait on, and the per-priority-level
-queue of the dynamic batcher."""
+"""Request queues: the default scheduler's bounded FIFO and the per-priority-level queue of the dynamic
+batcher."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -15,8 +14,6 @@ class WorkQueue(Generic[T]):
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
         self._items: collections.deque[T] = collections.deque()
-        # runners waiting for work, with how busy each one's instance is (None: not told)
-        self._waiters: collections.deque[tuple[asyncio.Future[None], Callable[[], int] | None]] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -26,11 +23,6 @@ class WorkQueue(Generic[T]):
 
     def put(self, item: T) -> None:
         self._items.append(item)
-        self._wake_one()
-
-    def put_front(self, item: T) -> None:
-        self._items.appendleft(item)
-        self._wake_one()
 
     def pop_nowait(self) -> T | None:
         return self._items.popleft() if self._items else None
@@ -47,31 +39,6 @@ class WorkQueue(Generic[T]):
         items = list(self._items)
         self._items.clear()
         return items
-
-    async def wait_nonempty(self, load: Callable[[], int] | None = None) -> None:
-        """Wait until an item is queued. `load` tells how many requests the waiter's instance holds:
-        a new item wakes the waiter whose instance holds the fewest (the least-busy instance)."""
-        while not self._items:
-            waiter = (asyncio.get_running_loop().create_future(), load)
-            self._waiters.append(waiter)
-            try:
-                await waiter[0]
-            finally:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-
-    def _wake_one(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            pick = 0
-            if len(waiters) > 1 and waiters[0][1] is not None:
-                loads = [w[1]() if w[1] is not None else 0 for w in waiters]
-                pick = loads.index(min(loads))  # the first of the least busy: FIFO among equals
-            fut = waiters[pick][0]
-            del waiters[pick]
-            if not fut.done():
-                fut.set_result(None)
-                return
 
 
 class PriorityQueue(Generic[T]):

@@ -40,6 +40,9 @@ class HeldExecutor:
         await gate
         return Result([InferResponse("m", "1", id=r.id) for r in requests])
 
+    def launch(self, requests: list[InferRequest]) -> asyncio.Future[Result]:
+        return asyncio.ensure_future(self.execute(requests))
+
     def release(self, index: int = 0) -> None:
         self._gates[index].set_result(None)
 
