@@ -21,6 +21,7 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core.types import InferRequest, InferResponse
+from . import outcomes
 from .base import Executor
 from .queue import WorkQueue
 
@@ -218,41 +219,15 @@ class DefaultScheduler:
     def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
         self._inflight.discard(fut)
         self._held[id(executor)] -= 1
-        result = None
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
-            responses: list[InferResponse | InferdError] = [error] * len(batch)
+            result, answers = None, [error] * len(batch)
         else:
-            exc = fut.exception()
-            if exc is None:
-                result = fut.result()
-                responses = result.responses
-            elif isinstance(exc, InferdError):
-                responses = [exc] * len(batch)
-            else:  # a bug on our side: fail the batch, keep serving
-                log.error("instance %s failed a batch", executor.name, exc_info=exc)
-                responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
+            result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         self._feed()  # the next queued request goes out before these answers are written
-        end = time.monotonic_ns()
-        items = sum(self._items(p.request) for p, r in zip(batch, responses) if not isinstance(r, InferdError))
-        if result is not None and items:
-            # as Triton: inference_count counts the batch items that succeeded
-            self.stats.record_execution(items, result.compute_input_ns, result.compute_infer_ns,
-                                        result.compute_output_ns)
-        for item, response in zip(batch, responses):
-            request_ns = end - item.request.arrival_ns
-            if item.future.cancelled():  # the client gave up while it ran: its answer is dropped
-                self.stats.record_failure("CANCELED", request_ns)
-            elif isinstance(response, InferdError):
-                reason = "CANCELED" if response.code == ErrorCode.CANCELLED else "BACKEND"
-                self.stats.record_failure(reason, request_ns)
-                if not item.future.done():
-                    item.future.set_exception(response)
-            else:
-                if result is not None:
-                    self.stats.record_success(1, request_ns, start - item.request.arrival_ns,
-                                              result.compute_input_ns, result.compute_infer_ns,
-                                              result.compute_output_ns)
-                if not item.future.done():
-                    item.future.set_result(response)
+        items = sum(self._items(p.request) for p, a in zip(batch, answers) if not isinstance(a, InferdError))
+        outcomes.record(self.stats, result, answers, [p.request.arrival_ns for p in batch],
+                        [p.future for p in batch], items, start)
+        for item, answer in zip(batch, answers):
+            outcomes.settle(item.future, answer)
         self._check_idle()

@@ -22,9 +22,11 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core.types import InferRequest, InferResponse
+from . import outcomes
 from .base import Executor
 from .batching import BatchRules, form_batch
 from .default import StatsSink
+from .outcomes import settle
 from .policy import REJECT, PriorityPolicy
 from .queue import PriorityQueue
 
@@ -238,64 +240,27 @@ class DynamicBatcher:
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
             for item in batch:
-                _settle(item.future, error)
+                settle(item.future, error)
             self._check_idle()
             return
-        responses = self._record(executor, batch, start, fut)
-        # the next batch goes to the worker before these answers are written out
+        # the next batch goes to the worker before this one's answers are counted and written out
         self._dispatch()
+        result, answers = outcomes.answers_of(fut, len(batch), executor.name)
+        items = sum(p.items for p, a in zip(batch, answers) if not isinstance(a, InferdError))
+        outcomes.record(self.stats, result, answers, [p.arrival_ns for p in batch], [p.future for p in batch],
+                        items, start)
         if self.preserve_ordering:
-            for item, response in zip(batch, responses):
-                item.outcome = response
+            for item, answer in zip(batch, answers):
+                item.outcome = answer
             self._release_in_order()
         else:
-            for item, response in zip(batch, responses):
-                _settle(item.future, response)
+            for item, answer in zip(batch, answers):
+                settle(item.future, answer)
         self._check_idle()
-
-    def _record(self, executor: Executor, batch: list[Pending], start: int,
-                fut: asyncio.Future[Any]) -> list[InferResponse | InferdError]:
-        """The answers of a finished batch, one per request, with its statistics recorded."""
-        result = None
-        exc = fut.exception()
-        if exc is None:
-            result = fut.result()
-            responses: list[InferResponse | InferdError] = result.responses
-        elif isinstance(exc, InferdError):
-            responses = [exc] * len(batch)
-        else:  # a bug on our side: fail the batch, keep serving
-            log.error("instance %s failed a batch", executor.name, exc_info=exc)
-            responses = [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * len(batch)
-        end = time.monotonic_ns()
-        items = sum(p.items for p, r in zip(batch, responses) if not isinstance(r, InferdError))
-        if result is not None and items:
-            # as Triton: inference_count counts the batch items that succeeded
-            self.stats.record_execution(items, result.compute_input_ns, result.compute_infer_ns,
-                                        result.compute_output_ns)
-        for item, response in zip(batch, responses):
-            request_ns = end - item.arrival_ns
-            if item.future.cancelled():  # the client gave up while it ran: its answer is dropped
-                self.stats.record_failure("CANCELED", request_ns)
-            elif isinstance(response, InferdError):
-                reason = "CANCELED" if response.code == ErrorCode.CANCELLED else "BACKEND"
-                self.stats.record_failure(reason, request_ns)
-            elif result is not None:
-                self.stats.record_success(1, request_ns, start - item.arrival_ns, result.compute_input_ns,
-                                          result.compute_infer_ns, result.compute_output_ns)
-        return responses
 
     def _release_in_order(self) -> None:
         order = self._order
         while order and (order[0].outcome is not _UNSET or order[0].future.done()):
             item = order.popleft()
             if item.outcome is not _UNSET:
-                _settle(item.future, item.outcome)
-
-
-def _settle(future: asyncio.Future[InferResponse], response: InferResponse | InferdError) -> None:
-    if future.done():
-        return
-    if isinstance(response, InferdError):
-        future.set_exception(response)
-    else:
-        future.set_result(response)
+                settle(item.future, item.outcome)

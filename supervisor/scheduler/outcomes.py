@@ -1,0 +1,58 @@
+"""What a finished batch means for its requests, shared by the default scheduler and the dynamic batcher:
+the answer per request from the batch's future, and the statistics Triton keeps for it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from ..core.types import InferResponse
+
+log = logging.getLogger("inferd.scheduler")
+
+Answer: TypeAlias = "InferResponse | InferdError"
+
+
+def answers_of(fut: asyncio.Future[Any], count: int, executor_name: str) -> tuple[Any, list[Answer]]:
+    """(the BatchResult or None, one answer per request) of a done, not cancelled, batch future."""
+    exc = fut.exception()
+    if exc is None:
+        result = fut.result()
+        return result, result.responses
+    if isinstance(exc, InferdError):
+        return None, [exc] * count
+    # a bug on our side: fail the batch, keep serving
+    log.error("instance %s failed a batch", executor_name, exc_info=exc)
+    return None, [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * count
+
+
+def record(stats: Any, result: Any, answers: Sequence[Answer], arrivals: Sequence[int],
+           futures: Sequence[asyncio.Future[Any]], items_ok: int, start_ns: int) -> None:
+    """Triton's figures for one batch: its execution (inference_count counts the batch items that
+    succeeded) and each request's outcome; a request the client cancelled meanwhile counts as CANCELED."""
+    end = time.monotonic_ns()
+    if result is not None and items_ok:
+        stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns)
+    for arrival, future, answer in zip(arrivals, futures, answers):
+        request_ns = end - arrival
+        if future.cancelled():  # the client gave up while it ran: its answer is dropped
+            stats.record_failure("CANCELED", request_ns)
+        elif isinstance(answer, InferdError):
+            stats.record_failure("CANCELED" if answer.code == ErrorCode.CANCELLED else "BACKEND", request_ns)
+        elif result is not None:
+            stats.record_success(1, request_ns, start_ns - arrival, result.compute_input_ns,
+                                 result.compute_infer_ns, result.compute_output_ns)
+
+
+def settle(future: asyncio.Future[Any], answer: Answer) -> None:
+    if future.done():
+        return
+    if isinstance(answer, InferdError):
+        future.set_exception(answer)
+    else:
+        future.set_result(answer)
