@@ -8,10 +8,10 @@ import asyncio
 import pytest
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from supervisor.core.types import InferRequest, Tensor
+from supervisor.core.types import InferRequest, InferResponse, Tensor
 from supervisor.scheduler.default import DefaultScheduler
 
-from .fakes import HeldExecutor, Stats, release_when_sent, until
+from .fakes import HeldExecutor, Result, Stats, release_when_sent, until
 
 
 @pytest.fixture
@@ -104,3 +104,32 @@ async def test_new_requests_go_to_the_least_busy_instance(made):
         for k in range(len(ex.batches)):
             ex.release(k)
     await asyncio.gather(*futures)
+
+
+class ImmediateExecutor(HeldExecutor):
+    """Records a batch the moment it is launched (as Instance.launch sends its Execute at once)."""
+
+    def launch(self, requests):
+        self.batches.append([r.id for r in requests])
+        gate = asyncio.get_running_loop().create_future()
+        self._gates.append(gate)
+        done = asyncio.get_running_loop().create_future()
+        gate.add_done_callback(lambda _: done.set_result(Result([InferResponse("m", "1", id=r.id) for r in requests])))
+        return done
+
+
+async def test_a_request_goes_out_within_submit_and_the_next_within_the_completion(made):
+    # no runner task in between: the Execute of a request that finds room leaves before submit returns,
+    # and a queued one leaves in the callback that answers the previous one
+    ex = ImmediateExecutor("a")
+    scheduler, stats = make(made, [ex], runners=1)
+    first = scheduler.submit(request("first"))
+    assert ex.batches == [["first"]]
+    second = scheduler.submit(request("second"))
+    assert ex.batches == [["first"]] and scheduler.pending_count == 1
+    ex.release(0)
+    await first
+    assert ex.batches == [["first"], ["second"]]  # sent before the first answer reached its caller
+    ex.release(1)
+    await second
+    assert stats.successes == 2
