@@ -23,6 +23,7 @@ GREETING = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\x00
 GREETING_SIZE = 64
 COMPATIBLE_PEERS = frozenset((b"DEALER", b"REQ", b"ROUTER"))  # socket types a ROUTER talks to
 _SPLIT_COPY_MAX = 64 * 1024  # a frame split across reads and smaller than this is joined by copying
+_JOIN_MAX = 64 * 1024  # outgoing frames smaller than this are copied into one write; larger ones are not
 _LONG_SIZE = struct.Struct(">Q")
 
 
@@ -92,7 +93,7 @@ def encode(frames: Sequence[Any]) -> tuple[bytes, list[Any]]:
     for i, frame in enumerate(frames):
         size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
         parts.append(frame_header(MORE if i < last else 0, size))
-        if size >= _SPLIT_COPY_MAX:
+        if size >= _JOIN_MAX:
             small = False
             parts.append(frame if type(frame) is bytes else memoryview(frame).cast("B"))
         else:

@@ -21,7 +21,7 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core.types import InferRequest, InferResponse
-from . import outcomes
+from . import dispatch, outcomes
 from .base import Executor
 from .queue import WorkQueue
 
@@ -155,21 +155,7 @@ class DefaultScheduler:
 
     # ---- dispatching ----
     def _pick_executor(self) -> Executor | None:
-        """The ready instance holding the fewest batches (round-robin among equals), if it has room."""
-        best: Executor | None = None
-        best_load = self.depth
-        executors = self.executors
-        n = len(executors)
-        for i in range(n):
-            e = executors[(self._next + i) % n]
-            load = self._held[id(e)]
-            if load < best_load and e.ready:
-                best, best_load = e, load
-                if load == 0:
-                    break
-        if best is not None and n > 1:
-            self._next = (executors.index(best) + 1) % n
-        return best
+        return dispatch.least_busy(self.executors, self._held, self.depth, self._next)
 
     def _feed(self) -> None:
         """Hand queued requests to instances with room."""
@@ -193,7 +179,6 @@ class DefaultScheduler:
                 break
             if item.future.done():  # cancelled by the client while queued
                 continue
-            item.executor = executor
             batch.append(item)
         return batch
 
@@ -202,14 +187,9 @@ class DefaultScheduler:
         for item in batch:
             item.executor = executor
         self._held[id(executor)] += 1
-        start = time.monotonic_ns()
-        try:
-            fut = executor.launch([p.request for p in batch])
-        except Exception as exc:  # not ready, or the batch could not be sent: fail it the same way
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_exception(exc)
-        self._inflight.add(fut)
-        fut.add_done_callback(functools.partial(self._finished, executor, batch, start))
+        self._next = (self.executors.index(executor) + 1) % len(self.executors)
+        done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
+        self._inflight.add(dispatch.launch(executor, [p.request for p in batch], done))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:
@@ -221,9 +201,11 @@ class DefaultScheduler:
         self._held[id(executor)] -= 1
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
-            result, answers = None, [error] * len(batch)
-        else:
-            result, answers = outcomes.answers_of(fut, len(batch), executor.name)
+            for item in batch:
+                outcomes.settle(item.future, error)
+            self._check_idle()
+            return
+        result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         self._feed()  # the next queued request goes out before these answers are written
         items = sum(self._items(p.request) for p, a in zip(batch, answers) if not isinstance(a, InferdError))
         outcomes.record(self.stats, result, answers, [p.request.arrival_ns for p in batch],

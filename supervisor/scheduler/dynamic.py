@@ -22,7 +22,7 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core.types import InferRequest, InferResponse
-from . import outcomes
+from . import dispatch, outcomes
 from .base import Executor
 from .batching import BatchRules, form_batch
 from .default import StatsSink
@@ -180,20 +180,6 @@ class DynamicBatcher:
             self._kicked = True
             self._loop.call_soon(self._dispatch)
 
-    def _pick_executor(self) -> Executor | None:
-        """The ready instance with the fewest batches in flight (round-robin among equals), if it has room."""
-        best: Executor | None = None
-        best_load = self.depth
-        n = len(self.executors)
-        for i in range(n):
-            e = self.executors[(self._next + i) % n]
-            load = self._inflight[id(e)]
-            if load < best_load and e.ready:
-                best, best_load = e, load
-                if load == 0:
-                    break
-        return best
-
     def _dispatch(self) -> None:
         self._kicked = False
         if self._timer is not None:
@@ -201,7 +187,7 @@ class DynamicBatcher:
             self._timer = None
         queue = self.queue
         while len(queue) and self._started:
-            executor = self._pick_executor()
+            executor = dispatch.least_busy(self.executors, self._inflight, self.depth, self._next)
             if executor is None:
                 return
             now = time.monotonic_ns()
@@ -224,14 +210,8 @@ class DynamicBatcher:
             item.executor = executor
         if self.preserve_ordering:
             self._order.extend(batch)
-        start = time.monotonic_ns()
-        try:
-            fut = executor.launch([p.request for p in batch])
-        except Exception as exc:  # not ready, or the batch could not be sent: fail it the same way
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_exception(exc)
-        self._running_batches.add(fut)
-        fut.add_done_callback(functools.partial(self._finished, executor, batch, start))
+        done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
+        self._running_batches.add(dispatch.launch(executor, [p.request for p in batch], done))
 
     def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
         self._running_batches.discard(fut)

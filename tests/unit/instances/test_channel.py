@@ -11,23 +11,7 @@ import zmq
 from inferd.supervisor.instances.channel import Channel
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-
-def dealer(ctx: zmq.Context, channel: Channel, identity: str) -> zmq.Socket:
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.IDENTITY, identity.encode())
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(channel.endpoint)
-    return s
-
-
-async def recv_async(sock: zmq.Socket, timeout: float = 5.0) -> list[bytes]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if sock.poll(0):
-            return sock.recv_multipart()
-        await asyncio.sleep(0.005)
-    raise TimeoutError
+from .zmq_peers import dealer, recv
 
 
 async def test_routes_by_identity_and_heartbeat(channel):
@@ -45,7 +29,7 @@ async def test_routes_by_identity_and_heartbeat(channel):
     channel.register("b", handler("b"), handler("b/hb"))
     ctx = zmq.Context()
     try:
-        a, ahb, b, stray = (dealer(ctx, channel, i) for i in ("a", "a/hb", "b", "stray"))
+        a, ahb, b, stray = (dealer(ctx, channel.endpoint, i) for i in ("a", "a/hb", "b", "stray"))
         a.send_multipart([b"h", b"data"])
         ahb.send(b"beat")
         b.send(b"x")
@@ -54,9 +38,9 @@ async def test_routes_by_identity_and_heartbeat(channel):
         await asyncio.wait_for(done.wait(), 5)
         assert got == {"a": [[b"h", b"data"]], "a/hb": [[b"beat"]], "b": [[b"x"], [b"y"]]}
         channel.send("a", [b"reply", memoryview(b"zero-copy")])
-        assert await recv_async(a) == [b"reply", b"zero-copy"]
+        assert await recv(a) == [b"reply", b"zero-copy"]
         assert channel.send_heartbeat("a", [b"hb"])
-        assert await recv_async(ahb) == [b"hb"]
+        assert await recv(ahb) == [b"hb"]
         assert channel.dropped >= 1
     finally:
         ctx.destroy(linger=0)
@@ -76,7 +60,7 @@ async def test_burst_larger_than_one_drain(channel):
     channel.register("w", h, h)
     ctx = zmq.Context()
     try:
-        s = dealer(ctx, channel, "w")
+        s = dealer(ctx, channel.endpoint, "w")
         for i in range(n):
             while True:  # never block the loop that drains the other end
                 try:

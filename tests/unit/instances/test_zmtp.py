@@ -12,6 +12,8 @@ from inferd.supervisor.instances import channel as channel_mod
 from inferd.supervisor.instances import zmtp
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from .zmq_peers import dealer, recv
+
 
 def wire(frames: list[bytes]) -> bytes:
     whole, pieces = zmtp.encode(frames)
@@ -74,26 +76,6 @@ def test_ready_command_round_trip():
     assert name == b"READY" and zmtp.parse_properties(rest) == {b"socket-type": b"ROUTER"}
     with pytest.raises(zmtp.ProtocolViolation):
         zmtp.parse_properties(memoryview(b"\x04Name\x00\x00\x00\x09short"))
-
-
-def dealer(ctx: zmq.Context, endpoint: str, identity: str, **opts: int) -> zmq.Socket:
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.IDENTITY, identity.encode())
-    s.setsockopt(zmq.LINGER, 0)
-    for name, value in opts.items():
-        s.setsockopt(getattr(zmq, name), value)
-    s.connect(endpoint)
-    return s
-
-
-async def recv(sock: zmq.Socket, timeout: float = 10.0) -> list[bytes]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        if sock.poll(0):
-            return sock.recv_multipart()
-        await asyncio.sleep(0.002)
-    raise TimeoutError
 
 
 async def test_large_frames_both_ways_and_heartbeats_answered(channel):
