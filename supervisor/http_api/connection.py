@@ -80,6 +80,7 @@ class HttpConnection(asyncio.Protocol):
         self._server = server
         self._handler = server.handler
         self._loop = server.loop
+        self._coalescer = server.coalescer
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self.state = _IDLE
@@ -113,6 +114,8 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._transport is not None:
+            self._coalescer.drop(self._transport)
         self._server._forget(self)
         if self._task is not None:
             self._task.cancel()  # client went away: cancel the request it was waiting on
@@ -379,8 +382,10 @@ class HttpConnection(asyncio.Protocol):
                 head.append(body)
             else:
                 head.extend(body)
-            transport.write(b"".join(head))
-        elif single:
+            self._coalescer.write(transport, b"".join(head))
+            return
+        self._coalescer.release(transport)
+        if single:
             transport.write(b"".join(head))
             transport.write(body)
         else:
@@ -397,6 +402,7 @@ class HttpConnection(asyncio.Protocol):
         transport = self._transport
         assert transport is not None
         chunks = res.chunks
+        self._coalescer.release(transport)
         try:
             transport.write(b"".join((
                 _STATUS_LINES.get(res.status) or _status_line(res.status),
@@ -420,6 +426,7 @@ class HttpConnection(asyncio.Protocol):
     def _send_continue(self) -> None:
         self._expect = False
         if self._transport is not None and not self.closed:
+            self._coalescer.release(self._transport)
             self._transport.write(_CONTINUE)
 
     def _fatal(self, status: int, message: str) -> None:
@@ -437,6 +444,7 @@ class HttpConnection(asyncio.Protocol):
             self._pending = None
         self._busy = False
         transport = self._transport
+        self._coalescer.release(transport)
         if status:
             transport.write(_error_bytes(status, message))
         try:
@@ -464,11 +472,13 @@ class HttpConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed and self._transport is not None:
             self.closed = True
+            self._coalescer.release(self._transport)
             self._transport.close()
 
     def abort(self) -> None:
         if self._transport is not None:
             self.closed = True
+            self._coalescer.drop(self._transport)
             self._transport.abort()
 
     def check_timeouts(self, now: float) -> None:

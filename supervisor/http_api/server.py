@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from .coalesce import Coalescer
 from .connection import HttpConnection
 from .messages import Handler, HandlerResult, Request, Response
 
@@ -34,6 +35,7 @@ class HttpServer:
         self.body_timeout = body_timeout
         self.keepalive_timeout = keepalive_timeout
         self.loop = asyncio.get_running_loop()
+        self.coalescer = Coalescer(self.loop)
         self.connections: set[HttpConnection] = set()
         self.closing = False
         self._server: asyncio.base_events.Server | None = None

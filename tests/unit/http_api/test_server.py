@@ -63,6 +63,29 @@ def test_pipelined_requests_answered_in_order(served: Any) -> None:
         conn.close()
 
 
+def test_held_small_answers_keep_order_with_large_and_closing_ones(served: Any) -> None:
+    """Small answers leave at the end of the event-loop pass (http_api/coalesce.py); a large answer,
+    written at once, and the close after a `Connection: close` answer must still come after them."""
+    big = list(range(20000))  # its JSON answer is over the 64 KiB written without holding
+    conn = RawConn(served.port)
+    try:
+        batch = build("GET", "/v2/health/live")
+        batch += build("POST", "/v2/models/params/infer", _json_infer(big))
+        batch += build("GET", "/v2/health/ready")
+        batch += build("POST", "/v2/models/params/infer", _json_infer([5]))
+        batch += build("GET", "/v2/health/live", headers={"Connection": "close"})
+        conn.send(batch)
+        answers = [conn.read_response() for _ in range(5)]
+        assert [a[0] for a in answers] == [200] * 5
+        assert answers[0][2] == b"" and answers[2][2] == b""
+        assert len(answers[1][2]) > 65536 and json.loads(answers[1][2])["outputs"][0]["data"] == big
+        assert json.loads(answers[3][2])["outputs"][0]["data"] == [5]
+        assert answers[4][1].get("connection") == "close"
+        assert conn.wait_closed()
+    finally:
+        conn.close()
+
+
 def test_chunked_request_body(served: Any) -> None:
     body = _json_infer([7, 8, 9])
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 5]), body[i:i + 5]) for i in range(0, len(body), 5))
