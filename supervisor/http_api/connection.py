@@ -147,6 +147,8 @@ class HttpConnection(asyncio.Protocol):
         state = self.state
         if state == _DRAIN:
             return
+        if self._coalescer.held:
+            self._coalescer.flush()  # answers first, then the request just read
         self.last_read = time.monotonic()
         completed = self._completed
         try:
