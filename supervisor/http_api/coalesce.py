@@ -1,9 +1,10 @@
-"""Small HTTP responses written in one event-loop pass leave together at the end of the pass.
+"""The second and later small HTTP responses of an event-loop pass leave together at its end.
 
 A batch's results answer many connections in one pass. Each write to a client whose thread sleeps
 on another, idle CPU wakes that CPU, and on a virtual machine the writer pays for the wake-up inside
 the send call (more than half of its cost here). Written back to back at the end of the pass, the
-responses find the client still awake reading the previous one.
+responses find the client still awake reading the previous one. The first answer of a pass leaves at
+once: a lone answer (one client, one request) waits for nothing.
 
 A flush scheduled with call_soon runs on the loop's next pass, after the I/O callbacks of that pass;
 so a connection that reads a request first writes out what is held (`flush`, when `held`), and no
@@ -16,21 +17,26 @@ import asyncio
 
 
 class Coalescer:
-    """Holds small writes per transport until the end of the current event-loop pass. Any other
-    write to, or close of, a transport must `release` it first, so its bytes keep their order."""
+    """Writes the first small answer of a pass at once and holds the following ones, per transport,
+    until the pass is over. Any other write to, or close of, a transport must `release` it first, so
+    its bytes keep their order."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._held: dict[asyncio.Transport, list[bytes]] = {}
+        self._in_pass = False  # an answer has been written in this pass: hold the next ones
 
     @property
     def held(self) -> bool:
         return bool(self._held)
 
     def write(self, transport: asyncio.Transport, data: bytes) -> None:
-        held = self._held
-        if not held:
+        if not self._in_pass:
+            self._in_pass = True
             self._loop.call_soon(self.flush)
+            transport.write(data)
+            return
+        held = self._held
         parts = held.get(transport)
         if parts is None:
             held[transport] = [data]
@@ -48,6 +54,7 @@ class Coalescer:
         self._held.pop(transport, None)
 
     def flush(self) -> None:
+        self._in_pass = False
         held, self._held = self._held, {}
         for transport, parts in held.items():
             if not transport.is_closing():
