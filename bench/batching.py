@@ -247,6 +247,8 @@ def measure(server: Server, model: str, conc: int, duration: float, warmup: floa
     ours = (cpu1 - cpu0) + (client1 - client0)
     point["foreign_cores"] = round(max(0.0, (busy1 - busy0) - ours) / max(1e-9, t1 - t0), 2)
     point["server_cores"] = round((cpu1 - cpu0) / max(1e-9, t1 - t0), 2)
+    if point.get("ok"):
+        point["server_cpu_us"] = round((cpu1 - cpu0) / point["ok"] * 1e6, 1)  # every process of the server
     if execs1 > execs0:
         point["mean_batch"] = (items1 - items0) / (execs1 - execs0)
     return point
@@ -261,7 +263,7 @@ def summarize(points: list[dict], names: list[str], variants: list[str]) -> dict
             if not pts:
                 continue
             row[variant] = {k: statistics.median(p[k] for p in pts if k in p)
-                            for k in ("infer_per_s", "p50_ms", "p99_ms", "mean_batch", "foreign_cores")
+                            for k in ("infer_per_s", "p50_ms", "p99_ms", "mean_batch", "server_cpu_us", "foreign_cores")
                             if any(k in p for p in pts)}
             row[variant]["points"] = len(pts)
             row[variant]["invalid"] = sum(1 for p in pts if "invalid" in p)
@@ -287,10 +289,12 @@ def markdown(res: dict) -> str:
     lines.append(f"- {res['rounds']} paired rounds of {res['duration_s']:.0f} s points (after {res['warmup_s']:.0f} s "
                  "warm-up), server and variant order rotated each round; medians over rounds. wrk, KServe v2 JSON "
                  "over HTTP, one request in flight per connection. Mean executed batch from the statistics "
-                 "extension (MLServer: the model counts).")
+                 "extension (MLServer: the model counts). Server CPU: user + system time of the server's "
+                 "processes (supervisor, workers, Triton's stubs) per answered inference.")
     lines.append("")
-    lines.append("| server | dynamic batching | infer/s | p50 ms | p99 ms | mean executed batch | gain vs none |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    lines.append("| server | dynamic batching | infer/s | p50 ms | p99 ms | mean executed batch | server CPU µs "
+                 "per inference | gain vs none |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
     for name, row in s.items():
         for variant in variants:
             r = row.get(variant)
@@ -299,9 +303,10 @@ def markdown(res: dict) -> str:
             label = "none" if variant == UNBATCHED else "delay " + variant.rsplit("_", 1)[1].replace("us", " µs")
             batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
             gain = f"**{r['gain']:.1f}x**" if "gain" in r else ""
+            cpu = f"{r['server_cpu_us']:.0f}" if "server_cpu_us" in r else "-"
             flag = " (invalid points: %d)" % r["invalid"] if r["invalid"] else ""
             lines.append(f"| {TITLES.get(name, name)} | {label} | {r['infer_per_s']:.0f}{flag} | {r['p50_ms']:.1f} | "
-                         f"{r['p99_ms']:.1f} | {batch} | {gain} |")
+                         f"{r['p99_ms']:.1f} | {batch} | {cpu} | {gain} |")
     if "inferd" in s and "triton" in s:
         lines.append("")
         for variant in variants:
