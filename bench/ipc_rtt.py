@@ -1,7 +1,9 @@
 """Round trip of a 64-byte message between two processes, alternating, medians over rounds:
 
 - zeromq ipc: libzmq ROUTER/DEALER on both sides (the supervisor's link before it spoke ZMTP itself);
-- inferd link: the supervisor's Channel (ZMTP on a uvloop event loop) and a libzmq DEALER, as now;
+- inferd link, libzmq worker: the supervisor's Channel (ZMTP on a uvloop event loop) and a libzmq DEALER
+  (the worker's main socket until 2026-11-26);
+- inferd link: the supervisor's Channel and the worker's own ZMTP DEALER (worker/zmtp_socket.py), as now;
 - unix seqpacket: a plain socket pair, both processes left to the scheduler;
 - unix, same CPU / other CPU: the same pair pinned to one CPU, or to two different CPUs.
 
@@ -57,8 +59,8 @@ def zmq_rtt(n: int) -> float:
     return dt
 
 
-def channel_rtt(n: int) -> float:
-    """libzmq DEALER (a worker) <-> the supervisor's Channel on uvloop (inferd's own ZMTP side)."""
+def channel_rtt(n: int, native_worker: bool = True) -> float:
+    """A worker's DEALER (its own ZMTP socket, or libzmq's) <-> the supervisor's Channel on uvloop."""
     import asyncio
     import tempfile
 
@@ -72,6 +74,14 @@ def channel_rtt(n: int) -> float:
         channel.open()
         pid = os.fork()
         if pid == 0:
+            if native_worker:
+                from inferd.worker.zmtp_socket import DealerSocket
+
+                d = DealerSocket(channel.endpoint, b"w", 1 << 20)
+                d.send_multipart([b"hello"])
+                while bytes((msg := d.recv_multipart() or [b""])[0]) != b"quit":
+                    d.send_multipart(msg)
+                os._exit(0)
             ctx = zmq.Context()
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.IDENTITY, b"w")
@@ -141,6 +151,7 @@ def main() -> None:
     cpus = sorted(os.sched_getaffinity(0))
     kinds = {
         "zeromq ipc": zmq_rtt,
+        "inferd link, libzmq worker": lambda n: channel_rtt(n, native_worker=False),
         "inferd link": channel_rtt,
         "unix seqpacket": unix_rtt,
         "unix, same CPU": lambda n: unix_rtt(n, (cpus[0], cpus[0])),

@@ -1,7 +1,8 @@
-"""The worker's two ZeroMQ DEALER sockets to the supervisor's ROUTER.
+"""The worker's ZeroMQ DEALER sockets to the supervisor's ROUTER.
 
-- `Channel` (main thread): Hello, then request/reply messages. Messages read ahead of time (while
-  a model polls for cancellation) are queued and handed out first by `recv()`.
+- `Channel` (main thread): Hello, then request/reply messages, on a DealerSocket (zmtp_socket.py: ZMTP
+  spoken by the main thread itself, no libzmq I/O thread in between). Messages read ahead of time
+  (while a model polls for cancellation) are queued and handed out first by `recv()`.
 - `Outbox`: messages produced on other threads (responses of decoupled requests); they are queued
   and the main thread, woken through a pipe it polls beside the socket, sends them in order.
 - `HeartbeatThread`: its own DEALER (`identity + "/hb"`); sends Heartbeat(seq) every interval and
@@ -20,7 +21,6 @@ from typing import Any, Optional
 import zmq
 
 from .wire.messages import (
-    ZERO_COPY_MIN_BYTES,
     Heartbeat,
     ProtocolError,
     decode,
@@ -29,6 +29,7 @@ from .wire.messages import (
     encode_header,
     json_loads,
 )
+from .zmtp_socket import DealerSocket, LinkClosed
 
 _orjson_loads: Optional[Callable[[bytes], Any]]
 try:  # optional (a model environment needs only numpy and pyzmq): parses a header 2-3x faster
@@ -37,13 +38,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson_loads = None
 
 LINGER_MS = 2000
-# The hot path calls pyzmq's compiled Socket methods with plain int flags: the Python wrapper
-# (zmq.Socket) and its enum conversions cost about as much as the send itself for small frames.
-_BASE = getattr(getattr(zmq, "backend", None), "Socket", None) or zmq.Socket
-_send = _BASE.send
-_recv = _BASE.recv
-_SNDMORE = int(zmq.SNDMORE)
-_NOBLOCK = int(zmq.NOBLOCK)
+MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this travel in shared memory
 
 
 # orjson turns integer literals beyond 64 bits (19 digits or more) into floats where json.loads keeps
@@ -63,45 +58,35 @@ def header_loads(raw: bytes) -> Any:
 
 
 class Channel:
-    def __init__(self, context: zmq.Context, endpoint: str, identity: str) -> None:
-        sock = context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, identity.encode("utf-8"))
-        sock.setsockopt(zmq.LINGER, LINGER_MS)
-        sock.connect(endpoint)
-        self._sock = sock
+    def __init__(self, endpoint: str, identity: str) -> None:
+        try:
+            self._sock = DealerSocket(endpoint, identity.encode("utf-8"), MAX_FRAME)
+        except LinkClosed as exc:
+            raise ProtocolError(str(exc)) from None
         self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
         self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
 
     def send(self, message: Any, frames: Sequence[Any] = ()) -> None:
-        """Header then data frames: small frames are copied into the message (cheaper than a
-        zero-copy Frame), frames of ZERO_COPY_MIN_BYTES or more are sent zero-copy."""
+        """Header then data frames, as one ZeroMQ multipart message."""
         self.send_encoded(encode_header(message), frames)
 
     def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
-        """`send` for a header already encoded (by `encode_header`)."""
-        sock = self._sock
-        if not frames:
-            _send(sock, header, 0)
-            return
-        # every frame's size first: a frame that is no buffer raises before anything is queued
-        sizes = [len(f) if type(f) is bytes else memoryview(f).nbytes for f in frames]
-        _send(sock, header, _SNDMORE)
-        last = len(frames) - 1
-        for index, frame in enumerate(frames):
-            _send(sock, frame, 0 if index == last else _SNDMORE, sizes[index] < ZERO_COPY_MIN_BYTES)
+        """`send` for a header already encoded (by `encode_header`). A message of small frames is joined
+        into one write; one holding a frame of 64 KiB or more is written from where its frames lie."""
+        try:
+            self._sock.send_multipart([header, *frames] if frames else (header,))
+        except LinkClosed as exc:
+            raise ProtocolError(str(exc)) from None
 
-    def _recv(self, flags: int = 0) -> tuple[Any, list[Any]]:
-        """One multipart message: the header copied (it is parsed at once), data frames zero-copy."""
-        sock = self._sock
-        header = _recv(sock, flags, False)  # a Frame: its `more` flag costs no getsockopt(RCVMORE) call
-        frames = []
-        if header.more:
-            while True:
-                frame = _recv(sock, 0, False)
-                frames.append(frame)
-                if not frame.more:
-                    break
-        return decode_header(header.bytes, header_loads), frames
+    def _recv(self, block: bool = True) -> Optional[tuple[Any, list[Any]]]:
+        """One message: the header parsed, data frames as views of what was read (no copy)."""
+        try:
+            parts = self._sock.recv_multipart(block)
+        except LinkClosed as exc:
+            raise ProtocolError(str(exc)) from None
+        if parts is None:
+            return None
+        return decode_header(bytes(parts[0]), header_loads), parts[1:]
 
     def recv(self) -> tuple[Any, Sequence[Any]]:
         """Next (message, data frames); blocks. Raises ProtocolError on a malformed message."""
@@ -109,7 +94,9 @@ class Channel:
             return self._pending.popleft()
         if self._error is not None:
             raise self._error
-        return self._recv()
+        got = self._recv()
+        assert got is not None  # a blocking read returns a message or raises
+        return got
 
     def recv_nowait(self) -> Optional[tuple[Any, Sequence[Any]]]:
         """Next (message, data frames) if one is waiting, else None."""
@@ -117,26 +104,23 @@ class Channel:
             return self._pending.popleft()
         if self._error is not None:
             raise self._error
-        try:
-            return self._recv(_NOBLOCK)
-        except zmq.Again:
-            return None
+        return self._recv(False)
 
-    @property
-    def socket(self) -> zmq.Socket:
-        """The main socket, for polling (main thread only)."""
-        return self._sock
+    def fileno(self) -> int:
+        """The main socket's descriptor, for polling after `recv_nowait` returned None (main thread only):
+        a message already read in full is handed out by `recv_nowait`, never left to the poll."""
+        return self._sock.fileno()
 
     def read_ahead(self) -> list[tuple[Any, Sequence[Any]]]:
         """Everything already waiting, without blocking; also queued for later `recv()` calls."""
         got: list[tuple[Any, Sequence[Any]]] = []
         while self._error is None:
             try:
-                item = self._recv(_NOBLOCK)
-            except zmq.Again:
-                break
+                item = self._recv(False)
             except ProtocolError as exc:
                 self._error = exc
+                break
+            if item is None:
                 break
             got.append(item)
             self._pending.append(item)
@@ -147,7 +131,7 @@ class Channel:
         self._pending = collections.deque(item for item in self._pending if keep(item[0]))
 
     def close(self) -> None:
-        self._sock.close(linger=LINGER_MS)
+        self._sock.close()  # sends block until written: nothing is left to linger for
 
 
 class Outbox:

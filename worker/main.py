@@ -126,7 +126,7 @@ def main(argv: Optional[list] = None) -> int:
     if boot["wire_version"] != WIRE_VERSION:
         log("wire version %s requested, this worker speaks %d" % (boot["wire_version"], WIRE_VERSION))
     context = zmq.Context()
-    channel = Channel(context, boot["endpoint"], boot["identity"])
+    channel = Channel(boot["endpoint"], boot["identity"])
     heartbeat = HeartbeatThread(
         context, boot["endpoint"], boot["identity"], float(boot.get("heartbeat_interval_s") or 1.0),
         float(boot.get("heartbeat_timeout_s") or 0.0), _lost,

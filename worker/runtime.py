@@ -200,7 +200,7 @@ class Runtime:
             self._outbox = Outbox()
             self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute")
             self._poller = zmq.Poller()
-            self._poller.register(self._channel.socket, zmq.POLLIN)
+            self._poller.register(self._channel.fileno(), zmq.POLLIN)
             self._poller.register(self._outbox.fileno(), zmq.POLLIN)
         settle_heap()
         self._channel.send(LoadResult(backend=backend.name))

@@ -1,7 +1,8 @@
 """The endpoint all workers connect to (the only link between the supervisor and its workers).
 
-Workers connect libzmq DEALER sockets to `ipc://<run_dir>/workers.sock`; the supervisor listens there
-itself and speaks ZeroMQ's wire protocol on its event loop (zmtp.py) with ROUTER semantics: each
+Workers connect ZeroMQ DEALER sockets to `ipc://<run_dir>/workers.sock` (their main socket speaks ZMTP
+itself, the heartbeat and BLS sockets are libzmq's); the supervisor listens there itself and speaks
+ZeroMQ's wire protocol on its event loop (inferd.worker.wire.zmtp) with ROUTER semantics: each
 connection announces its identity in the ZMTP handshake, messages are routed by it to a handler
 registered per worker, and a worker's heartbeat socket is `<identity>/hb`. Without a ZeroMQ context
 here, a message to a worker is one socket write and a message from it one read, with no I/O thread
@@ -18,9 +19,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from inferd.worker.wire import zmtp
 from inferd.worker.wire.errors import ErrorCode, InferdError
-
-from . import zmtp
 
 log = logging.getLogger("inferd.instances.channel")
 

@@ -9,7 +9,7 @@ import socket
 import pytest
 import zmq
 from inferd.supervisor.instances import channel as channel_mod
-from inferd.supervisor.instances import zmtp
+from inferd.worker.wire import zmtp
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .zmq_peers import dealer, recv

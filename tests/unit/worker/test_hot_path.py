@@ -213,7 +213,7 @@ def pair(tmp_path):
     router.setsockopt(zmq.LINGER, 0)
     endpoint = "ipc://%s/c.sock" % tmp_path
     router.bind(endpoint)
-    channel = Channel(ctx, endpoint, "w")
+    channel = Channel(endpoint, "w")
     yield channel, router
     channel.close()
     router.close(0)
@@ -257,7 +257,7 @@ def test_channel_recv_and_read_ahead(pair):
         got += channel.read_ahead()
         deadline -= 1
         time.sleep(0.01)
-    assert got[0][0] == m.Execute(3, []) and [f.bytes for f in got[0][1]] == [b"abcd", b"ef"]
+    assert got[0][0] == m.Execute(3, []) and [bytes(f) for f in got[0][1]] == [b"abcd", b"ef"]
     assert channel.recv()[0] == m.Execute(3, [])
     with pytest.raises(m.ProtocolError):
         channel.recv()

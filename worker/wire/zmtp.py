@@ -1,8 +1,11 @@
-"""ZeroMQ's wire protocol (ZMTP 3.0, NULL mechanism) for the supervisor's side of the worker link.
+"""ZeroMQ's wire protocol (ZMTP 3.0, NULL mechanism) for both ends of the worker link.
 
-Workers keep their libzmq DEALER sockets; the supervisor speaks ZMTP itself on its event loop, like a
-ROUTER: no ZeroMQ I/O thread in the supervisor, so a message costs one socket write instead of two
-thread hand-offs (RFC 23/ZMTP: greeting, READY handshake, frames of flags + size + body).
+Neither end runs a ZeroMQ I/O thread on the hot path: the supervisor speaks ZMTP on its event loop like
+a ROUTER (instances/channel.py), and a worker's main socket speaks it on a blocking Unix socket like a
+DEALER (worker/zmtp_socket.py). A message then costs one socket write and wakes its reader directly,
+instead of crossing two I/O threads. Other libzmq sockets (the worker's heartbeat and BLS sockets) still
+talk to the supervisor over the same endpoint: it is ZMTP on both sides (RFC 23/ZMTP: greeting, READY
+handshake, frames of flags + size + body).
 
 `Reader` turns received bytes into frames with no copy where a frame lies inside one read; `encode`
 turns a message into the pieces to write.
@@ -36,8 +39,11 @@ def command(name: bytes, body: bytes = b"") -> bytes:
     return frame_header(COMMAND, len(payload)) + payload
 
 
-def ready(socket_type: bytes) -> bytes:
-    return command(b"READY", _property(b"Socket-Type", socket_type))
+def ready(socket_type: bytes, identity: bytes = b"") -> bytes:
+    props = _property(b"Socket-Type", socket_type)
+    if identity:
+        props += _property(b"Identity", identity)
+    return command(b"READY", props)
 
 
 def _property(name: bytes, value: bytes) -> bytes:
@@ -118,16 +124,19 @@ class Reader:
         self._big_flags = 0
         self._big_fill = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: Any) -> None:
+        """`data`: bytes, or a writable buffer whose frames the receiver may change in place (a
+        frame joined from two reads is then writable as well)."""
         view = memoryview(data)
         if self._big is not None:
             view = self._fill_big(view)
             if not view:
                 return
         if self._tail:
-            data = self._tail + bytes(view)
+            joined = bytearray(self._tail)
+            joined += view
             self._tail = b""
-            view = memoryview(data)
+            view = memoryview(joined)
         if not self._greeted:
             if len(view) < GREETING_SIZE:
                 self._tail = bytes(view)

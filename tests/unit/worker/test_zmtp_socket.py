@@ -1,0 +1,148 @@
+"""The worker's own ZMTP DEALER (worker/zmtp_socket.py) against a libzmq ROUTER: handshake and
+identity, frames that cross many reads and writes, ZMTP heartbeats answered, and a clear error when
+the supervisor goes away or is not there."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+import pytest
+import zmq
+from inferd.worker.zmtp_socket import DealerSocket, LinkClosed
+
+
+@pytest.fixture
+def router(tmp_path):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)  # a hang fails the test instead of stalling the suite
+    endpoint = "ipc://%s/r.sock" % tmp_path
+    sock.bind(endpoint)
+    yield sock, endpoint
+    sock.close(0)
+    ctx.term()
+
+
+def test_identity_and_messages_both_ways(router):
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"worker-1", 1 << 20)
+    dealer.send_multipart([b"hello", b"", memoryview(b"world")])
+    assert sock.recv_multipart() == [b"worker-1", b"hello", b"", b"world"]
+    sock.send_multipart([b"worker-1", b"a", b"bc"])
+    sock.send_multipart([b"worker-1", b"d"])
+    first = dealer.recv_multipart()
+    assert [bytes(f) for f in first] == [b"a", b"bc"] and not first[1].readonly
+    assert [bytes(f) for f in dealer.recv_multipart()] == [b"d"]
+    assert dealer.recv_multipart(block=False) is None
+    dealer.close()
+
+
+def test_large_frames_cross_many_reads_and_partial_writes(router):
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 64 << 20)
+    big = bytes(range(256)) * (24 << 12)  # 24 MiB: more than the socket buffers hold, so sends are partial
+    mid = b"m" * 70_000
+    sock.send_multipart([b"w", b"head", big, mid, b"tail"])
+    got = dealer.recv_multipart()
+    assert [len(f) for f in got] == [4, len(big), len(mid), 4]
+    assert bytes(got[1]) == big and bytes(got[2]) == mid and bytes(got[3]) == b"tail"
+    assert not any(f.readonly for f in got)  # models may change their inputs in place
+    dealer.send_multipart([b"head", memoryview(big), mid, b"tail"])
+    assert sock.recv_multipart() == [b"w", b"head", big, mid, b"tail"]
+    dealer.close()
+
+
+def test_frame_over_the_bound_is_refused(router):
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1000)
+    sock.send_multipart([b"w", b"x" * 1001])
+    with pytest.raises(LinkClosed, match="1001-byte frame|exceeds"):
+        dealer.recv_multipart()
+    dealer.close()
+
+
+def test_poll_wakes_on_a_message_and_recv_nowait_takes_it(router):
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1 << 20)
+    assert dealer.recv_multipart(block=False) is None
+    threading.Timer(0.05, sock.send_multipart, args=([b"w", b"late"],)).start()
+    readable, _, _ = select.select([dealer.fileno()], [], [], 10)
+    assert readable
+    got = None
+    deadline = time.monotonic() + 10
+    while got is None and time.monotonic() < deadline:
+        got = dealer.recv_multipart(block=False)
+    assert got is not None and bytes(got[0]) == b"late"
+    dealer.close()
+
+
+def test_zmtp_heartbeats_are_answered(tmp_path):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 20)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 150)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    endpoint = "ipc://%s/hb.sock" % tmp_path
+    sock.bind(endpoint)
+    dealer = DealerSocket(endpoint, b"w", 1 << 20)
+    # read (and so answer PINGs) for ten heartbeat timeouts: libzmq drops a peer that stays silent
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        select.select([dealer.fileno()], [], [], 0.01)
+        assert dealer.recv_multipart(block=False) is None
+    assert not monitor.poll(0), "the ROUTER dropped the connection: PINGs went unanswered"
+    dealer.send_multipart([b"still here"])
+    assert sock.recv_multipart() == [b"w", b"still here"]
+    dealer.close()
+    monitor.close(0)
+    sock.close(0)
+    ctx.term()
+
+
+def test_supervisor_gone_is_a_clear_error(router):
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1 << 20)
+    sock.close(0)
+    with pytest.raises(LinkClosed, match="closed the connection"):
+        dealer.recv_multipart()
+    dealer.close()
+
+
+def test_no_listener_and_wrong_transport(tmp_path):
+    with pytest.raises(LinkClosed, match="cannot connect"):
+        DealerSocket("ipc://%s/nobody.sock" % tmp_path, b"w", 1 << 20, connect_timeout_s=0.2)
+    with pytest.raises(ValueError, match="ipc://"):
+        DealerSocket("tcp://127.0.0.1:1", b"w", 1 << 20)
+
+
+def test_a_silent_listener_fails_the_handshake_in_time(tmp_path):
+    path = str(tmp_path / "mute.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    started = time.monotonic()
+    with pytest.raises(LinkClosed, match="no ZMTP handshake"):
+        DealerSocket("ipc://" + path, b"w", 1 << 20, connect_timeout_s=0.3)
+    assert time.monotonic() - started < 10
+    listener.close()
+
+
+def test_frames_joined_across_reads_stay_writable():
+    from inferd.worker.wire import zmtp
+
+    got: list = []
+    whole, _ = zmtp.encode([b"a" * 300, b"b" * 10])
+    stream = zmtp.GREETING + whole
+    for cut in (65, 70, 300, len(stream) - 3):
+        got.clear()
+        reader = zmtp.Reader(lambda greeting: None, lambda flags, body: got.append(body), 1 << 20)
+        reader.feed(bytearray(stream[:cut]))
+        reader.feed(bytearray(stream[cut:]))
+        assert [bytes(f) for f in got] == [b"a" * 300, b"b" * 10]
+        assert not any(f.readonly for f in got), cut

@@ -1,0 +1,146 @@
+"""The worker's main socket: a ZeroMQ DEALER that speaks ZMTP itself on a blocking Unix socket.
+
+libzmq hands every message through its I/O thread: a message from the supervisor wakes that thread,
+which then wakes the main thread, and a reply crosses the same two hops back. On this path (one
+Execute in, one ExecuteResult out per batch) those hand-offs cost more than the work at small batches.
+Here the main thread reads and writes the socket itself, so the supervisor's write wakes it directly
+and its reply is one `sendmsg`. Only the main thread uses this socket; the heartbeat and BLS sockets
+stay libzmq's.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from .wire import zmtp
+
+_READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fresh pages
+_MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
+_PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
+
+
+class LinkClosed(Exception):
+    """The supervisor closed the connection, or broke ZMTP."""
+
+
+class DealerSocket:
+    def __init__(self, endpoint: str, identity: bytes, max_frame: int, connect_timeout_s: float = 10.0) -> None:
+        if not endpoint.startswith("ipc://"):
+            raise ValueError("the worker link is an ipc:// endpoint, not %r" % endpoint)
+        self._sock = _connect(endpoint[len("ipc://"):], connect_timeout_s)
+        self._messages: collections.deque[list[memoryview]] = collections.deque()
+        self._parts: list[memoryview] = []
+        self._peer_ready = False
+        self._reader = zmtp.Reader(zmtp.check_greeting, self._on_frame, max_frame)
+        self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
+        self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
+        try:
+            while not self._peer_ready:
+                self._read(True)
+        except LinkClosed as exc:
+            self._sock.close()
+            raise LinkClosed("no ZMTP handshake from %s: %s" % (endpoint, exc)) from None
+        self._sock.settimeout(None)
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def recv_multipart(self, block: bool = True) -> Optional[list[memoryview]]:
+        """The next message's frames (views that stay valid), or None if `block` is False and no whole
+        message is waiting. Raises LinkClosed."""
+        messages = self._messages
+        while not messages:
+            if not self._read(block):
+                return None
+        return messages.popleft()
+
+    def send_multipart(self, frames: Sequence[Any]) -> None:
+        """Blocks until the whole message is in the kernel's buffer. Raises LinkClosed."""
+        whole, pieces = zmtp.encode(frames)
+        try:
+            if not pieces:
+                self._sock.sendall(whole)
+            else:
+                self._send_pieces(pieces)
+        except OSError as exc:
+            raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _send_pieces(self, pieces: list[Any]) -> None:
+        views = [memoryview(p).cast("B") for p in pieces]
+        while views:
+            sent = self._sock.sendmsg(views[:_MAX_IOV])
+            while sent:  # drop what went out; a partial write leaves the rest of one piece
+                head = views[0]
+                if sent >= len(head):
+                    sent -= len(head)
+                    views.pop(0)
+                else:
+                    views[0] = head[sent:]
+                    sent = 0
+
+    def _read(self, block: bool) -> bool:
+        """Feed one read to the frame reader; False when nothing was waiting (block False). Each read
+        gets a buffer of its own: frames are views of it, and models may change their inputs in place."""
+        buf = bytearray(_READ_SIZE)
+        try:
+            n = self._sock.recv_into(buf) if block else self._sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:  # a timeout during the handshake too (socket.timeout is one on 3.9)
+            raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
+        if not n:
+            raise LinkClosed("the supervisor closed the connection")
+        try:
+            self._reader.feed(memoryview(buf)[:n])
+        except zmtp.ProtocolViolation as exc:
+            raise LinkClosed("the supervisor broke ZMTP: %s" % exc) from None
+        return True
+
+    def _on_frame(self, flags: int, body: memoryview) -> None:
+        if flags & zmtp.COMMAND:
+            self._on_command(body)
+            return
+        if not self._peer_ready:
+            raise zmtp.ProtocolViolation("message before the handshake")
+        self._parts.append(body)
+        if not flags & zmtp.MORE:
+            self._messages.append(self._parts)
+            self._parts = []
+
+    def _on_command(self, body: memoryview) -> None:
+        name, rest = zmtp.parse_command(body)
+        if name == b"READY":
+            if self._peer_ready:
+                raise zmtp.ProtocolViolation("a second READY")
+            peer = zmtp.parse_properties(rest).get(b"socket-type")
+            if peer not in _PEERS:
+                raise zmtp.ProtocolViolation("a DEALER cannot talk to a %r socket" % peer)
+            self._peer_ready = True
+        elif name == b"PING":  # ZMTP heartbeat: answer with the ping's context
+            self._sock.sendall(zmtp.command(b"PONG", bytes(rest[2:18])))
+        elif name == b"ERROR":
+            raise zmtp.ProtocolViolation("the peer reported an error: %r" % bytes(rest[1:]))
+
+
+def _connect(path: str, timeout_s: float) -> socket.socket:
+    """Connect like libzmq: retry while the endpoint is not there yet (or not listening)."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise LinkClosed("cannot connect to %s: %s" % (path, exc)) from None
+        time.sleep(delay)  # the supervisor binds before it starts workers: this is for odd set-ups
+        delay = min(delay * 2, 0.1)
