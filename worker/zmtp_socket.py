@@ -35,6 +35,7 @@ class DealerSocket:
         self._messages: collections.deque[list[memoryview]] = collections.deque()
         self._parts: list[memoryview] = []
         self._peer_ready = False
+        self._spare: Optional[bytearray] = None  # a read buffer that received nothing
         self._reader = zmtp.Reader(zmtp.check_greeting, self._on_frame, max_frame)
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
@@ -88,10 +89,11 @@ class DealerSocket:
     def _read(self, block: bool) -> bool:
         """Feed one read to the frame reader; False when nothing was waiting (block False). Each read
         gets a buffer of its own: frames are views of it, and models may change their inputs in place."""
-        buf = bytearray(_READ_SIZE)
+        buf, self._spare = self._spare or bytearray(_READ_SIZE), None
         try:
             n = self._sock.recv_into(buf) if block else self._sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
+            self._spare = buf  # unused: a model polling for cancellation allocates nothing per poll
             return False
         except OSError as exc:  # a timeout during the handshake too (socket.timeout is one on 3.9)
             raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
