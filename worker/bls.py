@@ -4,6 +4,8 @@ A `BlsClient` owns a third DEALER socket (`<identity>/bls`) on a daemon thread, 
 any thread — `execute` on the main thread, `async_exec` on the model's event loop, the model's own
 threads — without touching the main socket. Callers queue a message and wake the thread through a
 pipe; replies are matched by call id to a future (one response) or a queue (decoupled calls).
+A synchronous `exec()` skips that thread: it sends and reads on its own thread's socket
+(`<identity>/bls/<n>`, a DealerSocket that speaks ZMTP itself), so its reply wakes the caller directly.
 
 Tensors travel by handle both ways. Inputs up to INLINE_MAX_BYTES ride as frames; larger ones are
 written into regions this worker owns (`inferd_<pid>_b<n>`, reused per size class, unlinked at exit
@@ -44,9 +46,11 @@ from .wire.messages import (
     decode,
     encode_header,
 )
+from .zmtp_socket import DealerSocket, LinkClosed
 
 BLS_SUFFIX = "/bls"
 MAX_ARENA_BYTES = 1 << 30  # bound on this worker's input regions (busy + idle)
+MAX_FRAME = 1 << 30  # as the supervisor's bound: larger outputs arrive as shared-memory leases
 _END = object()  # marks the end of a decoupled call's response queue
 
 
@@ -87,7 +91,7 @@ class BlsClient:
         self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs (under _lock)
         self._local = threading.local()  # per-thread DEALER for synchronous calls (`direct`)
         self._socket_ids = itertools.count(1)
-        self._thread_sockets: list[zmq.Socket] = []
+        self._thread_sockets: list[DealerSocket] = []
         self._thread: Optional[threading.Thread] = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -126,7 +130,11 @@ class BlsClient:
         message = BlsRequest(call_id, model_name, model_version, request_id, refs, list(requested_outputs),
                              correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled))
         if direct:
-            self._thread_socket().send_multipart([encode_header(message), *frames], copy=False)
+            try:
+                self._thread_socket().send_multipart([encode_header(message), *frames])
+            except LinkClosed as exc:
+                self.forget(call_id)
+                raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
         else:
             self._post([encode_header(message), *frames])
         return call_id, call
@@ -137,12 +145,19 @@ class BlsClient:
         sock = self._thread_socket()
         timeout_ms = -1 if timeout_s is None else int(timeout_s * 1000)
         while True:
-            if not sock.poll(timeout_ms):
-                self.cancel(call_id)
-                self.forget(call_id)
-                raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired")
             try:
-                message, data = decode(sock.recv_multipart(copy=False))
+                parts = sock.recv_multipart(block=False)
+                if parts is None:
+                    if not sock.poll(timeout_ms):
+                        self.cancel(call_id)
+                        self.forget(call_id)
+                        raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired")
+                    continue
+            except LinkClosed as exc:
+                self.forget(call_id)
+                raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
+            try:
+                message, data = decode(parts)
             except Exception:
                 continue  # the supervisor sent something odd: keep waiting (the timeout still applies)
             if type(message) is not BlsResponse:
@@ -156,17 +171,18 @@ class BlsClient:
                 return reply
             # a late reply to a call this thread gave up on: its arrays are dropped, leases released
 
-    def _thread_socket(self) -> zmq.Socket:
+    def _thread_socket(self) -> DealerSocket:
+        """This thread's own socket (ZMTP spoken by the thread itself: no I/O-thread hand-offs)."""
         sock = getattr(self._local, "sock", None)
         if sock is None:
             if self._closed:
                 raise InferdError(ErrorCode.UNAVAILABLE, "the worker is shutting down")
             with self._lock:
                 n = next(self._socket_ids)
-            sock = self._context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.IDENTITY, ("%s/%d" % (self._identity, n)).encode())
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self._endpoint)
+            try:
+                sock = DealerSocket(self._endpoint, ("%s/%d" % (self._identity, n)).encode(), MAX_FRAME)
+            except LinkClosed as exc:
+                raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
             self._local.sock = sock
             with self._lock:
                 self._thread_sockets.append(sock)
@@ -203,7 +219,7 @@ class BlsClient:
             self._thread.join(timeout=1.0)
         with self._lock:  # at exit: the threads that own these are done with them
             for sock in self._thread_sockets:
-                sock.close(linger=0)
+                sock.close()
             self._thread_sockets.clear()
         self._arena.close()
 

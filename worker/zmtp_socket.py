@@ -3,14 +3,16 @@
 libzmq hands every message through its I/O thread: a message from the supervisor wakes that thread,
 which then wakes the main thread, and a reply crosses the same two hops back. On this path (one
 Execute in, one ExecuteResult out per batch) those hand-offs cost more than the work at small batches.
-Here the main thread reads and writes the socket itself, so the supervisor's write wakes it directly
-and its reply is one `sendmsg`. Only the main thread uses this socket; the heartbeat and BLS sockets
-stay libzmq's.
+Here the thread that owns the socket reads and writes it itself, so the supervisor's write wakes it
+directly and its reply is one `sendmsg`. Used for the main socket (main thread) and for the
+per-thread sockets of synchronous BLS calls; one thread per socket. The heartbeat socket and the
+BLS thread's socket stay libzmq's.
 """
 
 from __future__ import annotations
 
 import collections
+import select
 import socket
 import time
 from collections.abc import Sequence
@@ -36,6 +38,7 @@ class DealerSocket:
         self._parts: list[memoryview] = []
         self._peer_ready = False
         self._spare: Optional[bytearray] = None  # a read buffer that received nothing
+        self._poller: Optional[select.poll] = None
         self._reader = zmtp.Reader(zmtp.check_greeting, self._on_frame, max_frame)
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
@@ -49,6 +52,16 @@ class DealerSocket:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    def poll(self, timeout_ms: int = -1) -> bool:
+        """True when a whole message is waiting or the socket turned readable within `timeout_ms`
+        (-1: no limit); a readable socket may hold only part of a message (recv_multipart(False) tells)."""
+        if self._messages:
+            return True
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._sock.fileno(), select.POLLIN)
+        return bool(self._poller.poll(timeout_ms))
 
     def recv_multipart(self, block: bool = True) -> Optional[list[memoryview]]:
         """The next message's frames (views that stay valid), or None if `block` is False and no whole
