@@ -123,8 +123,9 @@ class ServerDataPlane(DataPlane):
     @staticmethod
     def _submit(mv: ModelVersion, request: InferRequest) -> asyncio.Future[InferResponse]:
         future = mv.scheduler.submit(request)
-        # runs before any callback added by the caller (callbacks run in the order they were added)
-        future.add_done_callback(functools.partial(_label, mv.name, str(mv.version), request.id))
+        if not mv.scheduler.labels_responses:
+            # runs before any callback added by the caller (callbacks run in the order they were added)
+            future.add_done_callback(functools.partial(_label, mv.name, str(mv.version), request.id))
         return future
 
     async def _schedule(self, mv: ModelVersion, request: InferRequest) -> InferResponse:

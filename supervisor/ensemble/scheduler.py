@@ -28,6 +28,8 @@ StreamModel = Callable[[InferRequest], AsyncIterator[InferResponse]]
 
 
 class EnsembleScheduler:
+    labels_responses = False  # its responses carry no version: the data plane labels them
+
     def __init__(self, plan: EnsemblePlan, call: CallModel, stream: StreamModel, stats: Any,
                  batched: bool = False) -> None:
         self.plan = plan

@@ -34,6 +34,10 @@ class Executor(Protocol):
 class Scheduler(Protocol):
     """A model version's request queue(s) and the runners that feed its instances."""
 
+    # True when every response already carries the model's name, version and the request id (the
+    # worker instances label them): the data plane then adds no labelling callback per request
+    labels_responses: bool
+
     def start(self) -> None:
         """Start serving (called once every instance has started)."""
 

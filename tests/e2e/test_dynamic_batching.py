@@ -66,6 +66,19 @@ def test_concurrent_requests_are_batched(server):
     assert execution - execution0 == len(executions) < 16
 
 
+async def _labelled(server, count: int) -> list[Any]:
+    async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+        return await asyncio.gather(*(client.infer("batch_probe", probe_input(value=i), request_id=f"r{i}",
+                                                   client_timeout=WAIT_S) for i in range(count)))
+
+
+def test_batched_responses_carry_model_version_and_their_own_id(server):
+    # the worker labels each response (no labelling callback in the data plane for this scheduler)
+    for i, result in enumerate(asyncio.run(_labelled(server, 12))):
+        response = result.get_response()
+        assert (response.model_name, response.model_version, response.id) == ("batch_probe", "1", f"r{i}")
+
+
 def test_multi_row_requests_never_pass_max_batch_size(server):
     inference0, _ = counts(server, "batch_probe")
     results = asyncio.run(infer_all(server, "batch_probe", [probe_input(rows=3, value=i) for i in range(10)]))

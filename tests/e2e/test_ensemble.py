@@ -198,6 +198,7 @@ def test_pipeline_equals_the_three_steps_by_hand(server):
         # only the ensemble's outputs come back, never the intermediate tensors
         assert {o["name"] for o in result.get_response()["outputs"]} == {"NORMALIZED", "LABEL"}
         assert result.get_response()["model_name"] == "pipeline"
+        assert result.get_response()["model_version"] == "1"  # the ensemble's own version, not a step's
 
 
 def test_pipeline_over_grpc_with_requested_output(server):
