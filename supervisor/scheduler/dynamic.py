@@ -35,13 +35,17 @@ log = logging.getLogger("inferd.scheduler")
 _UNSET = object()
 
 
-class Pending:
-    __slots__ = ("request", "future", "level", "items", "key", "arrival_ns", "timer", "executor", "outcome")
+class Pending(asyncio.Future[InferResponse]):
+    """A queued request and the future its caller awaits, in one object. Cancelling it withdraws the
+    request at once (from the queue, or from the worker running it), with no done-callback per request."""
 
-    def __init__(self, request: InferRequest, future: asyncio.Future[InferResponse], level: int, items: int,
-                 key: Any) -> None:
+    __slots__ = ("request", "level", "items", "key", "arrival_ns", "timer", "executor", "outcome", "_batcher")
+
+    def __init__(self, batcher: DynamicBatcher, request: InferRequest, level: int, items: int, key: Any,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self._batcher = batcher
         self.request = request
-        self.future = future
         self.level = level
         self.items = items
         self.key = key
@@ -49,6 +53,12 @@ class Pending:
         self.timer: asyncio.TimerHandle | None = None
         self.executor: Executor | None = None  # the instance running it, once dispatched
         self.outcome: Any = _UNSET  # preserve_ordering: the answer, held until earlier ones are out
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self._batcher._withdraw(self)
+        return True
 
 
 class DynamicBatcher:
@@ -125,21 +135,18 @@ class DynamicBatcher:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         rules = self.rules
-        item = Pending(request, loop.create_future(), level, rules.items_of(request), rules.key_of(request))
+        item = Pending(self, request, level, rules.items_of(request), rules.key_of(request), loop)
         timeout_us = self.policy.levels[level].timeout_us(request.timeout_us)
         if timeout_us:
             remaining_s = (request.arrival_ns + timeout_us * 1000 - time.monotonic_ns()) / 1e9
             item.timer = loop.call_later(max(0.0, remaining_s), self._expire, item)
         self.queue.put(level, item)
-        item.future.add_done_callback(functools.partial(self._on_done, item))
         self._idle.clear()
         self._kick()
-        return item.future
+        return item
 
-    def _on_done(self, item: Pending, future: asyncio.Future[InferResponse]) -> None:
-        """A cancelled request leaves the queue at once, or is cancelled in the worker running it."""
-        if not future.cancelled():
-            return
+    def _withdraw(self, item: Pending) -> None:
+        """`item` was just cancelled: it leaves the queue at once, or is cancelled in the worker running it."""
         if item.timer is not None:
             item.timer.cancel()
         if item.executor is not None:
@@ -151,12 +158,12 @@ class DynamicBatcher:
 
     def _expire(self, item: Pending) -> None:
         item.timer = None
-        if item.future.done() or item.executor is not None:
+        if item.done() or item.executor is not None:
             return
         if self.policy.levels[item.level].timeout_action == REJECT:
             if self.queue.remove(item.level, item):
                 self.stats.record_failure("REJECTED", time.monotonic_ns() - item.arrival_ns)
-                item.future.set_exception(InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
+                item.set_exception(InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired"))
                 self._check_idle()
                 self._kick()
         elif self.queue.delay(item.level, item):
@@ -166,9 +173,9 @@ class DynamicBatcher:
         for item in self.queue.drain():
             if item.timer is not None:
                 item.timer.cancel()
-            if not item.future.done():
+            if not item.done():
                 self.stats.record_failure("OTHER", time.monotonic_ns() - item.arrival_ns)
-                item.future.set_exception(InferdError(code, message))
+                item.set_exception(InferdError(code, message))
         self._check_idle()
 
     def _check_idle(self) -> None:
@@ -222,14 +229,14 @@ class DynamicBatcher:
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
             for item in batch:
-                settle(item.future, error)
+                settle(item, error)
             self._check_idle()
             return
         # the next batch goes to the worker before this one's answers are counted and written out
         self._dispatch()
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         items = sum(p.items for p, a in zip(batch, answers) if not isinstance(a, InferdError))
-        outcomes.record(self.stats, result, answers, [p.arrival_ns for p in batch], [p.future for p in batch],
+        outcomes.record(self.stats, result, answers, [p.arrival_ns for p in batch], batch,
                         items, start)
         if self.preserve_ordering:
             for item, answer in zip(batch, answers):
@@ -237,12 +244,12 @@ class DynamicBatcher:
             self._release_in_order()
         else:
             for item, answer in zip(batch, answers):
-                settle(item.future, answer)
+                settle(item, answer)
         self._check_idle()
 
     def _release_in_order(self) -> None:
         order = self._order
-        while order and (order[0].outcome is not _UNSET or order[0].future.done()):
+        while order and (order[0].outcome is not _UNSET or order[0].done()):
             item = order.popleft()
             if item.outcome is not _UNSET:
-                settle(item.future, item.outcome)
+                settle(item, item.outcome)

@@ -135,6 +135,27 @@ async def test_cancel_while_queued_leaves_the_queue_and_while_running_tells_the_
     assert stats.failures == ["CANCELED", "CANCELED"] and ex.batches == [["run"]]
 
 
+async def test_cancelling_the_task_awaiting_a_queued_request_withdraws_it():
+    # the path of a client timeout or a dropped stream: the awaiting task is cancelled, not the future
+    ex = HeldExecutor("a")
+    batcher, stats = make([ex], max_batch_size=1)
+    running = batcher.submit(request("run"))
+    await until(lambda: ex.batches, "the first batch")
+
+    async def caller() -> object:
+        return await batcher.submit(request("queued"))
+
+    task = asyncio.ensure_future(caller())
+    await until(lambda: batcher.pending_count == 1, "the request to queue")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert batcher.pending_count == 0 and stats.failures == ["CANCELED"]
+    ex.release()
+    await asyncio.wait_for(running, WAIT_S)
+    assert ex.batches == [["run"]]
+
+
 async def test_queue_full_is_unavailable():
     ex = HeldExecutor("a")
     batcher, stats = make([ex], max_batch_size=1, db={"default_queue_policy": {"max_queue_size": 1}})
