@@ -23,18 +23,10 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from ..core.types import InferRequest, InferResponse
 from . import dispatch, outcomes
 from .base import Executor
+from .pending import QueuedRequest
 from .queue import WorkQueue
 
 log = logging.getLogger("inferd.scheduler")
-
-
-class Pending:
-    __slots__ = ("request", "future", "executor")
-
-    def __init__(self, request: InferRequest, future: asyncio.Future[InferResponse]) -> None:
-        self.request = request
-        self.future = future
-        self.executor: Executor | None = None  # the instance running it, once dispatched
 
 
 class StatsSink:
@@ -58,7 +50,7 @@ class DefaultScheduler:
         self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
         self.executors = executors
         self.stats = stats
-        self.queue: WorkQueue[Pending] = WorkQueue(max_queue_size)
+        self.queue: WorkQueue[QueuedRequest] = WorkQueue(max_queue_size)
         self.max_batch_requests = max_batch_requests
         self.depth = max(1, runners_per_instance)  # batches one instance may hold at once
         # per instance, batches handed to it and not yet answered: new work goes to the least busy
@@ -120,7 +112,7 @@ class DefaultScheduler:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        item = Pending(request, loop.create_future())
+        item = QueuedRequest(self, request, loop)
         executor = self._pick_executor() if not len(queue) and self._started else None
         if executor is None:
             if queue.full():
@@ -128,16 +120,13 @@ class DefaultScheduler:
                 raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
                                   % (request.id or "<id_unknown>"))
             queue.put(item)
-        item.future.add_done_callback(functools.partial(self._on_done, item))
         self._idle.clear()
         if executor is not None:
             self._run(executor, [item])
-        return item.future
+        return item
 
-    def _on_done(self, item: Pending, future: asyncio.Future[InferResponse]) -> None:
-        """A cancelled request leaves the queue at once, or is cancelled in the worker running it."""
-        if not future.cancelled():
-            return
+    def _withdraw(self, item: QueuedRequest) -> None:
+        """`item` was just cancelled: it leaves the queue at once, or is cancelled in the worker running it."""
         if item.executor is not None:
             item.executor.cancel([item.request])
         elif self.queue.remove(item):
@@ -146,9 +135,9 @@ class DefaultScheduler:
 
     def _fail_queued(self, code: ErrorCode, message: str) -> None:
         for item in self.queue.drain():
-            if not item.future.done():
+            if not item.done():
                 self.stats.record_failure("OTHER", time.monotonic_ns() - item.request.arrival_ns)
-                item.future.set_exception(InferdError(code, message))
+                item.set_exception(InferdError(code, message))
         self._check_idle()
 
     def _check_idle(self) -> None:
@@ -173,18 +162,18 @@ class DefaultScheduler:
             self._run(executor, batch)
         self._check_idle()
 
-    def _take_batch(self, executor: Executor) -> list[Pending]:
-        batch: list[Pending] = []
+    def _take_batch(self, executor: Executor) -> list[QueuedRequest]:
+        batch: list[QueuedRequest] = []
         while len(batch) < self.max_batch_requests:
             item = self.queue.pop_nowait()
             if item is None:
                 break
-            if item.future.done():  # cancelled by the client while queued
+            if item.done():  # cancelled by the client while queued
                 continue
             batch.append(item)
         return batch
 
-    def _run(self, executor: Executor, batch: list[Pending]) -> None:
+    def _run(self, executor: Executor, batch: list[QueuedRequest]) -> None:
         """Send one batch now; its answers settle the requests' futures in `_finished`."""
         for item in batch:
             item.executor = executor
@@ -198,20 +187,20 @@ class DefaultScheduler:
             return max(1, request.inputs[0].shape[0])
         return 1
 
-    def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
+    def _finished(self, executor: Executor, batch: list[QueuedRequest], start: int, fut: asyncio.Future[Any]) -> None:
         self._inflight.discard(fut)
         self._held[id(executor)] -= 1
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
             for item in batch:
-                outcomes.settle(item.future, error)
+                outcomes.settle(item, error)
             self._check_idle()
             return
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         self._feed()  # the next queued request goes out before these answers are written
         items = sum(self._items(p.request) for p, a in zip(batch, answers) if not isinstance(a, InferdError))
         outcomes.record(self.stats, result, answers, [p.request.arrival_ns for p in batch],
-                        [p.future for p in batch], items, start)
+                        batch, items, start)
         for item, answer in zip(batch, answers):
-            outcomes.settle(item.future, answer)
+            outcomes.settle(item, answer)
         self._check_idle()

@@ -27,6 +27,7 @@ from .base import Executor
 from .batching import BatchRules, form_batch
 from .default import StatsSink
 from .outcomes import settle
+from .pending import QueuedRequest
 from .policy import REJECT, PriorityPolicy
 from .queue import PriorityQueue
 
@@ -35,30 +36,20 @@ log = logging.getLogger("inferd.scheduler")
 _UNSET = object()
 
 
-class Pending(asyncio.Future[InferResponse]):
-    """A queued request and the future its caller awaits, in one object. Cancelling it withdraws the
-    request at once (from the queue, or from the worker running it), with no done-callback per request."""
+class Pending(QueuedRequest):
+    """A queued request of the dynamic batcher and the future its caller awaits, in one object."""
 
-    __slots__ = ("request", "level", "items", "key", "arrival_ns", "timer", "executor", "outcome", "_batcher")
+    __slots__ = ("level", "items", "key", "arrival_ns", "timer", "outcome")
 
     def __init__(self, batcher: DynamicBatcher, request: InferRequest, level: int, items: int, key: Any,
                  loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self._batcher = batcher
-        self.request = request
+        super().__init__(batcher, request, loop)
         self.level = level
         self.items = items
         self.key = key
         self.arrival_ns = request.arrival_ns
         self.timer: asyncio.TimerHandle | None = None
-        self.executor: Executor | None = None  # the instance running it, once dispatched
         self.outcome: Any = _UNSET  # preserve_ordering: the answer, held until earlier ones are out
-
-    def cancel(self, msg: Any | None = None) -> bool:
-        if not super().cancel(msg):
-            return False
-        self._batcher._withdraw(self)
-        return True
 
 
 class DynamicBatcher:

@@ -1,0 +1,35 @@
+"""The future a caller awaits for one request in a scheduler's queue.
+
+Cancelling it (a dropped connection, a client timeout, a cancelled task awaiting it) tells the scheduler at
+once, through `cancel` itself. A done-callback per request would cost a callback handle and a call on every
+answer, cancelled or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from ..core.types import InferRequest, InferResponse
+from .base import Executor
+
+
+class Withdraws(Protocol):
+    def _withdraw(self, item: Any) -> None:
+        """`item` was just cancelled: take it out of the queue, or cancel it in the worker running it."""
+
+
+class QueuedRequest(asyncio.Future[InferResponse]):
+    __slots__ = ("request", "executor", "_scheduler")
+
+    def __init__(self, scheduler: Withdraws, request: InferRequest, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self._scheduler = scheduler
+        self.request = request
+        self.executor: Executor | None = None  # the instance running it, once dispatched
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self._scheduler._withdraw(self)
+        return True
