@@ -50,7 +50,6 @@ from .zmtp_socket import DealerSocket, LinkClosed
 
 BLS_SUFFIX = "/bls"
 MAX_ARENA_BYTES = 1 << 30  # bound on this worker's input regions (busy + idle)
-MAX_FRAME = 1 << 30  # as the supervisor's bound: larger outputs arrive as shared-memory leases
 _END = object()  # marks the end of a decoupled call's response queue
 
 
@@ -180,7 +179,7 @@ class BlsClient:
             with self._lock:
                 n = next(self._socket_ids)
             try:
-                sock = DealerSocket(self._endpoint, ("%s/%d" % (self._identity, n)).encode(), MAX_FRAME)
+                sock = DealerSocket(self._endpoint, ("%s/%d" % (self._identity, n)).encode())
             except LinkClosed as exc:
                 raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
             self._local.sock = sock

@@ -37,9 +37,6 @@ try:  # optional (a model environment needs only numpy and pyzmq): parses a head
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson_loads = None
 
-LINGER_MS = 2000
-MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this travel in shared memory
-
 
 # orjson turns integer literals beyond 64 bits (19 digits or more) into floats where json.loads keeps
 # ints: a header holding such a digit run is left to json
@@ -60,7 +57,7 @@ def header_loads(raw: bytes) -> Any:
 class Channel:
     def __init__(self, endpoint: str, identity: str) -> None:
         try:
-            self._sock = DealerSocket(endpoint, identity.encode("utf-8"), MAX_FRAME)
+            self._sock = DealerSocket(endpoint, identity.encode("utf-8"))
         except LinkClosed as exc:
             raise ProtocolError(str(exc)) from None
         self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()

@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from .wire import zmtp
 
+MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this travel in shared memory
 _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fresh pages
 _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
@@ -30,7 +31,8 @@ class LinkClosed(Exception):
 
 
 class DealerSocket:
-    def __init__(self, endpoint: str, identity: bytes, max_frame: int, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, endpoint: str, identity: bytes, max_frame: int = MAX_FRAME,
+                 connect_timeout_s: float = 10.0) -> None:
         if not endpoint.startswith("ipc://"):
             raise ValueError("the worker link is an ipc:// endpoint, not %r" % endpoint)
         self._sock = _connect(endpoint[len("ipc://"):], connect_timeout_s)
