@@ -349,7 +349,7 @@ class ModelManager:
         stats = self.stats_registry.get(plan.name, str(version))
         if ensemble is not None:
             mv = ModelVersion(plan.name, version, config, plan.config_json, IOSpec.from_config(config), [],
-                              EnsembleScheduler(ensemble, self.call_model, self.stream_model, stats,
+                              EnsembleScheduler(ensemble, str(version), self.call_model, self.stream_model, stats,
                                                 batched=int(config.get("max_batch_size") or 0) > 0),
                               stats, decoupled=ensemble.decoupled, metadata_base=plan.metadata_base,
                               ensemble=ensemble)

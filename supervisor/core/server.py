@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -103,8 +102,8 @@ class ServerDataPlane(DataPlane):
         return await self.infer_nowait(request)
 
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        """The request checked and queued at once; its scheduler future, labelled with the model's name
-        and version and the request id when it completes (no task or coroutine per request: cheaper)."""
+        """The request checked and queued at once: its scheduler's future, whose response carries the model's
+        name and version and the request id (no task or coroutine per request: cheaper)."""
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
         mv = self.manager.resolve_ready(request.model_name, request.model_version)
@@ -118,25 +117,14 @@ class ServerDataPlane(DataPlane):
             raise
         if mv.cache_generation and self.response_cache is not None:
             return asyncio.ensure_future(self._infer_cached(mv, request, self.response_cache))
-        return self._submit(mv, request)
-
-    @staticmethod
-    def _submit(mv: ModelVersion, request: InferRequest) -> asyncio.Future[InferResponse]:
-        future = mv.scheduler.submit(request)
-        if not mv.scheduler.labels_responses:
-            # runs before any callback added by the caller (callbacks run in the order they were added)
-            future.add_done_callback(functools.partial(_label, mv.name, str(mv.version), request.id))
-        return future
-
-    async def _schedule(self, mv: ModelVersion, request: InferRequest) -> InferResponse:
-        return await self._submit(mv, request)
+        return mv.scheduler.submit(request)
 
     async def _infer_cached(self, mv: ModelVersion, request: InferRequest, cache: ResponseCache) -> InferResponse:
         """A hit never reaches the scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
         start = time.monotonic_ns()
         key = request_key(mv.cache_generation, request)
         if key is None:  # a sequence request
-            return await self._schedule(mv, request)
+            return await mv.scheduler.submit(request)
         response = cache.lookup(key, mv.name, str(mv.version), request.id)
         lookup_ns = time.monotonic_ns() - start
         if response is not None:
@@ -147,7 +135,7 @@ class ServerDataPlane(DataPlane):
                                       queue_ns=start - request.arrival_ns, batch_items=items)
             return response
         try:
-            response = await self._schedule(mv, request)
+            response = await mv.scheduler.submit(request)
         except BaseException:
             mv.stats.record_cache_miss(lookup_ns)
             raise
@@ -302,11 +290,3 @@ class ServerDataPlane(DataPlane):
 
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         self._client_shm().write(region, offset, data)
-
-
-def _label(name: str, version: str, request_id: str, future: asyncio.Future[InferResponse]) -> None:
-    if not future.cancelled() and future.exception() is None:
-        response = future.result()
-        response.model_name = name
-        response.model_version = version
-        response.id = request_id

@@ -28,11 +28,10 @@ StreamModel = Callable[[InferRequest], AsyncIterator[InferResponse]]
 
 
 class EnsembleScheduler:
-    labels_responses = False  # its responses carry no version: the data plane labels them
-
-    def __init__(self, plan: EnsemblePlan, call: CallModel, stream: StreamModel, stats: Any,
+    def __init__(self, plan: EnsemblePlan, version: str, call: CallModel, stream: StreamModel, stats: Any,
                  batched: bool = False) -> None:
         self.plan = plan
+        self.version = version  # the ensemble's own, on its responses
         self.stream = stream
         self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
         self.call = call
@@ -152,8 +151,8 @@ class EnsembleScheduler:
         except InferdError as exc:
             sink.put(exc, True)
             raise
-        sink.put(InferResponse(self.plan.name, "", request.id), True)  # flag-only final
-        return InferResponse(self.plan.name, "", request.id)
+        sink.put(InferResponse(self.plan.name, self.version, request.id), True)  # flag-only final
+        return InferResponse(self.plan.name, self.version, request.id)
 
     async def _branch(self, request: InferRequest, tensors: dict[str, Tensor], waiting: dict[int, Step],
                       sink: Any) -> None:
@@ -218,7 +217,7 @@ class EnsembleScheduler:
                 raise InferdError(ErrorCode.INVALID_ARG, "unexpected inference output '%s' for model '%s'"
                                   % (name, self.plan.name))
             outputs.append(t)
-        return InferResponse(self.plan.name, "", request.id, outputs)
+        return InferResponse(self.plan.name, self.version, request.id, outputs)
 
     def _step_request(self, request: InferRequest, step: Step, tensors: dict[str, Tensor]) -> InferRequest:
         inputs = [Tensor(model_input, tensors[name].datatype, tensors[name].shape, tensors[name].data)

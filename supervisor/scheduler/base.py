@@ -34,10 +34,6 @@ class Executor(Protocol):
 class Scheduler(Protocol):
     """A model version's request queue(s) and the runners that feed its instances."""
 
-    # True when every response already carries the model's name, version and the request id (the
-    # worker instances label them): the data plane then adds no labelling callback per request
-    labels_responses: bool
-
     def start(self) -> None:
         """Start serving (called once every instance has started)."""
 
@@ -50,6 +46,7 @@ class Scheduler(Protocol):
 
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Queue one request; raises InferdError (UNAVAILABLE, INVALID_ARG) when it cannot be queued.
+        The response carries the model's name and version and the request's id.
         Cancelling the returned future cancels the request (dropped from the queue, or Cancel sent to
         the worker running it)."""
 

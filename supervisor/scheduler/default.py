@@ -42,8 +42,6 @@ class StatsSink:
 
 
 class DefaultScheduler:
-    labels_responses = True  # its responses come from worker instances (instances/codec.py)
-
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, max_queue_size: int,
                  max_batch_requests: int = 1, batched: bool = False, runners_per_instance: int = 1) -> None:
         self.model_name = model_name

@@ -53,8 +53,6 @@ class Pending(QueuedRequest):
 
 
 class DynamicBatcher:
-    labels_responses = True  # its responses come from worker instances (instances/codec.py)
-
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, rules: BatchRules,
                  policy: PriorityPolicy, preserve_ordering: bool = False, depth: int = 1) -> None:
         self.model_name = model_name

@@ -52,8 +52,6 @@ RECENTLY_IDLED = 4096  # ids released for idleness that we remember, for a clear
 
 
 class SequenceScheduler:
-    labels_responses = True  # its responses come from worker instances (instances/codec.py)
-
     def __init__(self, model_name: str, config: dict[str, Any], executors: Seq[Executor], stats: Any,
                  max_queue_size: int = 0, model_dir: str | None = None) -> None:
         self.model_name = model_name
