@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from .wire import zmtp
+from .wire.messages import ProtocolError
 
 MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this travel in shared memory
 _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fresh pages
@@ -26,8 +27,9 @@ _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
 
 
-class LinkClosed(Exception):
-    """The supervisor closed the connection, or broke ZMTP."""
+class LinkClosed(ProtocolError):
+    """The supervisor closed the connection, or broke ZMTP (for the main socket, a protocol error: the
+    worker exits and is restarted)."""
 
 
 class DealerSocket:
@@ -37,11 +39,11 @@ class DealerSocket:
             raise ValueError("the worker link is an ipc:// endpoint, not %r" % endpoint)
         self._sock = _connect(endpoint[len("ipc://"):], connect_timeout_s)
         self._messages: collections.deque[list[memoryview]] = collections.deque()
-        self._parts: list[memoryview] = []
         self._peer_ready = False
         self._spare: Optional[bytearray] = None  # a read buffer that received nothing
         self._poller: Optional[select.poll] = None
-        self._reader = zmtp.Reader(zmtp.check_greeting, self._on_frame, max_frame)
+        self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
+                                   max_frame)
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
         try:
@@ -120,16 +122,10 @@ class DealerSocket:
             raise LinkClosed("the supervisor broke ZMTP: %s" % exc) from None
         return True
 
-    def _on_frame(self, flags: int, body: memoryview) -> None:
-        if flags & zmtp.COMMAND:
-            self._on_command(body)
-            return
+    def _on_message(self, parts: list[memoryview]) -> None:
         if not self._peer_ready:
             raise zmtp.ProtocolViolation("message before the handshake")
-        self._parts.append(body)
-        if not flags & zmtp.MORE:
-            self._messages.append(self._parts)
-            self._parts = []
+        self._messages.append(parts)
 
     def _on_command(self, body: memoryview) -> None:
         name, rest = zmtp.parse_command(body)

@@ -216,8 +216,8 @@ class _Peer(asyncio.Protocol):
         self.transport: Any = None
         self.identity = ""
         self._ready = False
-        self._parts: list[memoryview] = []
-        self._reader = zmtp.Reader(zmtp.check_greeting, self._on_frame, _MAX_FRAME)
+        self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
+                                   _MAX_FRAME)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -238,16 +238,10 @@ class _Peer(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _on_frame(self, flags: int, body: memoryview) -> None:
-        if flags & zmtp.COMMAND:
-            self._on_command(body)
-            return
+    def _on_message(self, parts: list[memoryview]) -> None:
         if not self._ready:
             raise zmtp.ProtocolViolation("message before the handshake")
-        self._parts.append(body)
-        if not flags & zmtp.MORE:
-            parts, self._parts = self._parts, []
-            self.channel._deliver(self.identity, parts)
+        self.channel._deliver(self.identity, parts)
 
     def _on_command(self, body: memoryview) -> None:
         name, rest = zmtp.parse_command(body)

@@ -109,6 +109,25 @@ def encode(frames: Sequence[Any]) -> tuple[bytes, list[Any]]:
     return b"", parts
 
 
+class Messages:
+    """A Reader's frames in (`on_frame`), ZMTP commands and whole multipart messages out."""
+
+    def __init__(self, on_command: Callable[[memoryview], None],
+                 on_message: Callable[[list[memoryview]], None]) -> None:
+        self._on_command = on_command
+        self._on_message = on_message
+        self._parts: list[memoryview] = []
+
+    def on_frame(self, flags: int, body: memoryview) -> None:
+        if flags & COMMAND:
+            self._on_command(body)
+            return
+        self._parts.append(body)
+        if not flags & MORE:
+            parts, self._parts = self._parts, []
+            self._on_message(parts)
+
+
 class Reader:
     """Bytes in, `on_frame(flags, body)` out, starting after the 64-byte greeting (passed to
     `on_greeting`). Bodies are memoryviews that stay valid (never reused buffers)."""
