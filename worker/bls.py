@@ -53,6 +53,10 @@ MAX_ARENA_BYTES = 1 << 30  # bound on this worker's input regions (busy + idle)
 _END = object()  # marks the end of a decoupled call's response queue
 
 
+def _link_lost(exc: LinkClosed) -> InferdError:
+    return InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc)
+
+
 class _Call:
     __slots__ = ("future", "stream", "regions", "done")
 
@@ -133,7 +137,7 @@ class BlsClient:
                 self._thread_socket().send_multipart([encode_header(message), *frames])
             except LinkClosed as exc:
                 self.forget(call_id)
-                raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
+                raise _link_lost(exc) from None
         else:
             self._post([encode_header(message), *frames])
         return call_id, call
@@ -146,15 +150,15 @@ class BlsClient:
         while True:
             try:
                 parts = sock.recv_multipart(block=False)
-                if parts is None:
-                    if not sock.poll(timeout_ms):
-                        self.cancel(call_id)
-                        self.forget(call_id)
-                        raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired")
-                    continue
             except LinkClosed as exc:
                 self.forget(call_id)
-                raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
+                raise _link_lost(exc) from None
+            if parts is None:
+                if not sock.poll(timeout_ms):
+                    self.cancel(call_id)
+                    self.forget(call_id)
+                    raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired")
+                continue
             try:
                 message, data = decode(parts)
             except Exception:
@@ -181,7 +185,7 @@ class BlsClient:
             try:
                 sock = DealerSocket(self._endpoint, ("%s/%d" % (self._identity, n)).encode())
             except LinkClosed as exc:
-                raise InferdError(ErrorCode.UNAVAILABLE, "BLS call failed: %s" % exc) from None
+                raise _link_lost(exc) from None
             self._local.sock = sock
             with self._lock:
                 self._thread_sockets.append(sock)

@@ -29,7 +29,7 @@ from .wire.messages import (
     encode_header,
     json_loads,
 )
-from .zmtp_socket import DealerSocket, LinkClosed
+from .zmtp_socket import DealerSocket
 
 _orjson_loads: Optional[Callable[[bytes], Any]]
 try:  # optional (a model environment needs only numpy and pyzmq): parses a header 2-3x faster
@@ -56,10 +56,7 @@ def header_loads(raw: bytes) -> Any:
 
 class Channel:
     def __init__(self, endpoint: str, identity: str) -> None:
-        try:
-            self._sock = DealerSocket(endpoint, identity.encode("utf-8"))
-        except LinkClosed as exc:
-            raise ProtocolError(str(exc)) from None
+        self._sock = DealerSocket(endpoint, identity.encode("utf-8"))  # LinkClosed is a ProtocolError
         self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
         self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
 
@@ -70,17 +67,11 @@ class Channel:
     def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """`send` for a header already encoded (by `encode_header`). A message of small frames is joined
         into one write; one holding a frame of 64 KiB or more is written from where its frames lie."""
-        try:
-            self._sock.send_multipart([header, *frames] if frames else (header,))
-        except LinkClosed as exc:
-            raise ProtocolError(str(exc)) from None
+        self._sock.send_multipart([header, *frames] if frames else (header,))
 
     def _recv(self, block: bool = True) -> Optional[tuple[Any, list[Any]]]:
         """One message: the header parsed, data frames as views of what was read (no copy)."""
-        try:
-            parts = self._sock.recv_multipart(block)
-        except LinkClosed as exc:
-            raise ProtocolError(str(exc)) from None
+        parts = self._sock.recv_multipart(block)
         if parts is None:
             return None
         return decode_header(bytes(parts[0]), header_loads), parts[1:]
