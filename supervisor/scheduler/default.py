@@ -123,7 +123,7 @@ class DefaultScheduler:
             self._run(executor, [item])
         return item
 
-    def _withdraw(self, item: QueuedRequest) -> None:
+    def withdraw(self, item: QueuedRequest) -> None:
         """`item` was just cancelled: it leaves the queue at once, or is cancelled in the worker running it."""
         if item.executor is not None:
             item.executor.cancel([item.request])

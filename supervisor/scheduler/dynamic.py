@@ -134,7 +134,7 @@ class DynamicBatcher:
         self._kick()
         return item
 
-    def _withdraw(self, item: Pending) -> None:
+    def withdraw(self, item: Pending) -> None:
         """`item` was just cancelled: it leaves the queue at once, or is cancelled in the worker running it."""
         if item.timer is not None:
             item.timer.cancel()

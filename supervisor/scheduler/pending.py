@@ -15,7 +15,7 @@ from .base import Executor
 
 
 class Withdraws(Protocol):
-    def _withdraw(self, item: Any) -> None:
+    def withdraw(self, item: Any) -> None:
         """`item` was just cancelled: take it out of the queue, or cancel it in the worker running it."""
 
 
@@ -31,5 +31,5 @@ class QueuedRequest(asyncio.Future[InferResponse]):
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
             return False
-        self._scheduler._withdraw(self)
+        self._scheduler.withdraw(self)
         return True
