@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from dataclasses import dataclass, field
 
+from . import rundir
 from .cache import parse_cache_config
 
 
@@ -67,6 +67,7 @@ class ServerConfig:
     response_cache_bytes: int | None = None  # --cache-config local,size=N; None: no response cache
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
+    owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deprecated tritonserver spelling of --cache-config local,size=<bytes>")
     p.add_argument("--cache-directory", default="",
                    help="accepted for tritonserver command lines; the local cache is built in")
-    p.add_argument("--run-dir", default="", help="directory for worker sockets (default: a temp dir)")
+    p.add_argument("--run-dir", default="",
+                   help="directory for worker sockets (default: a temp dir of its own, removed at shutdown)")
     p.add_argument("--max-queue-size", type=int, default=4096)
     p.add_argument("--env-cache-dir", default="",
                    help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
@@ -137,7 +139,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         cache = parse_cache_config(cache_values)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    run_dir = args.run_dir or tempfile.mkdtemp(prefix="inferd-")
+    run_dir = args.run_dir or rundir.create()
     os.makedirs(run_dir, exist_ok=True)
     timings = WorkerTimings(
         heartbeat_interval_s=args.heartbeat_interval,
@@ -172,6 +174,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         log_verbose=args.log_verbose,
         response_cache_bytes=cache.size_bytes if cache is not None else None,
         run_dir=run_dir,
+        owns_run_dir=not args.run_dir,
         max_queue_size=args.max_queue_size,
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),

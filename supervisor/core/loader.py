@@ -16,6 +16,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import metrics as metrics_mod
+from .. import rundir
 from ..config import ServerConfig, WorkerTimings
 from ..envs import EnvironmentManager, ExecEnv
 from ..instances.channel import Channel
@@ -36,6 +37,7 @@ class Runtime:
     """Process-wide resources the instances share."""
 
     run_dir: str
+    owns_run_dir: bool
     channel: Channel
     launcher: Launcher
     pool: ShmPool
@@ -45,18 +47,22 @@ class Runtime:
     @classmethod
     async def start(cls, config: ServerConfig) -> Runtime:
         ShmPool.sweep_stale()
+        rundir.sweep_stale()
         channel = Channel(config.run_dir)
         channel.open()
         envs = EnvironmentManager(config.env_cache_dir or os.path.expanduser("~/.cache/inferd/envs"),
                                   max_bytes=config.env_cache_max_bytes)
-        return cls(config.run_dir, channel, Launcher(config.run_dir), ShmPool(), ClientShm(), envs)
+        return cls(config.run_dir, config.owns_run_dir, channel, Launcher(config.run_dir), ShmPool(), ClientShm(), envs)
 
     async def close(self) -> None:
         self.pool.close()
         self.channel.close()
         if self.envs is not None:
             self.envs.close()
-        shutil.rmtree(os.path.join(self.run_dir, "overrides"), ignore_errors=True)
+        if self.owns_run_dir:
+            rundir.remove(self.run_dir)
+        else:
+            shutil.rmtree(os.path.join(self.run_dir, "overrides"), ignore_errors=True)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ restart base 0.1 s, cap 1 s. Waits are bounded polls on observable state, never 
 from __future__ import annotations
 
 import asyncio
+import glob
 import os
 import signal
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -291,14 +293,21 @@ def big_identity(server, mib: int = 4) -> None:
     np.testing.assert_array_equal(out, data)
 
 
+def run_dirs(pid: int) -> list[str]:
+    """The temp run directories (worker socket, Python path) that server `pid` made."""
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"inferd-run-{pid}-*"))
+
+
 def test_shm_clean_after_stop(server_factory, harness):
     before = harness.shm_snapshot()
     server = server_factory(["identity_fp32"])
     for _ in range(3):
         big_identity(server)
     owners = server.remember_pids() | set(server.worker_pids())
+    assert len(run_dirs(server.pid)) == 1, "the server made no run directory of its own"
     assert server.stop() == 0, server.log_tail()
     assert not server.leftover_pids()
+    assert run_dirs(server.pid) == [], "the stopped server left its run directory behind"
     after = harness.shm_snapshot()
     assert harness.leak_free(before, after, owners), harness.leak_diff(before, after, owners)
 
@@ -327,6 +336,7 @@ def test_shm_swept_after_supervisor_kill9(server_factory, harness):
         pass  # the 4 MiB round trip may be too quick to observe; the segments exist either way
     first.kill()
     stop.set()
+    assert len(run_dirs(first.pid)) == 1, "kill -9 cannot have removed the run directory"
     killed_owners = first.remember_pids() | set(workers)
     deadline = time.monotonic() + 3.0
     while any(harness.pid_alive(p) for p in workers) and time.monotonic() < deadline:
@@ -337,6 +347,7 @@ def test_shm_swept_after_supervisor_kill9(server_factory, harness):
     second = server_factory(repo=first.repo, models=["identity_fp32", "sleep"])
     stale = [n for n in harness.shm_snapshot() if harness.shm_owner(n) in killed_owners]
     assert not stale, f"restart did not sweep stale segments: {stale}"
+    assert run_dirs(first.pid) == [], "restart did not remove the killed server's run directory"
     big_identity(second)
     owners = killed_owners | second.remember_pids() | set(second.worker_pids())
     assert second.stop() == 0, second.log_tail()

@@ -266,6 +266,12 @@ def _started_after(pid: int, when: float, boot: Optional[float]) -> bool:
     return start > when + 2.0
 
 
+def owner_gone(pid: int, since: float) -> bool:
+    """True if the process `pid` that made something at time `since` has ended: dead, a zombie,
+    or its pid now belongs to a process started after that."""
+    return pid_state(pid) != "alive" or _started_after(pid, since, _boot_time())
+
+
 def sweep_stale(prefix: str = PREFIX, directory: str = SHM_DIR) -> list[str]:
     """Unlink segments `<prefix><pid>_*` whose owner is dead, a zombie, or a later process that
     reuses the pid. Returns the names removed. Never touches segments of this process."""
