@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field
 
-from . import rundir
+from . import rundir, triton_flags
 from .cache import parse_cache_config
+
+# API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
+RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+                "statistics", "trace", "logging")
 
 
 def _bool(text: str) -> bool:
@@ -39,6 +44,21 @@ class WorkerTimings:
 
 
 @dataclass(frozen=True)
+class GrpcKeepalive:
+    """tritonserver's --grpc-keepalive-* and --grpc-http2-* settings (milliseconds), Triton's defaults;
+    0 for the connection age means no limit."""
+
+    time_ms: int = 7_200_000
+    timeout_ms: int = 20_000
+    permit_without_calls: bool = False
+    max_pings_without_data: int = 2
+    min_recv_ping_interval_without_data_ms: int = 300_000
+    max_ping_strikes: int = 2
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     model_repositories: tuple[str, ...]
     model_control_mode: str = "none"  # none | poll | explicit
@@ -59,11 +79,36 @@ class ServerConfig:
     grpc_server: str = "native"  # our HTTP/2 server; "grpcio" = grpc.aio's
     # largest gRPC request message; 0 = the HTTP body cap plus 1 MiB (a tensor of that size fits)
     grpc_max_message_size: int = 0
+    reuse_http_port: bool = False  # SO_REUSEPORT: several servers share the port
+    reuse_grpc_port: bool = False
+    # gRPC over TLS: server certificate and key (PEM files); mutual: clients must present a
+    # certificate signed by grpc_root_cert
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
+    grpc_keepalive: GrpcKeepalive = field(default_factory=GrpcKeepalive)
+    # API categories that answer only requests carrying a header (--http-restricted-api,
+    # --grpc-restricted-protocol): category -> (header key, expected value)
+    http_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    grpc_restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # headers whose name matches become string parameters of inference requests ("" = none)
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
     allow_metrics: bool = True
+    allow_cpu_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     allow_client_shm: bool = False
+    model_config_name: str = ""  # load <model>/configs/<name>.pbtxt where it exists, else config.pbtxt
+    model_load_retry_count: int = 0  # a failed load is tried again this many times
     log_verbose: int = 0
+    log_file: str = ""  # "" = standard error
+    log_format: str = "default"  # default | ISO8601
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
     response_cache_bytes: int | None = None  # --cache-config local,size=N; None: no response cache
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
@@ -72,6 +117,7 @@ class ServerConfig:
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
     worker: WorkerTimings = field(default_factory=WorkerTimings)
+    inert_flags: tuple[str, ...] = ()  # tritonserver flags given that change nothing here (logged at start)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,11 +148,54 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc-server", choices=("native", "grpcio"), default="native",
         help="gRPC implementation: inferd's own HTTP/2 server (fast) or grpcio's grpc.aio server",
     )
+    p.add_argument("--reuse-http-port", type=_bool, default=False,
+                   help="let several servers listen on the HTTP port (each must set it)")
+    p.add_argument("--reuse-grpc-port", type=_bool, default=False,
+                   help="let several servers listen on the gRPC port (each must set it)")
+    p.add_argument("--grpc-use-ssl", type=_bool, default=False, help="serve gRPC over TLS")
+    p.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False,
+                   help="serve gRPC over TLS and require client certificates signed by --grpc-root-cert")
+    p.add_argument("--grpc-server-cert", default="", help="PEM file of the server certificate (chain)")
+    p.add_argument("--grpc-server-key", default="", help="PEM file of the server's private key")
+    p.add_argument("--grpc-root-cert", default="", help="PEM file of the CA that signs client certificates")
+    keepalive = GrpcKeepalive()
+    for flag, default, kind in (
+        ("--grpc-keepalive-time", keepalive.time_ms, int),
+        ("--grpc-keepalive-timeout", keepalive.timeout_ms, int),
+        ("--grpc-keepalive-permit-without-calls", keepalive.permit_without_calls, _bool),
+        ("--grpc-http2-max-pings-without-data", keepalive.max_pings_without_data, int),
+        ("--grpc-http2-min-recv-ping-interval-without-data", keepalive.min_recv_ping_interval_without_data_ms, int),
+        ("--grpc-http2-max-ping-strikes", keepalive.max_ping_strikes, int),
+        ("--grpc-max-connection-age", keepalive.max_connection_age_ms, int),
+        ("--grpc-max-connection-age-grace", keepalive.max_connection_age_grace_ms, int),
+    ):
+        p.add_argument(flag, type=kind, default=default, help="as tritonserver's (applied by --grpc-server grpcio)")
+    p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
+                   help="answer these API categories only when header KEY is VALUE (repeatable)")
+    p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
+                   help="answer these gRPC categories only when metadata KEY is VALUE (repeatable)")
+    p.add_argument("--http-header-forward-pattern", default="",
+                   help="regular expression: matching HTTP headers become inference request parameters")
+    p.add_argument("--grpc-header-forward-pattern", default="",
+                   help="regular expression: matching gRPC metadata become inference request parameters")
     p.add_argument("--allow-metrics", type=_bool, default=True)
+    p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
+    p.add_argument("--allow-gpu-metrics", type=_bool, default=True,
+                   help="accepted for tritonserver command lines; inferd exports no GPU metrics")
+    p.add_argument("--metrics-interval-ms", type=float, default=2000.0,
+                   help="accepted for tritonserver command lines; inferd reads its gauges when scraped")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--allow-client-shm", type=_bool, default=False)
+    p.add_argument("--model-config-name", default="",
+                   help="load <model>/configs/<NAME>.pbtxt where a model has it, else its config.pbtxt")
+    p.add_argument("--model-load-retry-count", type=int, default=0, help="times a failed model load is retried")
     p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-file", default="", help="write the log (the workers' output too) to this file")
+    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-info", type=_bool, default=True)
+    p.add_argument("--log-warning", type=_bool, default=True)
+    p.add_argument("--log-error", type=_bool, default=True)
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
                    help="response cache, as tritonserver: local,size=<bytes> (repeatable)")
     p.add_argument("--response-cache-byte-size", type=int, default=None,
@@ -125,13 +214,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-start-timeout", type=float, default=30.0)
     p.add_argument("--restart-base-delay", type=float, default=0.25)
     p.add_argument("--restart-max-delay", type=float, default=10.0)
+    triton_flags.add_to(p)
     return p
+
+
+def parse_restrictions(values: list[str], flag: str, categories: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """`<cat>[,<cat>...]:<key>=<value>` (repeatable) as {category: (key, value)}; the key is lower-cased
+    (HTTP headers and gRPC metadata names are case-insensitive). ValueError naming what is wrong."""
+    restricted: dict[str, tuple[str, str]] = {}
+    for text in values:
+        cats, sep, rule = text.partition(":")
+        key, eq, value = rule.partition("=")
+        if not sep or not eq or not cats.strip() or not key.strip():
+            raise ValueError(f"{flag}={text}: expected <categories>:<key>=<value>")
+        for cat in (c.strip() for c in cats.split(",")):
+            if cat not in categories:
+                raise ValueError(f"{flag}={text}: unknown category '{cat}' (known: {', '.join(categories)})")
+            if cat in restricted:
+                raise ValueError(f"{flag}: category '{cat}' is restricted more than once")
+            restricted[cat] = (key.strip().lower(), value)
+    return restricted
+
+
+def _flag_errors(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags, a line each (all of them at once, not the first only)."""
+    errors = triton_flags.refusals(args)
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        needed = ["--grpc-server-cert", "--grpc-server-key"]
+        if args.grpc_use_ssl_mutual:
+            needed.append("--grpc-root-cert")
+        for flag in needed:
+            path = getattr(args, flag.lstrip("-").replace("-", "_"))
+            if not path:
+                errors.append(f"{flag} is required to serve gRPC over TLS")
+            elif not os.path.isfile(path):
+                errors.append(f"{flag} {path}: no such file")
+    for flag, pattern in (("--http-header-forward-pattern", args.http_header_forward_pattern),
+                          ("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            errors.append(f"{flag}: not a regular expression: {exc}")
+    name = args.model_config_name
+    if name and (len(name) > 255 or name in (".", "..") or any(c.isspace() or c in "/\\" for c in name)):
+        errors.append(f"--model-config-name {name!r}: must be a file name (no spaces or slashes)")
+    if args.model_load_retry_count < 0:
+        errors.append("--model-load-retry-count must not be negative")
+    return errors
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
     if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("error: --load-model=* must be the only --load-model")
+    errors = _flag_errors(args)
+    http_restricted: dict[str, tuple[str, str]] = {}
+    grpc_restricted: dict[str, tuple[str, str]] = {}
+    try:
+        http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api", RESTRICTABLE)
+        grpc_restricted = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
+                                             RESTRICTABLE)
+    except ValueError as exc:
+        errors.append(str(exc))
+    if errors:
+        raise SystemExit("error: " + "\nerror: ".join(errors))
     cache_values = list(args.cache_config)
     if args.response_cache_byte_size and not cache_values:  # 0, its default, means no cache
         cache_values = [f"local,size={args.response_cache_byte_size}"]
@@ -167,11 +313,41 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         grpc_port=args.grpc_port,
         grpc_server=args.grpc_server,
         grpc_max_message_size=args.grpc_max_message_size,
+        reuse_http_port=args.reuse_http_port,
+        reuse_grpc_port=args.reuse_grpc_port,
+        grpc_use_ssl=args.grpc_use_ssl or args.grpc_use_ssl_mutual,
+        grpc_use_ssl_mutual=args.grpc_use_ssl_mutual,
+        grpc_server_cert=os.path.abspath(args.grpc_server_cert) if args.grpc_server_cert else "",
+        grpc_server_key=os.path.abspath(args.grpc_server_key) if args.grpc_server_key else "",
+        grpc_root_cert=os.path.abspath(args.grpc_root_cert) if args.grpc_root_cert else "",
+        grpc_keepalive=GrpcKeepalive(
+            time_ms=args.grpc_keepalive_time,
+            timeout_ms=args.grpc_keepalive_timeout,
+            permit_without_calls=args.grpc_keepalive_permit_without_calls,
+            max_pings_without_data=args.grpc_http2_max_pings_without_data,
+            min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
+            max_ping_strikes=args.grpc_http2_max_ping_strikes,
+            max_connection_age_ms=args.grpc_max_connection_age,
+            max_connection_age_grace_ms=args.grpc_max_connection_age_grace,
+        ),
+        http_restricted=http_restricted,
+        grpc_restricted=grpc_restricted,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         allow_metrics=args.allow_metrics,
+        allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         allow_client_shm=args.allow_client_shm,
+        model_config_name=args.model_config_name,
+        model_load_retry_count=args.model_load_retry_count,
         log_verbose=args.log_verbose,
+        log_file=os.path.abspath(args.log_file) if args.log_file else "",
+        log_format=args.log_format,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        inert_flags=tuple(triton_flags.inert_given(args)),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,
