@@ -21,6 +21,7 @@ from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader
 from .core.models import ModelManager
+from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.server import ServerDataPlane
 
 log = logging.getLogger("inferd")
@@ -68,8 +69,10 @@ class App:
             response_cache=response_cache,
         )
         BlsService(dataplane, manager, runtime.channel, runtime.pool)  # Python models calling models
+        poller: RepositoryPoller | None = None
         try:
             await self._start_frontends(dataplane)
+            seen = await self._poll_snapshot() if self.config.model_control_mode == "poll" else {}
             ok = await self._initial_load(manager)
             if not ok and self.config.exit_on_error:
                 log.error("failed to load all models")
@@ -78,15 +81,31 @@ class App:
             dataplane.started = True
             if ok or not self.config.exit_on_error:
                 log.info("inferd ready")
+            if self.config.model_control_mode == "poll" and not self.stop_event.is_set():
+                poller = RepositoryPoller(manager, self.config.model_repositories,
+                                          self.config.repository_poll_secs, seen)
+                poller.start()
             await self.stop_event.wait()
+            if poller is not None:
+                await poller.stop()
             log.info("shutting down: draining in-flight requests (up to %.0fs)", self.config.exit_timeout_secs)
             dataplane.draining = True
             await manager.shutdown(self.config.exit_timeout_secs)
         finally:
+            if poller is not None:
+                await poller.stop()
             await self._stop_frontends()
             await runtime.close()
         log.info("inferd stopped")
         return self.exit_code
+
+    async def _poll_snapshot(self) -> dict[str, str]:
+        """The models' fingerprints before the start-up load: the first poll reloads what changed since."""
+        try:
+            return await asyncio.to_thread(scan_fingerprints, self.config.model_repositories)
+        except InferdError as exc:
+            log.error("reading the model repository failed: %s", exc.message)
+            return {}
 
     async def _initial_load(self, manager: ModelManager) -> bool:
         cfg = self.config

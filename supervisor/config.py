@@ -258,6 +258,8 @@ def _flag_errors(args: argparse.Namespace) -> list[str]:
     name = args.model_config_name
     if name and (len(name) > 255 or name in (".", "..") or any(c.isspace() or c in "/\\" for c in name)):
         errors.append(f"--model-config-name {name!r}: must be a file name (no spaces or slashes)")
+    if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
+        errors.append("--repository-poll-secs must be greater than 0 with --model-control-mode poll")
     if args.model_load_retry_count < 0:
         errors.append("--model-load-retry-count must not be negative")
     return errors
