@@ -64,7 +64,8 @@ class App:
             control_mode=self.config.model_control_mode,
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
-            metrics_renderer=_with_cache_metrics(loader.metrics_renderer(registry, manager, runtime), response_cache),
+            metrics_renderer=_with_cache_metrics(
+                loader.metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
         )

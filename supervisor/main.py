@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 
+from . import logs
 from .config import parse_args
 
 
@@ -29,12 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     # Workers are spawned while gRPC threads run; its fork handlers only add noise (we exec at once).
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     _tune_malloc()
-    logging.basicConfig(
-        level=logging.DEBUG if config.log_verbose > 0 else logging.INFO,
-        format="%(asctime)s.%(msecs)03d %(levelname).1s %(name)s] %(message)s",
-        datefmt="%m%d %H:%M:%S",
-        stream=sys.stderr,
-    )
+    try:
+        logs.configure(config.log_verbose, config.log_format, config.log_file, config.log_info,
+                       config.log_warning, config.log_error)
+    except OSError as exc:
+        print(f"error: --log-file {config.log_file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    for line in config.inert_flags:
+        logging.getLogger("inferd").info("%s", line)
     from .app import App
 
     # Everything imported so far lives as long as the process: keep it out of the collector's full

@@ -75,11 +75,14 @@ class LoaderSettings:
     log_verbose: int
     runtime: Runtime
     has_gpu: bool = False
+    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
+    load_retries: int = 0  # --model-load-retry-count
 
     @classmethod
     def from_config(cls, config: ServerConfig, runtime: Runtime) -> LoaderSettings:
         return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
-                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime)
+                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime,
+                   model_config_name=config.model_config_name, load_retries=config.model_load_retry_count)
 
 
 @dataclass
@@ -145,12 +148,12 @@ def _override_source(settings: LoaderSettings, source: layout.ModelSource,
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(data)
-    return layout.read_model(root, source.name)
+    return layout.read_model(root, source.name, settings.model_config_name)
 
 
 async def plan_load(settings: LoaderSettings, name: str, config_override: str | None,
                     files: dict[str, bytes] | None) -> LoadPlan:
-    source = layout.find_model(settings.repositories, name)
+    source = layout.find_model(settings.repositories, name, settings.model_config_name)
     if files:
         source = _override_source(settings, source, files)
     if config_override is not None:
@@ -219,7 +222,9 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
     return out
 
 
-def metrics_renderer(registry: Any, manager: Any, runtime: Runtime) -> Callable[[], bytes]:
+def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics: bool = True) -> Callable[[], bytes]:
+    """The /metrics body; `cpu_metrics`: with the nv_cpu_* gauges (--allow-cpu-metrics)."""
+
     def extra() -> metrics_mod.ExtraMetrics:
         pending: dict[tuple[str, str], int] = {}
         instances: list[metrics_mod.InstanceMetrics] = []
@@ -235,7 +240,7 @@ def metrics_renderer(registry: Any, manager: Any, runtime: Runtime) -> Callable[
                                         shm_bytes_in_use=runtime.pool.in_use_bytes,
                                         shm_bytes_reserved=runtime.pool.total_bytes)
 
-    return lambda: metrics_mod.render_metrics(registry, extra=extra)
+    return lambda: metrics_mod.render_metrics(registry, extra=extra, system=cpu_metrics)
 
 
 def status_json(manager: Any, name: str = "") -> dict[str, Any]:

@@ -180,16 +180,9 @@ class ModelManager:
                 else:
                     e.records = {None: (UNAVAILABLE, exc.message)}
                 raise
-            new_versions: dict[int, ModelVersion] = {}
-            errors: list[str] = []
-            results = await asyncio.gather(*(self._start_version(plan, v, ensemble) for v in plan.versions),
-                                           return_exceptions=True)
-            for v, res in zip(plan.versions, results):
-                if isinstance(res, ModelVersion):
-                    new_versions[v] = res
-                else:
-                    errors.append(str(res.message if isinstance(res, InferdError) else res))
-                    e.records[v] = (UNAVAILABLE, errors[-1])
+            new_versions, failed = await self._start_versions(plan, ensemble)
+            e.records.update((v, (UNAVAILABLE, message)) for v, message in failed.items())
+            errors = list(failed.values())
             if errors:
                 for mv in new_versions.values():
                     await self._stop_version(mv, drain_timeout=0)
@@ -343,6 +336,35 @@ class ModelManager:
                 stream.cancel()
 
     # ---- internals ----
+    async def _start_versions(self, plan: loader.LoadPlan, ensemble: Any) -> tuple[dict[int, ModelVersion],
+                                                                                   dict[int, str]]:
+        """({version: started}, {version: why it failed}); a failed load is tried again, every version,
+        up to --model-load-retry-count times."""
+        started, failed = await self._start_each_version(plan, ensemble)
+        retries = self.settings.load_retries
+        for attempt in range(1, retries + 1):
+            if not failed:
+                break
+            for mv in started.values():
+                await self._stop_version(mv, drain_timeout=0)
+            log.warning("loading '%s' failed (%s): trying again (%d of %d)", plan.name, "; ".join(failed.values()),
+                        attempt, retries)
+            started, failed = await self._start_each_version(plan, ensemble)
+        return started, failed
+
+    async def _start_each_version(self, plan: loader.LoadPlan, ensemble: Any) -> tuple[dict[int, ModelVersion],
+                                                                                       dict[int, str]]:
+        results = await asyncio.gather(*(self._start_version(plan, v, ensemble) for v in plan.versions),
+                                       return_exceptions=True)
+        started: dict[int, ModelVersion] = {}
+        failed: dict[int, str] = {}
+        for v, res in zip(plan.versions, results):
+            if isinstance(res, ModelVersion):
+                started[v] = res
+            else:
+                failed[v] = str(res.message if isinstance(res, InferdError) else res)
+        return started, failed
+
     async def _start_version(self, plan: loader.LoadPlan, version: int,
                              ensemble: EnsemblePlan | None = None) -> ModelVersion:
         config = plan.config

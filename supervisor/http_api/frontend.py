@@ -8,6 +8,7 @@ http_body_timeout_s, http_keepalive_timeout_s.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,6 +21,8 @@ from .server import HttpServer, start_http_server
 CATEGORIES = frozenset({routes.HEALTH, routes.METADATA, routes.INFERENCE, routes.SHARED_MEMORY,
                         routes.MODEL_CONFIG, routes.MODEL_REPOSITORY, routes.STATISTICS, routes.TRACE,
                         routes.LOGGING})
+
+log = logging.getLogger("inferd.http")
 
 
 class HttpFrontend:
@@ -61,10 +64,13 @@ async def start(dataplane: DataPlane, config: Any) -> HttpFrontend:
         header_timeout=float(getattr(config, "http_header_timeout_s", 30.0)),
         body_timeout=float(getattr(config, "http_body_timeout_s", 30.0)),
         keepalive_timeout=float(getattr(config, "http_keepalive_timeout_s", 75.0)),
+        reuse_port=bool(getattr(config, "reuse_http_port", False)),
     )
+    log.info("Started HTTPService at %s:%d", config.http_address, server.port)
     return HttpFrontend(server, float(getattr(config, "exit_timeout_secs", 30.0)))
 
 
 async def start_metrics(dataplane: DataPlane, config: Any) -> HttpFrontend:
     server = await start_metrics_server(dataplane, config.metrics_address, config.metrics_port)
+    log.info("Started Metrics Service at %s:%d", config.metrics_address, server.port)
     return HttpFrontend(server, 1.0)

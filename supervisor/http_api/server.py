@@ -45,9 +45,10 @@ class HttpServer:
         self.host = ""
         self.port = 0
 
-    async def start(self, host: str, port: int, *, backlog: int = 1024) -> None:
+    async def start(self, host: str, port: int, *, backlog: int = 1024, reuse_port: bool = False) -> None:
         self._server = await self.loop.create_server(lambda: HttpConnection(self), host, port,
-                                                     reuse_address=True, backlog=backlog)
+                                                     reuse_address=True, reuse_port=reuse_port or None,
+                                                     backlog=backlog)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         self._sweeper = self.loop.call_later(self._tick, self._sweep)
@@ -92,10 +93,12 @@ class HttpServer:
 
 async def start_http_server(handler: Handler, host: str, port: int, *, max_body: int,
                             max_header_size: int = 16384, header_timeout: float = 30.0,
-                            body_timeout: float = 30.0, keepalive_timeout: float = 75.0) -> HttpServer:
-    """Listen on host:port (port 0 = any free port; read it back from `.port`)."""
+                            body_timeout: float = 30.0, keepalive_timeout: float = 75.0,
+                            reuse_port: bool = False) -> HttpServer:
+    """Listen on host:port (port 0 = any free port; read it back from `.port`). `reuse_port`: other
+    servers that set it too may listen on the same port (SO_REUSEPORT, --reuse-http-port)."""
     server = HttpServer(handler, max_body=max_body, max_header_size=max_header_size,
                         header_timeout=header_timeout, body_timeout=body_timeout,
                         keepalive_timeout=keepalive_timeout)
-    await server.start(host, port)
+    await server.start(host, port, reuse_port=reuse_port)
     return server

@@ -1,0 +1,73 @@
+"""The server log as tritonserver writes it: --log-format, --log-file, --log-info/-warning/-error.
+
+Lines look like Triton's: `I1126 02:15:40.123456 4242 inferd.http] Started HTTPService at ...`
+(severity, local date and time to the microsecond, pid, source) or, with --log-format ISO8601,
+`2026-11-26T02:15:40Z I 4242 inferd.http] ...` (UTC). Verbose lines (--log-verbose) are written with
+"I", as Triton does. With --log-file the process's standard output and error go to the file, so the
+workers' output (they inherit both) lands there too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+_SEVERITY = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
+
+
+class TritonFormatter(logging.Formatter):
+    def __init__(self, iso8601: bool = False) -> None:
+        super().__init__()
+        self.iso8601 = iso8601
+
+    def format(self, record: logging.LogRecord) -> str:
+        severity = _SEVERITY.get(record.levelno, "I")
+        if self.iso8601:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
+            head = f"{stamp} {severity} {record.process} {record.name}] "
+        else:
+            stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+            micros = int((record.created % 1) * 1_000_000)
+            head = f"{severity}{stamp}.{micros:06d} {record.process} {record.name}] "
+        text = head + record.getMessage()
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class LevelSwitch(logging.Filter):
+    """Drops the severities turned off with --log-info/--log-warning/--log-error false."""
+
+    def __init__(self, info: bool, warning: bool, error: bool) -> None:
+        super().__init__()
+        self.off = {level for level, on in ((logging.INFO, info), (logging.WARNING, warning),
+                                             (logging.ERROR, error), (logging.CRITICAL, error)) if not on}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno not in self.off
+
+
+def redirect_output(path: str) -> None:
+    """Standard output and error of this process (and of the workers it starts) append to `path`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def configure(verbose: int, log_format: str = "default", log_file: str = "", info: bool = True,
+              warning: bool = True, error: bool = True) -> None:
+    if log_file:
+        redirect_output(log_file)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(iso8601=log_format == "ISO8601"))
+    handler.addFilter(LevelSwitch(info, warning, error))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
