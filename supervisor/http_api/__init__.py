@@ -30,15 +30,19 @@ async def start_http_api(dataplane: DataPlane, host: str, port: int, *,
                          header_timeout: float = 30.0, body_timeout: float = 30.0,
                          keepalive_timeout: float = 75.0, max_header_size: int = 16384,
                          restricted: dict[str, tuple[str, str]] | None = None,
+                         header_forward_pattern: str = "",
                          limits: Limits | None = None) -> HttpServer:
     """Listen on host:port (0 = a free port, read `.port`) and serve the KServe v2 API.
 
     `restricted`: category ("health", "metadata", "inference", "shared-memory", "model-config",
     "model-repository", "statistics", "trace", "logging") -> (header, value), as parsed from
     --http-restricted-api; requests of that category without the header get 403.
+    `header_forward_pattern`: --http-header-forward-pattern (matching headers become parameters of
+    inference requests).
     """
     limits = limits or Limits(max_input_size=max_input_size)
-    router = Router(dataplane, limits=limits, restricted=restricted)
+    router = Router(dataplane, limits=limits, restricted=restricted, header_forward_pattern=header_forward_pattern)
     return await start_http_server(router, host, port, max_body=limits.max_input_size,
                                    max_header_size=max_header_size, header_timeout=header_timeout,
-                                   body_timeout=body_timeout, keepalive_timeout=keepalive_timeout)
+                                   body_timeout=body_timeout, keepalive_timeout=keepalive_timeout,
+                                   keep_header_case=bool(header_forward_pattern))

@@ -89,6 +89,7 @@ class HttpConnection(asyncio.Protocol):
         # request being parsed
         self._url = b""
         self._headers: dict[str, str] = {}
+        self._raw: list[tuple[str, str]] | None = None  # headers as received (KeepCaseConnection)
         self._hbytes = 0
         self._hraw = 0
         self._completed = 0
@@ -253,7 +254,7 @@ class HttpConnection(asyncio.Protocol):
         elif self._blen != len(body):
             body = memoryview(body)[: self._blen]
         req = Request(parser.get_method().decode("latin-1"), path.decode("latin-1"),
-                      query.decode("latin-1"), self._headers, body, parser.should_keep_alive())
+                      query.decode("latin-1"), self._headers, body, parser.should_keep_alive(), self._raw)
         self._body = None
         self._expect = False
         self.state = _IDLE
@@ -504,3 +505,17 @@ class HttpConnection(asyncio.Protocol):
         else:
             self._fatal(408, "request timeout")
             self.abort()
+
+
+class KeepCaseConnection(HttpConnection):
+    """An HttpConnection that also hands the handler every header as received, names in the client's
+    spelling (Request.raw_headers): Triton forwards header names as sent (--http-header-forward-pattern).
+    A subclass, so that servers without a forward pattern pay nothing per header."""
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._raw = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._raw.append((name.decode("latin-1"), value.decode("latin-1")))  # type: ignore[union-attr]

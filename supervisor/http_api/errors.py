@@ -48,5 +48,10 @@ def from_exception(exc: BaseException) -> Response:
     return error_response(500, "internal error")
 
 
+def restricted(message: str) -> Response:
+    """A restricted API asked for without its header: 403, text/plain as Triton labels it."""
+    return Response(403, orjson.dumps({"error": message}), "text/plain")
+
+
 NOT_FOUND = Response(404, b'{"error":"Not Found"}')
 METHOD_NOT_ALLOWED = Response(405, b'{"error":"Method Not Allowed"}')

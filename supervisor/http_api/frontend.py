@@ -1,15 +1,15 @@
 """The HTTP and metrics frontends as the app starts them: `await start(dataplane, config)`, `await stop()`.
 
 Reads from the ServerConfig: http_address, http_port, http_max_input_size, metrics_address,
-metrics_port, exit_timeout_secs; and, when the config grows them, http_restricted_api (a sequence
-of Triton-style `<api>[,<api>...]:<header>=<value>` specs), http_header_timeout_s,
-http_body_timeout_s, http_keepalive_timeout_s.
+metrics_port, exit_timeout_secs, reuse_http_port, http_restricted (category -> (header, value), from
+--http-restricted-api), http_header_forward_pattern; and, when the config grows them,
+http_header_timeout_s, http_body_timeout_s, http_keepalive_timeout_s. The metrics port is never
+restricted (nor is Triton's).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 from ..core.dataplane import DataPlane
@@ -17,10 +17,6 @@ from . import routes
 from .codec import Limits
 from .metrics import start_metrics_server
 from .server import HttpServer, start_http_server
-
-CATEGORIES = frozenset({routes.HEALTH, routes.METADATA, routes.INFERENCE, routes.SHARED_MEMORY,
-                        routes.MODEL_CONFIG, routes.MODEL_REPOSITORY, routes.STATISTICS, routes.TRACE,
-                        routes.LOGGING})
 
 log = logging.getLogger("inferd.http")
 
@@ -37,34 +33,18 @@ class HttpFrontend:
         await self.server.wait_closed(self.grace_s if grace is None else grace)
 
 
-def parse_restricted(specs: Iterable[str]) -> dict[str, tuple[str, str]]:
-    """`--http-restricted-api` values into {category: (header, value)}; ValueError when malformed."""
-    out: dict[str, tuple[str, str]] = {}
-    for spec in specs:
-        apis, sep, rule = spec.partition(":")
-        header, eq, value = rule.partition("=")
-        if not sep or not eq or not header.strip() or not apis.strip():
-            raise ValueError(f"invalid --http-restricted-api value {spec!r}: expected <api>,...:<header>=<value>")
-        for api in apis.split(","):
-            api = api.strip()
-            if api not in CATEGORIES:
-                raise ValueError(f"unknown restricted API category '{api}'")
-            if api in out:
-                raise ValueError(f"restricted API category '{api}' is given more than once")
-            out[api] = (header.strip(), value)
-    return out
-
-
 async def start(dataplane: DataPlane, config: Any) -> HttpFrontend:
     limits = Limits(max_input_size=int(config.http_max_input_size))
-    router = routes.Router(dataplane, limits=limits,
-                           restricted=parse_restricted(getattr(config, "http_restricted_api", ()) or ()))
+    forward = str(getattr(config, "http_header_forward_pattern", "") or "")
+    router = routes.Router(dataplane, limits=limits, restricted=dict(getattr(config, "http_restricted", None) or {}),
+                           header_forward_pattern=forward)
     server = await start_http_server(
         router, config.http_address, config.http_port, max_body=limits.max_input_size,
         header_timeout=float(getattr(config, "http_header_timeout_s", 30.0)),
         body_timeout=float(getattr(config, "http_body_timeout_s", 30.0)),
         keepalive_timeout=float(getattr(config, "http_keepalive_timeout_s", 75.0)),
         reuse_port=bool(getattr(config, "reuse_http_port", False)),
+        keep_header_case=bool(forward),  # Triton forwards header names as the client spelled them
     )
     log.info("Started HTTPService at %s:%d", config.http_address, server.port)
     return HttpFrontend(server, float(getattr(config, "exit_timeout_secs", 30.0)))

@@ -8,18 +8,21 @@ from typing import Any, Union
 
 
 class Request:
-    """One parsed request. Header names are lower-cased; `body` is bytes-like."""
+    """One parsed request. Header names are lower-cased; `body` is bytes-like. `raw_headers` holds every
+    header as received (names as the client spelled them, repeats included) when the server keeps them
+    (HttpServer keep_header_case, for --http-header-forward-pattern), else None."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive")
+    __slots__ = ("method", "path", "query", "headers", "body", "keep_alive", "raw_headers")
 
     def __init__(self, method: str, path: str, query: str, headers: dict[str, str], body: Any,
-                 keep_alive: bool) -> None:
+                 keep_alive: bool, raw_headers: list[tuple[str, str]] | None = None) -> None:
         self.method = method
         self.path = path
         self.query = query
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        self.raw_headers = raw_headers
 
 
 class Response:

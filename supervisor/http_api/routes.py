@@ -11,13 +11,13 @@ import asyncio
 import base64
 import binascii
 import functools
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
+from inferd.supervisor import access
 from inferd.supervisor.core.dataplane import DataPlane
 from inferd.supervisor.core.types import InferResponse
 from inferd.worker.wire.errors import invalid_arg
@@ -67,14 +67,17 @@ def _json(obj: Any) -> Response:
 class Router:
     def __init__(self, dataplane: DataPlane, *, max_input_size: int = 64 * 1024 * 1024,
                  limits: Limits | None = None,
-                 restricted: dict[str, tuple[str, str]] | None = None) -> None:
-        """`restricted`: category -> (header name, required value), from --http-restricted-api."""
+                 restricted: dict[str, tuple[str, str]] | None = None,
+                 header_forward_pattern: str = "") -> None:
+        """`restricted`: category -> (header name, required value), from --http-restricted-api;
+        `header_forward_pattern`: --http-header-forward-pattern (see access.py for both)."""
         self.dp = dataplane
         self.limits = limits or Limits(max_input_size=max_input_size)
         self.max_input_size = self.limits.max_input_size
         self.codec = InferCodec(dataplane, self.limits)
         self.generate = Generate(dataplane, self.max_input_size)  # /generate, /generate_stream
-        self.restricted = {k: (h.lower(), v.encode("latin-1")) for k, (h, v) in (restricted or {}).items()}
+        self.restricted = access.http_restrictions(restricted or {})
+        self.forward = access.forward_pattern(header_forward_pattern)
         self._routes: dict[str, Route] = {}  # path -> route (a route depends on the path alone)
 
     # ------------------------------------------------------------ dispatch
@@ -91,10 +94,9 @@ class Router:
                 self._routes[path] = route
         category, methods, fn, args = route
         if self.restricted and category in self.restricted:
-            header, value = self.restricted[category]
-            given = req.headers.get(header, "").encode("latin-1")
-            if not hmac.compare_digest(given, value):
-                return errors.error_response(403, f"This API is restricted, expecting header '{header}'")
+            rule = self.restricted[category]
+            if not rule.allows(req.headers.get(rule.header)):
+                return errors.restricted(rule.message)
         if req.method not in methods:
             return errors.METHOD_NOT_ALLOWED
         try:
@@ -237,6 +239,8 @@ class Router:
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
             return self._infer_compressed(req, model, version, encoding)
         parsed = self.codec.parse(model, version, req.headers, req.body)
+        if self.forward is not None:
+            self._forward(req, parsed)
         if pick_encoding(req.headers.get("accept-encoding")) is None:
             # the common case: no task per request, the response is built in a done-callback
             return Deferred(self.dp.infer_nowait(parsed.request), functools.partial(self._infer_done, parsed))
@@ -257,9 +261,18 @@ class Router:
             else:
                 body = decode_content(encoding, req.body, self.max_input_size)
             parsed = self.codec.parse(model, version, req.headers, body)
+            if self.forward is not None:
+                self._forward(req, parsed)
         except Exception as exc:
             return errors.from_exception(exc)
         return await self._infer_run(req, parsed)
+
+    def _forward(self, req: Request, parsed: ParsedInfer) -> None:
+        """--http-header-forward-pattern: matching headers become string parameters, after the
+        request's own (names as sent when the server keeps them, else lower-cased)."""
+        headers = req.raw_headers if req.raw_headers is not None else req.headers.items()
+        assert self.forward is not None
+        access.forward_http(self.forward, headers, parsed.request.parameters)
 
     async def _infer_run(self, req: Request, parsed: ParsedInfer) -> Response:
         try:

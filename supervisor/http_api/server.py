@@ -15,7 +15,7 @@ import asyncio
 import time
 
 from .coalesce import Coalescer
-from .connection import HttpConnection
+from .connection import HttpConnection, KeepCaseConnection
 from .messages import Handler, HandlerResult, Request, Response
 
 __all__ = ["Handler", "HandlerResult", "HttpServer", "Request", "Response", "start_http_server"]
@@ -26,7 +26,8 @@ class HttpServer:
 
     def __init__(self, handler: Handler, *, max_body: int, max_header_size: int = 16384,
                  max_headers: int = 100, header_timeout: float = 30.0, body_timeout: float = 30.0,
-                 keepalive_timeout: float = 75.0) -> None:
+                 keepalive_timeout: float = 75.0, keep_header_case: bool = False) -> None:
+        """`keep_header_case`: requests carry their headers as received too (Request.raw_headers)."""
         self.handler = handler
         self.max_body = max_body
         self.max_header_size = max_header_size
@@ -34,6 +35,7 @@ class HttpServer:
         self.header_timeout = header_timeout
         self.body_timeout = body_timeout
         self.keepalive_timeout = keepalive_timeout
+        self.connection_class = KeepCaseConnection if keep_header_case else HttpConnection
         self.loop = asyncio.get_running_loop()
         self.coalescer = Coalescer(self.loop)
         self.connections: set[HttpConnection] = set()
@@ -46,7 +48,8 @@ class HttpServer:
         self.port = 0
 
     async def start(self, host: str, port: int, *, backlog: int = 1024, reuse_port: bool = False) -> None:
-        self._server = await self.loop.create_server(lambda: HttpConnection(self), host, port,
+        connection = self.connection_class
+        self._server = await self.loop.create_server(lambda: connection(self), host, port,
                                                      reuse_address=True, reuse_port=reuse_port or None,
                                                      backlog=backlog)
         sock = self._server.sockets[0]
@@ -94,11 +97,12 @@ class HttpServer:
 async def start_http_server(handler: Handler, host: str, port: int, *, max_body: int,
                             max_header_size: int = 16384, header_timeout: float = 30.0,
                             body_timeout: float = 30.0, keepalive_timeout: float = 75.0,
-                            reuse_port: bool = False) -> HttpServer:
+                            reuse_port: bool = False, keep_header_case: bool = False) -> HttpServer:
     """Listen on host:port (port 0 = any free port; read it back from `.port`). `reuse_port`: other
-    servers that set it too may listen on the same port (SO_REUSEPORT, --reuse-http-port)."""
+    servers that set it too may listen on the same port (SO_REUSEPORT, --reuse-http-port).
+    `keep_header_case`: requests carry their headers as received too (Request.raw_headers)."""
     server = HttpServer(handler, max_body=max_body, max_header_size=max_header_size,
                         header_timeout=header_timeout, body_timeout=body_timeout,
-                        keepalive_timeout=keepalive_timeout)
+                        keepalive_timeout=keepalive_timeout, keep_header_case=keep_header_case)
     await server.start(host, port, reuse_port=reuse_port)
     return server
