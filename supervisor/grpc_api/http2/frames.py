@@ -48,6 +48,7 @@ ENHANCE_YOUR_CALM = 0xB
 DEFAULT_WINDOW = 65535
 DEFAULT_MAX_FRAME = 16384
 MAX_WINDOW = 2**31 - 1
+MAX_STREAM_ID = 2**31 - 1
 MAX_FRAME_LIMIT = 2**24 - 1
 
 _HEAD = struct.Struct(">HBBBI")  # 24-bit length as 16 + 8 bits, type, flags, stream id
@@ -85,6 +86,10 @@ def parse_settings(payload: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 SETTINGS_ACK = header(0, SETTINGS, ACK, 0)
+
+
+def ping(opaque: bytes) -> bytes:
+    return header(8, PING, 0, 0) + opaque
 
 
 def ping_ack(opaque: bytes) -> bytes:
