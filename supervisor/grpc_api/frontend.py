@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..core.dataplane import DataPlane
+from . import tls
 from .http2.grpc_wire import MAX_MESSAGE_LIMIT
+
+log = logging.getLogger("inferd.grpc")
 
 
 class GrpcFrontend:
@@ -29,15 +33,29 @@ def max_message_size(config: Any) -> int:
 
 async def start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
     """`config` is the ServerConfig: grpc_address, grpc_port, grpc_server, grpc_max_message_size,
-    http_max_input_size and exit_timeout_secs are read."""
+    http_max_input_size, exit_timeout_secs, reuse_grpc_port, grpc_keepalive and the TLS settings
+    (grpc_use_ssl, grpc_use_ssl_mutual, grpc_server_cert, grpc_server_key, grpc_root_cert) are read."""
     grace = float(getattr(config, "exit_timeout_secs", 30.0))
     limit = max_message_size(config)
+    reuse_port = bool(getattr(config, "reuse_grpc_port", False))
+    keepalive = getattr(config, "grpc_keepalive", None)
+    frontend: GrpcFrontend
     if getattr(config, "grpc_server", "native") == "grpcio":
         from .server import start_grpc_server
 
-        server = await start_grpc_server(dataplane, config.grpc_address, config.grpc_port, limit)
-        return GrpcFrontend(server, server.inferd_port, grace)  # type: ignore[attr-defined]
-    from .native import start_native_server
+        server = await start_grpc_server(
+            dataplane, config.grpc_address, config.grpc_port, limit,
+            credentials=tls.server_credentials(config), reuse_port=reuse_port, keepalive=keepalive,
+        )
+        frontend = GrpcFrontend(server, server.inferd_port, grace)  # type: ignore[attr-defined]
+    else:
+        from .native import start_native_server
 
-    native = await start_native_server(dataplane, config.grpc_address, config.grpc_port, limit)
-    return GrpcFrontend(native, native.port, grace)
+        native = await start_native_server(
+            dataplane, config.grpc_address, config.grpc_port, limit,
+            tls=tls.server_context(config), reuse_port=reuse_port, keepalive=keepalive,
+        )
+        frontend = GrpcFrontend(native, native.port, grace)
+    if tls.enabled(config):
+        log.info("gRPC serves %s", tls.describe(config))
+    return frontend

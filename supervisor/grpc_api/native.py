@@ -4,6 +4,20 @@ grpc.aio costs ~0.3 ms of CPU per call on this class of machine before any of ou
 core polls on a thread of its own and wakes the event loop per event); this server parses frames on
 the event loop itself and answers ModelInfer from the data plane's done-callback, without a task.
 The handlers are the same as for grpcio's server (servicer.py); `--grpc-server grpcio` keeps that one.
+
+tritonserver's connection flags, as this server applies them:
+- --grpc-use-ssl / --grpc-use-ssl-mutual: TLS 1.2+ with ALPN "h2" (tls.py), client certificates
+  verified against --grpc-root-cert when mutual.
+- --reuse-grpc-port: SO_REUSEPORT, so several servers share the port (the kernel spreads connections).
+- --grpc-keepalive-time / --grpc-keepalive-timeout / --grpc-keepalive-permit-without-calls: a client
+  that sent nothing for the keepalive time gets a PING (only while it has calls running, unless
+  permit-without-calls); no ACK within the timeout and the connection is dropped.
+- --grpc-max-connection-age / --grpc-max-connection-age-grace: at that age (±10 %) the connection gets
+  GOAWAY, so the client opens a new one for new calls; running calls get the grace period (0: as long
+  as they take), then the connection is closed.
+- --grpc-http2-max-pings-without-data, --grpc-http2-min-recv-ping-interval-without-data and
+  --grpc-http2-max-ping-strikes are not applied: every client PING is answered, none is counted as
+  a strike (grpcio's server enforces them).
 """
 
 from __future__ import annotations
@@ -11,16 +25,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from typing import Any
 
 from inferd.supervisor._gen import health_pb2
 from inferd.worker.wire.errors import InferdError
 
+from ..config import GrpcKeepalive
 from ..core.dataplane import DataPlane
 from . import wire
 from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
-from .http2.connection import H2Connection
+from .http2.connection import H2Connection, Lifetime
 from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
 from .http2.grpc_wire import (
     INVALID_ARGUMENT,
@@ -84,12 +100,28 @@ _STATUS_405 = encode([(":status", "405")])
 _STATUS_415 = encode([(":status", "415")])
 
 
+def lifetime(keepalive: GrpcKeepalive) -> Lifetime:
+    """tritonserver's keepalive and connection-age settings (milliseconds, 0 = off / no limit) as the
+    HTTP/2 connection applies them (seconds, None = off / no limit)."""
+    age, grace = keepalive.max_connection_age_ms, keepalive.max_connection_age_grace_ms
+    return Lifetime(
+        ping_interval=keepalive.time_ms / 1000 if keepalive.time_ms > 0 else None,
+        ping_timeout=max(keepalive.timeout_ms, 1) / 1000,
+        ping_idle=keepalive.permit_without_calls,
+        max_age=age / 1000 if age > 0 else None,
+        max_age_grace=grace / 1000 if grace > 0 else None,
+    )
+
+
 class NativeGrpcServer:
     """Listens, owns the connections and tracks the calls so that `stop` can drain them."""
 
-    def __init__(self, methods: dict[str, Method], max_message_bytes: int = MAX_MESSAGE_LIMIT) -> None:
+    def __init__(
+        self, methods: dict[str, Method], max_message_bytes: int = MAX_MESSAGE_LIMIT, lifetime: Lifetime | None = None
+    ) -> None:
         self.methods = methods
         self.max_message_bytes = max_message_bytes
+        self.lifetime = lifetime
         self.calls: set[Call] = set()
         self.connections: set[H2Connection] = set()
         self.stopping = False
@@ -154,11 +186,21 @@ class NativeGrpcServer:
             self._idle.set()
 
     # ---- lifecycle ----
-    async def start(self, address: str, port: int) -> int:
+    async def start(
+        self, address: str, port: int, tls: ssl.SSLContext | None = None, reuse_port: bool = False
+    ) -> int:
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        lifetime = self.lifetime
         self._server = await loop.create_server(
-            lambda: H2Connection(self), address, port, family=family, reuse_address=True, backlog=1024
+            lambda: H2Connection(self, lifetime),
+            address,
+            port,
+            family=family,
+            reuse_address=True,
+            reuse_port=reuse_port,
+            backlog=1024,
+            ssl=tls,
         )
         self.port = self._server.sockets[0].getsockname()[1]
         for sock in self._server.sockets:
@@ -187,11 +229,21 @@ class NativeGrpcServer:
 
 
 async def start_native_server(
-    dataplane: DataPlane, address: str, port: int, max_message_bytes: int = MAX_MESSAGE_LIMIT
+    dataplane: DataPlane,
+    address: str,
+    port: int,
+    max_message_bytes: int = MAX_MESSAGE_LIMIT,
+    *,
+    tls: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
+    keepalive: GrpcKeepalive | None = None,
 ) -> NativeGrpcServer:
-    server = NativeGrpcServer(build_methods(InferenceService(dataplane)), max_message_bytes)
+    """Bind and serve; `tls` (tls.server_context) for TLS, `reuse_port` for SO_REUSEPORT, `keepalive`
+    for keepalive PINGs and the maximum connection age."""
+    conn_lifetime = lifetime(keepalive) if keepalive is not None else None
+    server = NativeGrpcServer(build_methods(InferenceService(dataplane)), max_message_bytes, conn_lifetime)
     try:
-        await server.start(address, port)
+        await server.start(address, port, tls, reuse_port)
     except OSError as exc:
         raise OSError(f"gRPC server cannot bind {address}:{port}: {exc}") from exc
     log.info("Started GRPCInferenceService at %s:%d", address, server.port)
