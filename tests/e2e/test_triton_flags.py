@@ -109,13 +109,13 @@ def test_reuse_http_port_lets_a_second_server_share_the_port(server_factory, tmp
               "--http-address", "127.0.0.1", "--allow-grpc", "false", "--allow-metrics", "false"]
     refused = subprocess.run(common, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "address already in use" in refused.stderr.lower(), refused.stderr
-    log = open(tmp_path / "second.log", "wb")
-    second = subprocess.Popen([*common, "--reuse-http-port", "true"], stdout=log, stderr=subprocess.STDOUT)
+    log = tmp_path / "second.log"
+    with open(log, "wb") as out:
+        second = subprocess.Popen([*common, "--reuse-http-port", "true"], stdout=out, stderr=subprocess.STDOUT)
     try:
-        first.wait_until(lambda: "inferd ready" in (tmp_path / "second.log").read_text()
-                         or second.poll() is not None, 60, "the second server to start")
-        assert second.poll() is None, (tmp_path / "second.log").read_text()
+        first.wait_until(lambda: "inferd ready" in log.read_text() or second.poll() is not None, 60,
+                         "the second server to start")
+        assert second.poll() is None, log.read_text()
     finally:
         second.terminate()
         second.wait(timeout=30)
-        log.close()
