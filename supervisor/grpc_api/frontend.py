@@ -8,6 +8,7 @@ from typing import Any
 from ..core.dataplane import DataPlane
 from . import tls
 from .http2.grpc_wire import MAX_MESSAGE_LIMIT
+from .servicer import POLICY, Policy
 
 log = logging.getLogger("inferd.grpc")
 
@@ -32,6 +33,16 @@ def max_message_size(config: Any) -> int:
 
 
 async def start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
+    """Start the server `config` asks for; its service applies grpc_restricted and
+    grpc_header_forward_pattern (servicer.Policy)."""
+    token = POLICY.set(Policy.of(config))  # read by the InferenceService the server builds
+    try:
+        return await _start(dataplane, config)
+    finally:
+        POLICY.reset(token)
+
+
+async def _start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
     """`config` is the ServerConfig: grpc_address, grpc_port, grpc_server, grpc_max_message_size,
     http_max_input_size, exit_timeout_secs, reuse_grpc_port, grpc_keepalive and the TLS settings
     (grpc_use_ssl, grpc_use_ssl_mutual, grpc_server_cert, grpc_server_key, grpc_root_cert) are read."""

@@ -48,7 +48,7 @@ from .http2.grpc_wire import (
     trailers_only,
 )
 from .http2.hpack_codec import encode
-from .servicer import HEALTH_SERVICE, SERVICE, InferenceService
+from .servicer import HEALTH_SERVICE, SERVICE, InferenceService, allowed
 
 log = logging.getLogger("inferd.grpc")
 
@@ -71,11 +71,14 @@ def _checked(fn: Any) -> Any:
 
 
 def build_methods(service: InferenceService) -> dict[str, Method]:
-    """':path' -> Method for every RPC we serve."""
+    """':path' -> Method for every RPC we serve; each carries the service policy's rule for it
+    (--grpc-restricted-protocol), which open_stream checks before the call starts."""
+    rule = service.policy.rule
     methods: dict[str, Method] = {}
     for name, (req_cls, resp_cls) in service.method_table().items():
         methods[f"/{SERVICE}/{name}"] = Method(
-            False, _checked(getattr(service, name)), deserializer(req_cls), resp_cls.SerializeToString, errors=_errors
+            False, _checked(getattr(service, name)), deserializer(req_cls), resp_cls.SerializeToString, errors=_errors,
+            rule=rule(name),
         )
     methods[f"/{SERVICE}/ModelInfer"] = Method(
         False,
@@ -84,14 +87,18 @@ def build_methods(service: InferenceService) -> dict[str, Method]:
         start=service.infer_start,
         finish=service.infer_finish,
         errors=_errors,
+        rule=rule("ModelInfer"),
     )
-    methods[f"/{SERVICE}/ModelStreamInfer"] = Method(True, service.stream.handle, wire.decode_request, errors=_errors)
+    methods[f"/{SERVICE}/ModelStreamInfer"] = Method(
+        True, service.stream.handle, wire.decode_request, errors=_errors, rule=rule("ModelStreamInfer")
+    )
     methods[f"/{HEALTH_SERVICE}/Check"] = Method(
         False,
         _checked(service.HealthCheck),
         deserializer(health_pb2.HealthCheckRequest),
         health_pb2.HealthCheckResponse.SerializeToString,
         errors=_errors,
+        rule=rule("Check"),
     )
     return methods
 
@@ -171,6 +178,8 @@ class NativeGrpcServer:
             return self._refuse(conn, sid, UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported")
         if self.stopping:
             return self._refuse(conn, sid, UNAVAILABLE, "the server is shutting down")
+        if method.rule is not None and not allowed(method.rule, metadata):  # --grpc-restricted-protocol
+            return self._refuse(conn, sid, UNAVAILABLE, method.rule.message)
         seconds = parse_timeout(timeout) if timeout is not None else None
         kind = StreamCall if method.streaming else UnaryCall
         return kind(self, conn, sid, method, metadata, seconds, encoding)

@@ -3,12 +3,18 @@
 We register our own method handlers instead of the generated servicer base class so the request
 deserializer can catch undecodable bytes: grpc.aio would answer UNKNOWN with the parser's text,
 clients expect INVALID_ARGUMENT (DESIGN.md, Known traps).
+
+`Policy` carries --grpc-restricted-protocol and --grpc-header-forward-pattern (access.py): every RPC
+has a category (CATEGORIES); a restricted one is refused with UNAVAILABLE unless its metadata is
+there, and inference requests get the matching metadata as parameters. Both servers (this module's
+handlers for grpcio, native.py's method table) apply the service's policy.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -17,6 +23,7 @@ from inferd.supervisor._gen import grpc_service_pb2 as pb
 from inferd.supervisor._gen import health_pb2
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
+from .. import access
 from ..core.dataplane import DataPlane
 from . import convert, wire
 from .convert import BAD, PARSE_ERROR, deserializer
@@ -32,6 +39,52 @@ DECOUPLED_UNARY = "ModelInfer RPC doesn't support models with decoupled transact
 
 Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
 
+# The restricted-API category of every RPC (tritonserver's grpc_restricted_protocol groups, observed
+# on Triton 2.51; grpc.health.v1 Health/Check is "health" there too)
+CATEGORIES: dict[str, str] = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
+
+class Policy:
+    """--grpc-restricted-protocol (category -> (key, value), as config.grpc_restricted) and
+    --grpc-header-forward-pattern, as the service applies them (access.py)."""
+
+    __slots__ = ("restricted", "forward")
+
+    def __init__(self, restricted: Mapping[str, tuple[str, str]] | None = None, forward_pattern: str = "") -> None:
+        self.restricted = access.grpc_restrictions(restricted or {})
+        self.forward = access.forward_pattern(forward_pattern)
+
+    @classmethod
+    def of(cls, config: Any) -> Policy:
+        return cls(getattr(config, "grpc_restricted", None), str(getattr(config, "grpc_header_forward_pattern", "")))
+
+    def rule(self, rpc: str) -> access.Restriction | None:
+        """What RPC `rpc` (its method name) requires, None when it is not restricted."""
+        return self.restricted.get(CATEGORIES[rpc]) if self.restricted else None
+
+
+# The policy an InferenceService built without one takes: the frontend sets it around starting a
+# server, since the servers build their service themselves (server.py, native.py)
+POLICY: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("inferd_grpc_policy", default=None)
+
+
+def allowed(rule: access.Restriction, metadata: Any, encoding: str = "latin-1") -> bool:
+    """Whether a call's metadata (name, value pairs) satisfies `rule`: the first value counts."""
+    return rule.allows(access.first_value(metadata or (), rule.header), encoding)
+
 
 def _unary(
     fn: Handler,
@@ -39,10 +92,14 @@ def _unary(
     resp_cls: Any,
     decode: Callable[[bytes], Any] | None = None,
     encode: Callable[[Any], bytes] | None = None,
+    rule: access.Restriction | None = None,
 ) -> grpc.RpcMethodHandler:
-    """`decode`/`encode` replace the protobuf (de)serializers; None with a None class = raw bytes."""
+    """`decode`/`encode` replace the protobuf (de)serializers; None with a None class = raw bytes.
+    `rule`: the method is restricted (--grpc-restricted-protocol)."""
 
     async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if rule is not None and not allowed(rule, context.invocation_metadata(), "utf-8"):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, rule.message)
         if request is BAD:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, PARSE_ERROR)
         try:
@@ -85,9 +142,11 @@ def _setting_strings(value: Any) -> list[str]:
 
 
 class InferenceService:
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, policy: Policy | None = None) -> None:
         self.dp = dataplane
-        self.stream = StreamInfer(dataplane)
+        self.policy = policy if policy is not None else (POLICY.get() or Policy())
+        self.forward = self.policy.forward  # None: no metadata forwarding (the common case)
+        self.stream = StreamInfer(dataplane, forward=self.forward)
 
     # ---- health and metadata ----
     async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
@@ -133,12 +192,13 @@ class InferenceService:
     # ---- inference ----
     async def ModelInfer(self, request: convert.ParsedRequest, context: Any) -> bytes:
         """Takes what `wire.decode_request` made of the bytes; answers serialized bytes."""
-        future, shm_out = self.infer_start(request)
+        future, shm_out = self.infer_start(request, context)
         # a client cancel cancels this task, and with it the awaiting infer (never swallowed)
         return wire.encode_response(await future, shm_out, self.dp)
 
-    def infer_start(self, request: convert.ParsedRequest | convert.BadRequest) -> tuple[Any, Any]:
-        """ModelInfer without a task: the data plane's future (cancelling it cancels the request)."""
+    def infer_start(self, request: convert.ParsedRequest | convert.BadRequest, context: Any = None) -> tuple[Any, Any]:
+        """ModelInfer without a task: the data plane's future (cancelling it cancels the request).
+        `context` gives the call's metadata (header forwarding)."""
         if request is BAD:
             raise invalid_arg(PARSE_ERROR)
         assert isinstance(request, convert.ParsedRequest)
@@ -146,6 +206,8 @@ class InferenceService:
         if dp.model_is_decoupled(request.model_name, request.model_version):
             raise InferdError(ErrorCode.UNSUPPORTED, DECOUPLED_UNARY)
         req, shm_out = convert.to_core(request, dp)
+        if self.forward is not None and context is not None:
+            access.forward_grpc(self.forward, context.invocation_metadata() or (), req.parameters)
         return dp.infer_nowait(req), shm_out
 
     def infer_finish(self, resp: Any, shm_out: Any) -> tuple[list[Any], int]:
@@ -294,17 +356,36 @@ class InferenceService:
             "LogSettings": (pb.LogSettingsRequest, pb.LogSettingsResponse),
         }
 
+    def stream_handler(self) -> Callable[[Any, Any], AsyncIterator[Any]]:
+        """ModelStreamInfer's handler; restricted, it first checks the stream's metadata."""
+        handle = self.stream.handle
+        rule = self.policy.rule("ModelStreamInfer")
+        if rule is None:
+            return handle
+
+        async def guarded(request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+            if not allowed(rule, context.invocation_metadata(), "utf-8"):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, rule.message)
+            async for message in handle(request_iterator, context):
+                yield message
+
+        return guarded
+
     def generic_handlers(self) -> list[grpc.GenericRpcHandler]:
         """The service for grpcio's server (`--grpc-server grpcio`)."""
+        rule = self.policy.rule
         handlers: dict[str, grpc.RpcMethodHandler] = {
-            name: _unary(getattr(self, name), req, resp) for name, (req, resp) in self.method_table().items()
+            name: _unary(getattr(self, name), req, resp, rule=rule(name))
+            for name, (req, resp) in self.method_table().items()
         }
         # the hot path: hand-written wire codec, responses leave as bytes (wire.py)
-        handlers["ModelInfer"] = _unary(self.ModelInfer, None, None, decode=wire.decode_request)
+        handlers["ModelInfer"] = _unary(self.ModelInfer, None, None, decode=wire.decode_request,
+                                        rule=rule("ModelInfer"))
         handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-            self.stream.handle, request_deserializer=wire.decode_request, response_serializer=None
+            self.stream_handler(), request_deserializer=wire.decode_request, response_serializer=None
         )
-        health = {"Check": _unary(self.HealthCheck, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse)}
+        health = {"Check": _unary(self.HealthCheck, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse,
+                                  rule=rule("Check"))}
         return [
             grpc.method_handlers_generic_handler(SERVICE, handlers),
             grpc.method_handlers_generic_handler(HEALTH_SERVICE, health),

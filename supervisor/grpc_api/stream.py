@@ -10,18 +10,21 @@ cancels what still runs: decoupled requests that are streaming see `is_cancelled
 
 Errors go into `error_message` and the stream stays open, unless the client opened it with
 metadata `triton_grpc_error: true`: then the first error ends the stream with its status.
+With --grpc-header-forward-pattern, the stream's matching metadata become parameters of each request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
+from .. import access
 from ..core.dataplane import DataPlane
 from ..core.types import InferRequest, InferResponse
 from . import convert, wire
@@ -49,9 +52,11 @@ def _internal(exc: BaseException) -> InferdError:
 
 
 class StreamInfer:
-    def __init__(self, dataplane: DataPlane, window: int = STREAM_WINDOW) -> None:
+    def __init__(self, dataplane: DataPlane, window: int = STREAM_WINDOW,
+                 forward: re.Pattern[str] | None = None) -> None:
         self.dp = dataplane
         self.window = window
+        self.forward = forward  # --grpc-header-forward-pattern, compiled (access.forward_pattern)
 
     def _message(self, resp: InferResponse, shm: convert.ShmOutputs | None, final: bool) -> bytes:
         """A serialized ModelStreamInferResponse (the stream's serializer passes bytes through)."""
@@ -59,9 +64,12 @@ class StreamInfer:
 
     async def handle(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         grpc_error = wants_grpc_error(context)
+        forwarded: dict[str, Any] = {}
+        if self.forward is not None:
+            access.forward_grpc(self.forward, context.invocation_metadata() or (), forwarded)
         queue: asyncio.Queue[Any] = asyncio.Queue(self.window)
         producers: set[asyncio.Task[None]] = set()
-        reader = asyncio.create_task(self._read(request_iterator, queue, producers))
+        reader = asyncio.create_task(self._read(request_iterator, queue, producers, forwarded))
         try:
             while True:
                 item = await queue.get()
@@ -86,7 +94,8 @@ class StreamInfer:
                 if isinstance(item, asyncio.Task):
                     item.cancel()
 
-    async def _read(self, request_iterator: Any, queue: asyncio.Queue[Any], producers: set[Any]) -> None:
+    async def _read(self, request_iterator: Any, queue: asyncio.Queue[Any], producers: set[Any],
+                    forwarded: dict[str, Any]) -> None:
         dp = self.dp
         try:
             async for msg in request_iterator:
@@ -99,6 +108,8 @@ class StreamInfer:
                 except InferdError as exc:
                     await queue.put(exc)
                     continue
+                if forwarded:
+                    req.parameters.update(forwarded)
                 if decoupled:
                     flag = msg.parameters.get(EMPTY_FINAL)
                     empty_final = flag is not None and flag[0] == "bool_param" and bool(flag[1])

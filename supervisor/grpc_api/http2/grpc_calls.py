@@ -37,16 +37,18 @@ log = logging.getLogger("inferd.grpc")
 class Method:
     """One RPC. `handler(request, context)` is a coroutine (unary) or an async generator over a
     request iterator (stream); `encode` None means the handler already answers bytes. `start` and
-    `finish` give a unary method the task-free path: start(request) -> (future, state), and
-    finish(result, state) -> (message pieces, size)."""
+    `finish` give a unary method the task-free path: start(request, context) -> (future, state), and
+    finish(result, state) -> (message pieces, size). `rule`: the RPC is restricted (an
+    access.Restriction); the server refuses calls whose metadata does not satisfy it."""
 
     streaming: bool
     handler: Callable[..., Any]
     decode: Callable[[Any], Any]  # bytes or bytearray -> request
     encode: Callable[[Any], bytes] | None = None
-    start: Callable[[Any], tuple[asyncio.Future[Any], Any]] | None = None
+    start: Callable[[Any, Context], tuple[asyncio.Future[Any], Any]] | None = None
     finish: Callable[[Any, Any], tuple[list[Any], int]] | None = None
     errors: Callable[[BaseException], tuple[int, str] | None] | None = None  # exception -> status, else INTERNAL
+    rule: Any = None
 
 
 class Context:
@@ -170,7 +172,7 @@ class UnaryCall(Call):
         method = self.method
         request = method.decode(data)
         if method.start is not None:
-            future, state = method.start(request)
+            future, state = method.start(request, self.context)
             self.future = future
             future.add_done_callback(lambda fut: self._answer(fut, state))
         else:
