@@ -11,7 +11,7 @@ VALUE. As Triton 2.51 does it (observed):
   `This protocol is restricted, expecting header 'triton-grpc-protocol-<KEY>'`. When the key is given
   more than once, the first value counts. grpc.health.v1 Health/Check is a "health" call.
   (Triton compares the key as typed on its command line against the lower-case names gRPC delivers,
-  so a key with capitals can never be satisfied there; inferd's config lower-cases keys, so it can.)
+  so a key with capitals can never be satisfied there; inferd matches keys in any case, so it can.)
 
 Header forwarding (--http-header-forward-pattern, --grpc-header-forward-pattern): on inference requests
 (HTTP /infer, gRPC ModelInfer and ModelStreamInfer; not /generate), each header whose name the pattern

@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from . import rundir, triton_flags
+from . import access, rundir, triton_flags
 from .cache import parse_cache_config
 
 # API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_restrictions(values: list[str], flag: str, categories: tuple[str, ...]) -> dict[str, tuple[str, str]]:
-    """`<cat>[,<cat>...]:<key>=<value>` (repeatable) as {category: (key, value)}; the key is lower-cased
-    (HTTP headers and gRPC metadata names are case-insensitive). ValueError naming what is wrong."""
+    """`<cat>[,<cat>...]:<key>=<value>` (repeatable) as {category: (key, value)}. ValueError naming what
+    is wrong."""
     restricted: dict[str, tuple[str, str]] = {}
     for text in values:
         cats, sep, rule = text.partition(":")
@@ -233,7 +233,7 @@ def parse_restrictions(values: list[str], flag: str, categories: tuple[str, ...]
                 raise ValueError(f"{flag}={text}: unknown category '{cat}' (known: {', '.join(categories)})")
             if cat in restricted:
                 raise ValueError(f"{flag}: category '{cat}' is restricted more than once")
-            restricted[cat] = (key.strip().lower(), value)
+            restricted[cat] = (key.strip(), value)  # matched in any case; named as typed in refusals
     return restricted
 
 
@@ -253,7 +253,7 @@ def _flag_errors(args: argparse.Namespace) -> list[str]:
     for flag, pattern in (("--http-header-forward-pattern", args.http_header_forward_pattern),
                           ("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)):
         try:
-            re.compile(pattern)
+            access.forward_pattern(pattern)
         except re.error as exc:
             errors.append(f"{flag}: not a regular expression: {exc}")
     name = args.model_config_name

@@ -8,7 +8,7 @@ from typing import Any
 from ..core.dataplane import DataPlane
 from . import tls
 from .http2.grpc_wire import MAX_MESSAGE_LIMIT
-from .servicer import POLICY, Policy
+from .servicer import Policy
 
 log = logging.getLogger("inferd.grpc")
 
@@ -33,19 +33,11 @@ def max_message_size(config: Any) -> int:
 
 
 async def start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
-    """Start the server `config` asks for; its service applies grpc_restricted and
-    grpc_header_forward_pattern (servicer.Policy)."""
-    token = POLICY.set(Policy.of(config))  # read by the InferenceService the server builds
-    try:
-        return await _start(dataplane, config)
-    finally:
-        POLICY.reset(token)
-
-
-async def _start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
     """`config` is the ServerConfig: grpc_address, grpc_port, grpc_server, grpc_max_message_size,
-    http_max_input_size, exit_timeout_secs, reuse_grpc_port, grpc_keepalive and the TLS settings
-    (grpc_use_ssl, grpc_use_ssl_mutual, grpc_server_cert, grpc_server_key, grpc_root_cert) are read."""
+    http_max_input_size, exit_timeout_secs, reuse_grpc_port, grpc_keepalive, the TLS settings
+    (grpc_use_ssl, grpc_use_ssl_mutual, grpc_server_cert, grpc_server_key, grpc_root_cert), and
+    grpc_restricted and grpc_header_forward_pattern (servicer.Policy) are read."""
+    policy = Policy.of(config)
     grace = float(getattr(config, "exit_timeout_secs", 30.0))
     limit = max_message_size(config)
     reuse_port = bool(getattr(config, "reuse_grpc_port", False))
@@ -56,7 +48,7 @@ async def _start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
 
         server = await start_grpc_server(
             dataplane, config.grpc_address, config.grpc_port, limit,
-            credentials=tls.server_credentials(config), reuse_port=reuse_port, keepalive=keepalive,
+            credentials=tls.server_credentials(config), reuse_port=reuse_port, keepalive=keepalive, policy=policy,
         )
         frontend = GrpcFrontend(server, server.inferd_port, grace)  # type: ignore[attr-defined]
     else:
@@ -64,7 +56,7 @@ async def _start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
 
         native = await start_native_server(
             dataplane, config.grpc_address, config.grpc_port, limit,
-            tls=tls.server_context(config), reuse_port=reuse_port, keepalive=keepalive,
+            tls=tls.server_context(config), reuse_port=reuse_port, keepalive=keepalive, policy=policy,
         )
         frontend = GrpcFrontend(native, native.port, grace)
     if tls.enabled(config):

@@ -48,7 +48,7 @@ from .http2.grpc_wire import (
     trailers_only,
 )
 from .http2.hpack_codec import encode
-from .servicer import HEALTH_SERVICE, SERVICE, InferenceService, allowed
+from .servicer import HEALTH_SERVICE, SERVICE, InferenceService, Policy, allowed
 
 log = logging.getLogger("inferd.grpc")
 
@@ -246,11 +246,12 @@ async def start_native_server(
     tls: ssl.SSLContext | None = None,
     reuse_port: bool = False,
     keepalive: GrpcKeepalive | None = None,
+    policy: Policy | None = None,
 ) -> NativeGrpcServer:
     """Bind and serve; `tls` (tls.server_context) for TLS, `reuse_port` for SO_REUSEPORT, `keepalive`
-    for keepalive PINGs and the maximum connection age."""
+    for keepalive PINGs and the maximum connection age, `policy` for restricted calls and forwarded metadata."""
     conn_lifetime = lifetime(keepalive) if keepalive is not None else None
-    server = NativeGrpcServer(build_methods(InferenceService(dataplane)), max_message_bytes, conn_lifetime)
+    server = NativeGrpcServer(build_methods(InferenceService(dataplane, policy)), max_message_bytes, conn_lifetime)
     try:
         await server.start(address, port, tls, reuse_port)
     except OSError as exc:

@@ -15,7 +15,7 @@ import grpc
 from ..config import GrpcKeepalive
 from ..core.dataplane import DataPlane
 from .http2.grpc_wire import MAX_MESSAGE_LIMIT
-from .servicer import InferenceService
+from .servicer import InferenceService, Policy
 
 log = logging.getLogger("inferd.grpc")
 
@@ -63,15 +63,16 @@ async def start_grpc_server(
     credentials: grpc.ServerCredentials | None = None,
     reuse_port: bool = False,
     keepalive: GrpcKeepalive | None = None,
+    policy: Policy | None = None,
 ) -> grpc.aio.Server:
     """Bind, start and return the server; `server.inferd_port` holds the bound port (for port 0).
-    `credentials` (tls.server_credentials) serve TLS.
+    `credentials` (tls.server_credentials) serve TLS; `policy` applies restricted calls and forwarded metadata.
 
     Stop it with `await server.stop(grace_seconds)`: new RPCs are refused at once, running ones get
     `grace_seconds` to finish and are then cancelled (which cancels their data-plane requests).
     """
     server = grpc.aio.server(options=channel_options(max_message_bytes, reuse_port, keepalive))
-    server.add_generic_rpc_handlers(InferenceService(dataplane).generic_handlers())
+    server.add_generic_rpc_handlers(InferenceService(dataplane, policy).generic_handlers())
     target = _host_port(address, port)
     try:
         if credentials is not None:

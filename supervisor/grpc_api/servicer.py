@@ -12,7 +12,6 @@ handlers for grpcio, native.py's method table) apply the service's policy.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -74,11 +73,6 @@ class Policy:
     def rule(self, rpc: str) -> access.Restriction | None:
         """What RPC `rpc` (its method name) requires, None when it is not restricted."""
         return self.restricted.get(CATEGORIES[rpc]) if self.restricted else None
-
-
-# The policy an InferenceService built without one takes: the frontend sets it around starting a
-# server, since the servers build their service themselves (server.py, native.py)
-POLICY: contextvars.ContextVar[Policy | None] = contextvars.ContextVar("inferd_grpc_policy", default=None)
 
 
 def allowed(rule: access.Restriction, metadata: Any, encoding: str = "latin-1") -> bool:
@@ -144,7 +138,7 @@ def _setting_strings(value: Any) -> list[str]:
 class InferenceService:
     def __init__(self, dataplane: DataPlane, policy: Policy | None = None) -> None:
         self.dp = dataplane
-        self.policy = policy if policy is not None else (POLICY.get() or Policy())
+        self.policy = policy if policy is not None else Policy()
         self.forward = self.policy.forward  # None: no metadata forwarding (the common case)
         self.stream = StreamInfer(dataplane, forward=self.forward)
 

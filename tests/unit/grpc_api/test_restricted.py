@@ -14,7 +14,7 @@ from inferd.supervisor.core.types import InferResponse
 from inferd.supervisor.grpc_api import convert
 from inferd.supervisor.grpc_api.http2.grpc_calls import Context
 from inferd.supervisor.grpc_api.native import build_methods
-from inferd.supervisor.grpc_api.servicer import CATEGORIES, HEALTH_SERVICE, POLICY, SERVICE, InferenceService, Policy
+from inferd.supervisor.grpc_api.servicer import CATEGORIES, HEALTH_SERVICE, SERVICE, InferenceService, Policy
 
 # Triton 2.51's category of each RPC, observed with every category restricted to its own key
 TRITON = {
@@ -69,12 +69,8 @@ def test_nothing_restricted_by_default() -> None:
     assert all(method.rule is None for method in build_methods(service).values())
 
 
-def test_policy_from_the_context_variable() -> None:
-    token = POLICY.set(Policy({"inference": ("a", "b")}, "x-.*"))
-    try:
-        service = InferenceService(_DataPlane())  # type: ignore[arg-type]
-    finally:
-        POLICY.reset(token)
+def test_service_applies_its_policy() -> None:
+    service = InferenceService(_DataPlane(), Policy({"inference": ("a", "b")}, "x-.*"))  # type: ignore[arg-type]
     assert service.policy.rule("ModelInfer") is not None and service.policy.rule("ServerLive") is None
     assert service.forward is not None and service.stream.forward is service.forward
 

@@ -1,0 +1,78 @@
+"""tritonserver command lines as inferd parses them (supervisor/config.py, supervisor/triton_flags.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from inferd.supervisor import triton_flags
+from inferd.supervisor.config import RESTRICTABLE, build_parser, parse_args, parse_restrictions
+
+
+def parse(tmp_path, *flags: str):
+    return parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run"), *flags])
+
+
+def test_every_tritonserver_flag_is_known():
+    known = set(build_parser()._option_string_actions)
+    # tritonserver 2.51 --help, less --help itself
+    triton = re.findall(r"--[a-z0-9-]+", """
+    --allow-cpu-metrics --allow-gpu-metrics --allow-grpc --allow-http --allow-metrics --allow-sagemaker
+    --allow-vertex-ai --backend-config --backend-directory --buffer-manager-thread-count --cache-config
+    --cache-directory --cuda-memory-pool-byte-size --cuda-virtual-address-size --disable-auto-complete-config
+    --enable-peer-access --exit-on-error --exit-timeout-secs --grpc-address --grpc-header-forward-pattern
+    --grpc-http2-max-ping-strikes --grpc-http2-max-pings-without-data
+    --grpc-http2-min-recv-ping-interval-without-data --grpc-infer-allocation-pool-size
+    --grpc-infer-response-compression-level --grpc-keepalive-permit-without-calls --grpc-keepalive-time
+    --grpc-keepalive-timeout --grpc-max-connection-age --grpc-max-connection-age-grace --grpc-port
+    --grpc-restricted-protocol --grpc-root-cert --grpc-server-cert --grpc-server-key --grpc-use-ssl
+    --grpc-use-ssl-mutual --host-policy --http-address --http-header-forward-pattern --http-port
+    --http-restricted-api --http-thread-count --id --load-model --log-error --log-file --log-format --log-info
+    --log-verbose --log-warning --metrics-address --metrics-config --metrics-interval-ms --metrics-port
+    --min-supported-compute-capability --model-config-name --model-control-mode --model-load-gpu-limit
+    --model-load-retry-count --model-load-thread-count --model-namespacing --model-repository --model-store
+    --pinned-memory-pool-byte-size --rate-limit --rate-limit-resource --repoagent-directory
+    --repository-poll-secs --response-cache-byte-size --reuse-grpc-port --reuse-http-port --sagemaker-port
+    --sagemaker-safe-port-range --sagemaker-thread-count --strict-model-config --strict-readiness
+    --trace-config --trace-count --trace-file --trace-level --trace-log-frequency --trace-rate
+    --vertex-ai-default-model --vertex-ai-port --vertex-ai-thread-count""")
+    assert sorted(set(triton) - known) == []
+
+
+def test_inert_flags_are_reported_and_defaults_of_unsupported_ones_pass(tmp_path):
+    config = parse(tmp_path, "--http-thread-count=8", "--backend-config", "python,shm-default-byte-size=1",
+                   "--backend-config", "tensorrt,coalesce-request-input=true", "--rate-limit", "off",
+                   "--model-namespacing=false", "--allow-sagemaker", "0")
+    assert config.inert_flags == (
+        "--http-thread-count=8 has no effect in inferd: " + triton_flags.INERT["--http-thread-count"],
+        "--backend-config=python,shm-default-byte-size=1,tensorrt,coalesce-request-input=true has no effect "
+        "in inferd: " + triton_flags.INERT["--backend-config"],
+    )
+
+
+def test_every_refusal_is_reported_at_once(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(tmp_path, "--rate-limit", "execution_count", "--model-namespacing", "true",
+              "--http-header-forward-pattern", "(", "--model-load-retry-count", "-1")
+    message = str(exit_info.value)
+    for part in ("--rate-limit=execution_count", "--model-namespacing=true", "--http-header-forward-pattern",
+                 "--model-load-retry-count"):
+        assert part in message
+
+
+def test_restrictions_keep_the_key_as_typed_and_refuse_a_category_twice():
+    assert parse_restrictions(["inference,health:Admin-Key=S3cret"], "--flag", RESTRICTABLE) == {
+        "inference": ("Admin-Key", "S3cret"), "health": ("Admin-Key", "S3cret")}
+    with pytest.raises(ValueError, match="restricted more than once"):
+        parse_restrictions(["health:a=b", "health:c=d"], "--flag", RESTRICTABLE)
+    with pytest.raises(ValueError, match="expected <categories>:<key>=<value>"):
+        parse_restrictions(["health:novalue"], "--flag", RESTRICTABLE)
+
+
+def test_re2_case_sensitive_prefix_is_a_valid_pattern(tmp_path):
+    assert parse(tmp_path, "--grpc-header-forward-pattern", "(?-i)X-Trace.*").grpc_header_forward_pattern
+
+
+def test_poll_mode_needs_a_positive_interval(tmp_path):
+    with pytest.raises(SystemExit, match="--repository-poll-secs must be greater than 0"):
+        parse(tmp_path, "--model-control-mode", "poll", "--repository-poll-secs", "0")
