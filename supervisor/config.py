@@ -259,6 +259,10 @@ def _flag_errors(args: argparse.Namespace) -> list[str]:
     name = args.model_config_name
     if name and (len(name) > 255 or name in (".", "..") or any(c.isspace() or c in "/\\" for c in name)):
         errors.append(f"--model-config-name {name!r}: must be a file name (no spaces or slashes)")
+    for repo in args.model_repository:
+        if re.match(r"[a-z][a-z0-9+.-]*://", repo):  # s3://, gs://, as://: Triton reads these from the cloud
+            errors.append(f"--model-repository {repo}: cloud storage repositories are not supported; copy the "
+                          "repository to a local directory (or mount it) and give that path")
     if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
         errors.append("--repository-poll-secs must be greater than 0 with --model-control-mode poll")
     if args.model_load_retry_count < 0:

@@ -15,6 +15,7 @@ from typing import Any
 # flag -> why it changes nothing in inferd
 INERT: dict[str, str] = {
     "--http-thread-count": "the supervisor's event loop serves HTTP",
+    "--grpc-infer-thread-count": "the supervisor's event loop serves gRPC",  # earlier tritonserver releases
     "--grpc-infer-allocation-pool-size": "no response allocation pool",
     "--buffer-manager-thread-count": "tensors travel through shared memory, no buffer manager threads",
     "--pinned-memory-pool-byte-size": "no pinned memory pool",

@@ -76,3 +76,13 @@ def test_re2_case_sensitive_prefix_is_a_valid_pattern(tmp_path):
 def test_poll_mode_needs_a_positive_interval(tmp_path):
     with pytest.raises(SystemExit, match="--repository-poll-secs must be greater than 0"):
         parse(tmp_path, "--model-control-mode", "poll", "--repository-poll-secs", "0")
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/models", "gs://bucket/models", "as://account/container/models"])
+def test_cloud_repositories_are_refused_clearly(tmp_path, url):
+    with pytest.raises(SystemExit, match="cloud storage repositories are not supported"):
+        parse_args(["--model-repository", url, "--run-dir", str(tmp_path / "run")])
+
+
+def test_an_older_tritonserver_flag_is_inert(tmp_path):
+    assert parse(tmp_path, "--grpc-infer-thread-count", "2").inert_flags
