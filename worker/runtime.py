@@ -53,6 +53,13 @@ _now_ns = time.perf_counter_ns
 _input_array = tensors.input_array
 _check_output = tensors.check_output
 _output_data = tensors.output_data
+
+
+def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Tensor:
+    rule = reshapes.get(tensor.name)
+    if rule is None:
+        return tensor
+    return Tensor(tensor.name, tensor.datatype, tensors.reshape_input(tensor.array, tensor.name, *rule))
 _ref_json = output_ref_json
 
 
@@ -91,6 +98,7 @@ class Runtime:
         self._spec: Optional[ModelSpec] = None
         self._outputs: dict[str, tensors.OutputSpec] = {}
         self._output_names: list[str] = []
+        self._reshapes: dict[str, tuple[bool, list[int]]] = {}  # inputs the config reshapes
         self._cancelled: set[int] = set()
         self._main_thread = threading.current_thread()
         self._is_cancelled = self.is_cancelled  # one bound method, handed to every Request
@@ -196,6 +204,7 @@ class Runtime:
         self._backend, self._spec = backend, spec
         self._outputs = tensors.output_specs(spec.config)
         self._output_names = list(self._outputs)
+        self._reshapes = tensors.input_reshapes(spec.config)
         if spec.decoupled:
             self._outbox = Outbox()
             self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute")
@@ -234,12 +243,15 @@ class Runtime:
         entries: list[Any] = []  # per request: its Request, or (request_id, WireError) for a failed one
         runnable: list[Request] = []
         cancelled = self._cancelled  # Cancels read ahead while an earlier batch ran
+        reshapes = self._reshapes
         for item in message.requests:
             if cancelled and item.request_id in cancelled:  # cancelled before it started: never run it
                 entries.append((item.request_id, _CANCELLED))
                 continue
             try:
                 inputs = [Tensor(ref.name, ref.datatype, _input_array(ref, frames, cache)) for ref in item.inputs]
+                if reshapes:
+                    inputs = [_reshaped(t, reshapes) for t in inputs]
             except Exception as exc:
                 entries.append((item.request_id, wire_error(exc)))
                 continue

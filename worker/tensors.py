@@ -149,6 +149,29 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
     return np.ndarray(shape, numpy_dtype, buf)  # one call: about half of np.frombuffer + reshape
 
 
+def input_reshapes(config: dict[str, Any]) -> dict[str, tuple[bool, list[int]]]:
+    """{input name: (batched, shape)} for the inputs whose config has `reshape`: the model gets them in
+    that shape (behind the batch dimension when max_batch_size > 0), not the shape clients send."""
+    batched = int(config.get("max_batch_size") or 0) > 0
+    out: dict[str, tuple[bool, list[int]]] = {}
+    for inp in config.get("input") or []:
+        reshape = inp.get("reshape")
+        if isinstance(reshape, dict):
+            out[inp["name"]] = (batched, [int(d) for d in reshape.get("shape") or []])
+    return out
+
+
+def reshape_input(array: np.ndarray, name: str, batched: bool, shape: list[int]) -> np.ndarray:
+    target = ([array.shape[0]] if batched and array.ndim else []) + shape
+    try:
+        return array.reshape(target)
+    except ValueError:
+        raise invalid_arg(
+            "input '%s' of shape %s cannot take the shape %s its configuration's reshape asks for"
+            % (name, list(array.shape), target)
+        ) from None
+
+
 # ---- outputs ----------------------------------------------------------------------------------
 
 
