@@ -68,6 +68,9 @@ class App:
                 loader.metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
+            log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
+                          "log_warning": self.config.log_warning, "log_error": self.config.log_error,
+                          "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
         )
         BlsService(dataplane, manager, runtime.channel, runtime.pool)  # Python models calling models
         poller: RepositoryPoller | None = None

@@ -42,6 +42,9 @@ class LevelSwitch(logging.Filter):
 
     def __init__(self, info: bool, warning: bool, error: bool) -> None:
         super().__init__()
+        self.set(info, warning, error)
+
+    def set(self, info: bool, warning: bool, error: bool) -> None:
         self.off = {level for level, on in ((logging.INFO, info), (logging.WARNING, warning),
                                              (logging.ERROR, error), (logging.CRITICAL, error)) if not on}
 
@@ -59,15 +62,26 @@ def redirect_output(path: str) -> None:
     os.close(fd)
 
 
+_formatter = TritonFormatter()
+_switch = LevelSwitch(True, True, True)
+
+
 def configure(verbose: int, log_format: str = "default", log_file: str = "", info: bool = True,
               warning: bool = True, error: bool = True) -> None:
     if log_file:
         redirect_output(log_file)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(TritonFormatter(iso8601=log_format == "ISO8601"))
-    handler.addFilter(LevelSwitch(info, warning, error))
+    handler.setFormatter(_formatter)
+    handler.addFilter(_switch)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
+    apply(verbose, log_format, info, warning, error)
+
+
+def apply(verbose: int, log_format: str, info: bool, warning: bool, error: bool) -> None:
+    """Change the log settings of a running server (POST /v2/logging)."""
+    _formatter.iso8601 = log_format == "ISO8601"
+    _switch.set(info, warning, error)
+    logging.getLogger().setLevel(logging.DEBUG if verbose > 0 else logging.INFO)

@@ -11,6 +11,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from .. import logs
 from ..cache import ResponseCache, request_key
 from . import loader
 from .dataplane import DataPlane
@@ -43,7 +44,7 @@ EXTENSIONS = [
 class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
-                 response_cache: ResponseCache | None = None) -> None:
+                 response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None) -> None:
         self.manager = manager
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
@@ -58,6 +59,7 @@ class ServerDataPlane(DataPlane):
             "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
             "log_verbose_level": 0, "log_format": "default",
         }
+        self._log_settings.update(log_settings or {})
         self._trace_settings: dict[str, Any] = {
             "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
             "trace_file": "", "trace_mode": "triton",
@@ -238,17 +240,26 @@ class ServerDataPlane(DataPlane):
 
     # ---- settings ----
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
+        """GET / POST /v2/logging. A change applies to the supervisor's log at once; workers keep the
+        verbosity they started with."""
         if update:
+            settings = dict(self._log_settings)
             for key, value in update.items():
-                if key not in self._log_settings:
+                if key not in settings:
                     raise InferdError(ErrorCode.INVALID_ARG, "Logging setting '%s' is not supported" % key)
-                if key == "log_file" and value != self._log_settings["log_file"]:
+                if key == "log_file" and value != settings["log_file"]:
                     raise InferdError(ErrorCode.UNSUPPORTED, "changing the log file over the API is not allowed")
-                if key == "log_verbose_level":
-                    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                        raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
-                    logging.getLogger("inferd").setLevel(logging.DEBUG if value > 0 else logging.INFO)
-                self._log_settings[key] = value
+                if key == "log_verbose_level" and (not isinstance(value, int) or isinstance(value, bool)
+                                                   or value < 0):
+                    raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
+                if key in ("log_info", "log_warning", "log_error") and not isinstance(value, bool):
+                    raise InferdError(ErrorCode.INVALID_ARG, "%s must be a boolean" % key)
+                if key == "log_format" and value not in ("default", "ISO8601"):
+                    raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default' or 'ISO8601'")
+                settings[key] = value
+            logs.apply(settings["log_verbose_level"], settings["log_format"], settings["log_info"],
+                       settings["log_warning"], settings["log_error"])
+            self._log_settings = settings
         return dict(self._log_settings)
 
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:

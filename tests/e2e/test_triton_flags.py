@@ -119,3 +119,25 @@ def test_reuse_http_port_lets_a_second_server_share_the_port(server_factory, tmp
     finally:
         second.terminate()
         second.wait(timeout=30)
+
+
+def test_log_settings_change_the_running_server(server_factory, tmp_path):
+    log_file = tmp_path / "server.log"
+    server = server_factory(["identity_fp32"], control_mode="explicit",
+                            extra_args=["--log-file", str(log_file), "--log-warning", "false"])
+    client = server.http_client()
+    try:
+        settings = client.get_log_settings()
+        assert settings["log_file"] == str(log_file) and settings["log_warning"] is False
+        client.update_log_settings({"log_info": False})
+        client.load_model("identity_fp32")
+        assert "successfully loaded 'identity_fp32'" not in log_file.read_text()
+        client.update_log_settings({"log_info": True, "log_format": "ISO8601"})
+        client.unload_model("identity_fp32")
+        server.wait_until(lambda: "successfully unloaded 'identity_fp32'" in log_file.read_text(), 30, "the unload")
+        line = next(x for x in log_file.read_text().splitlines() if "successfully unloaded" in x)
+        assert ISO_LINE.match(line), line
+        with pytest.raises(Exception, match="log_format must be"):
+            client.update_log_settings({"log_format": "fancy"})
+    finally:
+        client.close()
