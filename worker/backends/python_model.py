@@ -79,25 +79,33 @@ class PythonBackend:
         for entry in (version_dir, spec.model_dir):
             if entry not in sys.path:
                 sys.path.append(entry)
-        # unique per model file: two models' model.py never share a module (nor a stale one)
+        # The model file is a module of a package whose path is the version directory, as Triton
+        # imports `<version>.model`: `from .helper import x` finds <version>/helper.py. The package
+        # name is unique per model file: two models' model.py never share a module (nor a stale one).
         digest = hashlib.sha1(os.path.realpath(path).encode("utf-8", "surrogateescape")).hexdigest()[:10]
-        module_name = "inferd_model_%s_%s_%s" % (
+        package = "inferd_model_%s_%s_%s" % (
             re.sub(r"\W", "_", spec.model_name), re.sub(r"\W", "_", spec.version), digest
         )
+        module_name = package + "." + filename[: -len(".py")]
         module = sys.modules.get(module_name)
         if module is not None:
             return module
         import importlib.util
+        import types
 
+        parent = types.ModuleType(package)
+        parent.__path__ = [version_dir]
         module_spec = importlib.util.spec_from_file_location(module_name, path)
         if module_spec is None or module_spec.loader is None:
             raise InferdError(ErrorCode.INTERNAL, "cannot import Python model file '%s'" % path)
         module = importlib.util.module_from_spec(module_spec)
+        sys.modules[package] = parent
         sys.modules[module_name] = module
         try:
             module_spec.loader.exec_module(module)
         except BaseException as exc:
             sys.modules.pop(module_name, None)
+            sys.modules.pop(package, None)
             self._log_exception("importing %s" % path)
             raise InferdError(ErrorCode.INTERNAL, _describe(exc)) from None
         if not isinstance(getattr(module, "TritonPythonModel", None), type):
