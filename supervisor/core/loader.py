@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.worker.wire import messages as m
@@ -26,6 +26,7 @@ from ..memory.client_shm import ClientShm
 from ..memory.shm_pool import ShmPool
 from ..repository import autocomplete, layout, metadata, normalize, versions
 from ..repository import config as repo_config
+from . import classification
 
 _KIND_NAMES = {0: "CPU", 1: "GPU", 2: "CPU", 3: "MODEL"}  # KIND_AUTO resolves before this point
 # backends whose worker completes the config from the model (Python: auto_complete_config; ORT/TRT: the model file)
@@ -95,6 +96,7 @@ class LoadPlan:
     versions: tuple[int, ...]
     metadata_base: dict[str, Any]
     env: ExecEnv | None = None  # the model's EXECUTION_ENV_PATH environment, resolved once per load
+    labels: classification.Labels = field(default_factory=dict)  # outputs' label_filename files, read once
 
     @property
     def is_ensemble(self) -> bool:
@@ -179,7 +181,8 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
     config = repo_config.to_json_dict(cfg)
     meta = metadata.model_metadata(cfg, [])
     meta.pop("versions", None)
-    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env)
+    labels = classification.load_labels(source.path, config)
+    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env, labels)
 
 
 def _mentions_auto_complete(model_dir: str, max_bytes: int = 4 << 20) -> bool:

@@ -54,6 +54,7 @@ class ModelVersion:
     load_seconds: float = 0.0
     ensemble: EnsemblePlan | None = None  # set for ensembles, which have no instances of their own
     cache_generation: int = 0  # > 0: responses are cached, keyed with this number (unique per load)
+    labels: dict[str, tuple[bytes, ...]] = field(default_factory=dict)  # classification labels per output
 
     @property
     def ready(self) -> bool:
@@ -374,7 +375,7 @@ class ModelManager:
                               EnsembleScheduler(ensemble, str(version), self.call_model, self.stream_model, stats,
                                                 batched=int(config.get("max_batch_size") or 0) > 0),
                               stats, decoupled=ensemble.decoupled, metadata_base=plan.metadata_base,
-                              ensemble=ensemble)
+                              ensemble=ensemble, labels=plan.labels)
             mv.state = READY
             return mv
         instances = loader.make_instances(self.settings, plan, version)
@@ -383,7 +384,7 @@ class ModelManager:
             max_queue_size=self.settings.max_queue_size, pipeline_depth=self.settings.timings.pipeline_depth))
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
-                          metadata_base=plan.metadata_base)
+                          metadata_base=plan.metadata_base, labels=plan.labels)
         if self.response_cache and model_wants_cache(config):
             mv.cache_generation = next(_cache_generations)
         # as Triton: the per-model nv_cache_* counters follow the model's config, even without a server cache

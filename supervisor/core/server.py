@@ -13,7 +13,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..cache import ResponseCache, request_key
-from . import loader
+from . import classification, loader
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
 from .streaming import ResponseStream
@@ -117,9 +117,15 @@ class ServerDataPlane(DataPlane):
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
+        wanted = classification.requested(request.outputs) if request.outputs else None
         if mv.cache_generation and self.response_cache is not None:
-            return asyncio.ensure_future(self._infer_cached(mv, request, self.response_cache))
-        return mv.scheduler.submit(request)
+            future: asyncio.Future[InferResponse] = asyncio.ensure_future(
+                self._infer_cached(mv, request, self.response_cache))
+        else:
+            future = mv.scheduler.submit(request)
+        if wanted is not None:
+            return asyncio.ensure_future(_classified(future, mv, wanted))
+        return future
 
     async def _infer_cached(self, mv: ModelVersion, request: InferRequest, cache: ResponseCache) -> InferResponse:
         """A hit never reaches the scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
@@ -162,6 +168,7 @@ class ServerDataPlane(DataPlane):
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
+        wanted = classification.requested(request.outputs) if request.outputs else None
         stream = ResponseStream()
         request.response_sink = stream
         future = mv.scheduler.submit(request)
@@ -178,6 +185,8 @@ class ServerDataPlane(DataPlane):
                     yield item
                     continue
                 item.model_name, item.model_version, item.id = name, version, request.id
+                if wanted is not None:
+                    classification.apply(item, wanted, mv.labels, _batched(mv))
                 item.parameters[FINAL_FLAG] = final
                 yield item
                 if final:
@@ -301,3 +310,13 @@ class ServerDataPlane(DataPlane):
 
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         self._client_shm().write(region, offset, data)
+
+
+def _batched(mv: ModelVersion) -> bool:
+    return int(mv.config.get("max_batch_size") or 0) > 0
+
+
+async def _classified(future: asyncio.Future[InferResponse], mv: ModelVersion,
+                      wanted: dict[str, int]) -> InferResponse:
+    """The response of `future` with the outputs in `wanted` classified (cancelling this cancels `future`)."""
+    return classification.apply(await future, wanted, mv.labels, _batched(mv))

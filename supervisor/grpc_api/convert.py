@@ -21,6 +21,7 @@ from inferd.supervisor._gen import grpc_service_pb2 as pb
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import invalid_arg
 
+from ..core.classification import CLASSIFICATION_WITH_SHM
 from ..core.dataplane import DataPlane
 from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
 
@@ -318,16 +319,29 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
     for o in msg.outputs:
         out = RequestedOutput(o.name)
         if o.parameters:
+            if "classification" in o.parameters and "shared_memory_region" in o.parameters:
+                raise invalid_arg(CLASSIFICATION_WITH_SHM)
             for k, p in o.parameters.items():
                 if k == "shared_memory_region":
                     shm_out = shm_out or {}
                     shm_out[o.name] = _shm_output(o)
                 elif k.startswith("shared_memory_") or k == "binary_data":
                     continue  # consumed with the region / meaningless over gRPC
+                elif k == "classification":
+                    out.parameters[k] = _class_count(p)
                 else:
                     out.parameters[k] = param_value(p, k)
         req.outputs.append(out)
     return req, shm_out
+
+
+def _class_count(p: Param) -> int:
+    """A requested output's classification: an int64_param above 0, as Triton's gRPC frontend checks."""
+    if p[0] != "int64_param":
+        raise invalid_arg("invalid value type for 'classification' parameter, expected int64_param")
+    if p[1] <= 0:
+        raise invalid_arg("invalid value for 'classification' parameter, expected >= 0")
+    return int(p[1])
 
 
 def _shm_output(o: ParsedOutput) -> tuple[str, int, int]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 from inferd.supervisor.core import tensors
+from inferd.supervisor.core.classification import CLASSIFICATION_WITH_SHM
 from inferd.supervisor.core.dataplane import DataPlane
 from inferd.supervisor.core.types import (
     SEQUENCE_END,
@@ -234,7 +235,7 @@ class InferCodec:
             raise invalid_arg(f"'classification' of output '{name}' must be a non-negative integer")
         if "shared_memory_region" in params:
             if cls is not None:
-                raise invalid_arg(f"output '{name}' cannot use both classification and shared memory")
+                raise invalid_arg(CLASSIFICATION_WITH_SHM)
             plan.shm = _shm_params(params, name)
         parsed.plans[name] = plan
         parsed.request.outputs.append(RequestedOutput(name, dict(params)))
