@@ -337,7 +337,8 @@ class InferCodec:
                     raise invalid_arg(f"shared memory region '{region}' of {size} bytes is too small for "
                                       f"output '{t.name}' of {nbytes} bytes")
                 self.dp.shm_write(region, offset, t.data)
-            elif (plan.binary if plan is not None and plan.binary is not None else default):
+            # a listed output is binary only when it asks (Triton ignores binary_data_output for it)
+            elif (plan.binary is True) if plan is not None else default:
                 binary_any = True
                 entry["parameters"] = {"binary_data_size": nbytes}
                 if nbytes:

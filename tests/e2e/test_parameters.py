@@ -105,3 +105,21 @@ def test_http_json_request_without_client(server):
     assert set(outputs) == {"OUTPUT0", "PARAMS"}
     assert outputs["OUTPUT0"] == {"name": "OUTPUT0", "datatype": "INT32", "shape": [1], "data": [9]}
     assert json.loads(outputs["PARAMS"]["data"][0]) == {"k": "v"}
+
+
+def test_binary_data_output_covers_only_outputs_not_listed(server):
+    """Triton: binary_data_output applies when no outputs are listed; a listed output is binary only
+    when its own binary_data says so."""
+    base = {"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "INT32", "data": [9]}],
+            "parameters": {"binary_data_output": True}}
+    listed = dict(base, outputs=[{"name": "OUTPUT0"}, {"name": "FLAGS", "parameters": {"binary_data": True}}])
+    status, reply = server.post("/v2/models/params/infer", json.dumps(listed).encode(),
+                                headers={"Content-Type": "application/json"})
+    assert status == 200, reply
+    head = json.loads(reply[: reply.index(b"}]}") + 3])
+    outputs = {o["name"]: o for o in head["outputs"]}
+    assert outputs["OUTPUT0"]["data"] == [9] and "parameters" not in outputs["OUTPUT0"]
+    assert outputs["FLAGS"]["parameters"]["binary_data_size"] > 0
+    status, reply = server.post("/v2/models/params/infer", json.dumps(base).encode(),
+                                headers={"Content-Type": "application/json"})
+    assert status == 200 and b'"binary_data_size"' in reply and b'"data"' not in reply
