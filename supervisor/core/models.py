@@ -23,7 +23,7 @@ from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
-from . import loader
+from . import loader, warmup
 from .streaming import ResponseStream
 from .types import InferRequest, InferResponse
 from .validate import IOSpec, validate_request
@@ -378,6 +378,7 @@ class ModelManager:
                               ensemble=ensemble, labels=plan.labels)
             mv.state = READY
             return mv
+        warmer = await warmup.build_warmer(config, plan.source.path, plan.name, str(version), stats)
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
         scheduler = make_scheduler(plan.name, config, instances, stats, SchedulerSettings(
@@ -395,6 +396,7 @@ class ModelManager:
 
         for inst in instances:
             inst.on_change = on_change
+            inst.warmup = warmer  # every start of its worker (restarts too) runs model_warmup first
         try:
             await asyncio.gather(*(inst.start() for inst in instances))
         except BaseException:

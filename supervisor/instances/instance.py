@@ -6,6 +6,8 @@
   failing to start), capped at `restart_cap_s`. After `restart_give_up` failures in a row the
   instance is FAILED with the last reason and nothing more is spawned.
 - `on_change(instance)` is called on every state change so the model manager can recompute readiness.
+- `warmup(worker)`, when set, runs on every worker after it loaded the model and before the instance
+  is READY (the first start and every restart); its InferdError fails that start like a load error.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import asyncio
 import enum
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from inferd.supervisor.config import WorkerTimings
@@ -62,6 +64,7 @@ class Instance:
         path_prefix: Sequence[str] = (),
         log_verbose: int = 0,
         on_change: Callable[[Instance], None] | None = None,
+        warmup: Callable[[WorkerProcess], Awaitable[None]] | None = None,
     ) -> None:
         self.load = load
         self.name = load.instance_name
@@ -71,6 +74,7 @@ class Instance:
         self.failures = 0  # consecutive failures (deaths soon after ready, failed restarts)
         self.last_error: InferdError | None = None
         self.on_change = on_change
+        self.warmup = warmup
         self._channel = channel
         self._launcher = launcher
         self._timings = timings
@@ -145,7 +149,7 @@ class Instance:
         worker = self._new_worker()
         self._worker = worker
         try:
-            await worker.start(self.load)
+            await self._start_worker(worker)
         except InferdError as exc:
             self.last_error = exc
             self._set_state(InstanceState.FAILED)
@@ -155,6 +159,20 @@ class Instance:
             raise
         if self.state is InstanceState.STARTING:
             self._set_state(InstanceState.READY)
+
+    async def _start_worker(self, worker: WorkerProcess) -> None:
+        """Start `worker` and warm it up; a failed warm-up stops it again and raises InferdError."""
+        await worker.start(self.load)
+        if self.warmup is None:
+            return
+        try:
+            await self.warmup(worker)
+        except Exception as exc:
+            await worker.stop(self._timings.stop_timeout_s)
+            if isinstance(exc, InferdError):
+                raise
+            log.error("warmup of instance '%s' failed", self.name, exc_info=exc)
+            raise InferdError(ErrorCode.INTERNAL, "warmup failed: %s" % exc) from None
 
     def _on_worker_exit(self, worker: WorkerProcess, err: InferdError) -> None:
         if worker is not self._worker or self.state is not InstanceState.READY:
@@ -186,7 +204,7 @@ class Instance:
         worker = self._new_worker()
         self._worker = worker
         try:
-            await worker.start(self.load)
+            await self._start_worker(worker)
         except InferdError as exc:
             if self.state is InstanceState.RESTARTING:
                 self.last_error = exc
