@@ -221,7 +221,8 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
                     instance_name="%s_%d" % (group.name, len(out) if len(devices) > 1 else k),
                     instance_kind=_KIND_NAMES.get(group.kind, "CPU"), device_id=device)
                 out.append(Instance(load, channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
-                                    pool=rt.pool, log_verbose=settings.log_verbose, **_env_kwargs(plan.env)))
+                                    pool=rt.pool, log_verbose=settings.log_verbose, passive=group.passive,
+                                    **_env_kwargs(plan.env)))
     return out
 
 

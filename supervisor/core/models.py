@@ -381,7 +381,8 @@ class ModelManager:
         warmer = await warmup.build_warmer(config, plan.source.path, plan.name, str(version), stats)
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
-        scheduler = make_scheduler(plan.name, config, instances, stats, SchedulerSettings(
+        scheduled = [inst for inst in instances if not inst.passive]
+        scheduler = make_scheduler(plan.name, config, scheduled, stats, SchedulerSettings(
             max_queue_size=self.settings.max_queue_size, pipeline_depth=self.settings.timings.pipeline_depth))
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),

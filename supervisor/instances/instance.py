@@ -65,8 +65,10 @@ class Instance:
         log_verbose: int = 0,
         on_change: Callable[[Instance], None] | None = None,
         warmup: Callable[[WorkerProcess], Awaitable[None]] | None = None,
+        passive: bool = False,
     ) -> None:
         self.load = load
+        self.passive = passive  # instance_group passive: loaded and supervised, but never scheduled
         self.name = load.instance_name
         self.model_name = load.model_name
         self.state = InstanceState.STOPPED
