@@ -44,6 +44,9 @@ class EnsemblePlan:
     # steps whose model is decoupled (set at load, once the composing models are known): each of
     # their responses feeds the later steps separately, so the ensemble itself streams
     decoupled_steps: frozenset[int] = frozenset()
+    # ensemble_scheduling.max_inflight_requests: how many requests the responses of one decoupled step
+    # may have running in the later steps at once (0: no limit); the stream waits for a free slot
+    max_inflight: int = 0
 
     @property
     def decoupled(self) -> bool:
@@ -124,7 +127,9 @@ def build_plan(config: dict[str, Any]) -> EnsemblePlan:
     for step in steps:
         for tensor in set(step.input_map.values()):
             consumers.setdefault(tensor, []).append(step.index)
-    return EnsemblePlan(name, inputs, outputs, tuple(steps), {k: tuple(v) for k, v in consumers.items()})
+    max_inflight = (config.get("ensemble_scheduling") or {}).get("max_inflight_requests") or 0
+    return EnsemblePlan(name, inputs, outputs, tuple(steps), {k: tuple(v) for k, v in consumers.items()},
+                        max_inflight=max(0, int(max_inflight)))
 
 
 def _first_unconnected(tensor: str, steps: list[Step], producer: dict[str, int], available: set[str]) -> str:

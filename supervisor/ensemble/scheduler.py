@@ -187,13 +187,19 @@ class EnsembleScheduler:
     async def _fork(self, request: InferRequest, step: Step, tensors: dict[str, Tensor], waiting: dict[int, Step],
                     sink: Any) -> None:
         branches: list[asyncio.Task[None]] = []
+        slots = asyncio.Semaphore(self.plan.max_inflight) if self.plan.max_inflight else None
         try:
             async for response in self.stream(self._step_request(request, step, tensors)):
                 if not response.outputs:
                     continue  # a flag-only final: nothing to pass on
                 child = dict(tensors)
                 self._map_outputs(step, response, child)
-                branches.append(asyncio.ensure_future(self._branch(request, child, dict(waiting), sink)))
+                if slots is not None:
+                    await slots.acquire()  # back-pressure: the next response waits for a branch to end
+                branch = asyncio.ensure_future(self._branch(request, child, dict(waiting), sink))
+                if slots is not None:
+                    branch.add_done_callback(_releaser(slots))
+                branches.append(branch)
             await asyncio.gather(*branches)
         finally:
             for task in branches:
@@ -232,3 +238,7 @@ class EnsembleScheduler:
         if self.batched and request.inputs and request.inputs[0].shape:
             return max(1, request.inputs[0].shape[0])
         return 1
+
+
+def _releaser(slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
+    return lambda _task: slots.release()
