@@ -138,6 +138,7 @@ def main(argv: Optional[list] = None) -> int:
     import zmq
 
     from .channel import Channel, HeartbeatThread
+    from .custom_metrics import REGISTRY as custom_metrics
     from .wire.messages import WIRE_VERSION, Hello, ProtocolError
 
     if boot["wire_version"] != WIRE_VERSION:
@@ -146,7 +147,7 @@ def main(argv: Optional[list] = None) -> int:
     channel = Channel(boot["endpoint"], boot["identity"])
     heartbeat = HeartbeatThread(
         context, boot["endpoint"], boot["identity"], float(boot.get("heartbeat_interval_s") or 1.0),
-        float(boot.get("heartbeat_timeout_s") or 0.0), _lost,
+        float(boot.get("heartbeat_timeout_s") or 0.0), _lost, metrics=custom_metrics,
     )
     heartbeat.start()
     channel.send(Hello(

@@ -4,7 +4,7 @@
 The supervisor puts this file on the worker's path under its Triton name; the worker imports it by
 that same name, so model code and the worker share one module object (one `InferenceResponse`
 class). Plain and decoupled models are supported; BLS (`exec`/`async_exec`) and model control from
-Python raise "not supported yet". Metrics are kept locally (not exported yet).
+Python raise "not supported yet". Custom metrics (MetricFamily) are exported on the server's /metrics.
 
 Runs on Python 3.9+ with numpy only (+ inferd.worker.wire).
 """
@@ -16,10 +16,12 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
 import numpy as np
+from inferd.worker import custom_metrics as _custom
 from inferd.worker.wire import bytes_codec, dtypes
 
 # ---- constants ---------------------------------------------------------------------------------
@@ -59,9 +61,12 @@ _log_lock = threading.Lock()
 _sender_lock = threading.Lock()
 
 
-def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", stream: Any = None) -> None:
+def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", stream: Any = None,
+               model: str = "") -> None:
     """Called by the worker before importing model.py."""
     _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
+    _custom.REGISTRY.instance = instance
+    _custom.REGISTRY.source = ("model '%s' instance '%s'" % (model, instance)) if model else "instance '%s'" % instance
 
 
 def get_model_dir() -> str:
@@ -686,55 +691,68 @@ class Logger:
                 pass
 
 
-# ---- custom metrics (kept locally; not exported by the server yet) ------------------------------
+# ---- custom metrics (exported on the server's /metrics; worker/custom_metrics.py) ---------------
 
 
 class Metric:
-    def __init__(
-        self, family: MetricFamily, labels: Optional[dict[str, str]], buckets: Optional[list[float]]
-    ) -> None:
-        self._family = family
-        self._labels = dict(labels or {})
-        self._buckets = list(buckets or [])
-        self._value = 0.0
-        self._observations: list[float] = []
+    """One metric of a family (one label set); made by `MetricFamily.Metric(labels, buckets)`."""
+
+    def __init__(self, state: _custom.MetricState) -> None:
+        self._state = state
 
     def increment(self, value: float) -> None:
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("Counter metrics cannot be decremented")
-        self._value += value
+        try:
+            _custom.REGISTRY.increment(self._state, value)
+        except _custom.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
-            raise TritonModelException("set() is only supported by gauge metrics")
-        self._value = float(value)
+        try:
+            _custom.REGISTRY.set(self._state, value)
+        except _custom.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("observe() is only supported by histogram metrics")
-        self._observations.append(float(value))
-        self._value += value
+        try:
+            _custom.REGISTRY.observe(self._state, value)
+        except _custom.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
 
     def value(self) -> float:
-        return self._value
+        """This instance's own value (in Triton, the value summed over every instance sharing the metric)."""
+        try:
+            return _custom.REGISTRY.value(self._state)
+        except _custom.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
 
 
 class MetricFamily:
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
+    """A custom metric family, exported on the server's /metrics under `name` while this object lives."""
+
+    COUNTER = _custom.rules.COUNTER
+    GAUGE = _custom.rules.GAUGE
+    HISTOGRAM = _custom.rules.HISTOGRAM
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        if type(kind) is not int or kind not in _custom.rules.KIND_NAMES:
+            raise TypeError("MetricFamily(): kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM, not %r"
+                            % (kind,))
+        try:
+            self._state = _custom.REGISTRY.add_family(name, description, kind)
+        except _custom.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
         self.name = name
         self.description = description
         self.kind = kind
+        weakref.finalize(self, _custom.REGISTRY.drop_family, self._state.fid)
 
     def Metric(  # noqa: N802 - Triton's method name
         self, labels: Optional[dict[str, str]] = None, buckets: Optional[list[float]] = None
     ) -> Metric:
-        if self.kind == MetricFamily.HISTOGRAM and not buckets:
-            raise TritonModelException("histogram metrics need buckets")
-        return Metric(self, labels, buckets)
+        try:
+            return Metric(_custom.REGISTRY.add_metric(self._state, labels, buckets))
+        except _custom.MetricError as exc:
+            raise TritonModelException(str(exc)) from None
 
 
 # ---- pure-Python helpers (same names and behaviour as Triton's module) --------------------------

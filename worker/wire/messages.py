@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: MetricsReport (custom metrics of Python models)
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -244,6 +244,32 @@ class ModelControlResult:
     ready: bool = False
 
 
+# ---- custom metrics (worker -> supervisor on the worker's "<identity>/metrics" socket) -------------
+
+
+@dataclass
+class MetricsReport:
+    """A worker's custom metrics (pb_utils.MetricFamily / Metric), sent by its heartbeat thread at most
+    once per heartbeat interval and only when something changed (wire.custom_metrics has the rules).
+
+    `full`: every live family and metric is listed (whatever the supervisor had from this worker and is
+    not listed is gone); otherwise only what is new or changed since the previous report. Ids are the
+    worker's own, never reused. families: [fid, name, description, kind]; metrics: [mid, fid, labels
+    {name: value}, buckets or null]; values, cumulative since the metric was created: [mid, total]
+    (counter); [mid, set_value, sets, incs, incs_at_set, set_ns] (gauge: the last set()'s value, how many
+    set() calls, the sum of all increments and that sum at the last set(), whose time is set_ns on
+    CLOCK_MONOTONIC, which every process of the host shares); [mid, sum, n_0, ..., n_k] (histogram:
+    observations per bucket, the last one +Inf); dropped: families whose MetricFamily object was garbage
+    collected (their metrics go with them)."""
+
+    full: bool = False
+    source: str = ""  # "model 'm' instance 'm_0'", for the supervisor's warnings
+    families: list[Any] = field(default_factory=list)
+    metrics: list[Any] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+
+
 # ---- both ways ------------------------------------------------------------------------------
 
 
@@ -273,6 +299,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "bls_release": BlsRelease,
     "model_control": ModelControl,
     "model_control_result": ModelControlResult,
+    "metrics_report": MetricsReport,
 }
 TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
 

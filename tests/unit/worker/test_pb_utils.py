@@ -186,14 +186,15 @@ def test_logger_levels():
         pb._configure()
 
 
-def test_metrics_are_local():
+def test_metrics_basics():  # more in test_custom_metrics.py
     fam = pb.MetricFamily("requests", "count", pb.MetricFamily.COUNTER)
     metric = fam.Metric(labels={"a": "b"})
     metric.increment(2)
     assert metric.value() == 2
     with pytest.raises(pb.TritonModelException):
         metric.increment(-1)
-    gauge = pb.MetricFamily("g", "", pb.MetricFamily.GAUGE).Metric()
+    gauge_family = pb.MetricFamily("g", "", pb.MetricFamily.GAUGE)  # metrics live as long as their family
+    gauge = gauge_family.Metric()
     gauge.set(5)
     assert gauge.value() == 5
 
