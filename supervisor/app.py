@@ -23,6 +23,7 @@ from .core import loader
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.server import ServerDataPlane
+from .custom_metrics import CustomMetrics
 
 log = logging.getLogger("inferd")
 
@@ -38,6 +39,11 @@ def _with_cache_metrics(render: Callable[[], bytes], cache: ResponseCache | None
         return render() + metrics_mod.render_cache_metrics(snapshot)
 
     return render_all
+
+
+def _with_custom_metrics(render: Callable[[], bytes], custom: CustomMetrics) -> Callable[[], bytes]:
+    """The /metrics body, followed by the families Python models made (pb_utils.MetricFamily)."""
+    return lambda: render() + custom.render()
 
 
 class App:
@@ -56,6 +62,8 @@ class App:
         registry = stats_mod.StatsRegistry()
         cache_bytes = self.config.response_cache_bytes
         response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
+        custom_metrics = CustomMetrics()  # pb_utils.MetricFamily: the workers report on their metrics sockets
+        custom_metrics.attach(runtime.channel)
         manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime), registry,
                                response_cache=response_cache is not None)
         dataplane = ServerDataPlane(
@@ -64,8 +72,9 @@ class App:
             control_mode=self.config.model_control_mode,
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
-            metrics_renderer=_with_cache_metrics(
+            metrics_renderer=_with_custom_metrics(_with_cache_metrics(
                 loader.metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
+                custom_metrics),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
