@@ -134,8 +134,16 @@ class _CpuSampler:
 _cpu = _CpuSampler()
 
 
+def _tags(s: ModelStats) -> str:
+    """The model's metric_tags as labels "_<key>", sorted, with a trailing comma (Triton puts them on every
+    per-model metric; every tag label sorts before model/reason/version and instance/state)."""
+    if not s.metric_tags:
+        return ""
+    return "".join(f'_{key}="{_escape(value)}",' for key, value in sorted(s.metric_tags))
+
+
 def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, str], int]) -> list[_Family]:
-    labels = [f'model="{_escape(s.name)}",version="{_escape(s.version)}"' for s in models]
+    labels = [f'{_tags(s)}model="{_escape(s.name)}",version="{_escape(s.version)}"' for s in models]
     families: list[_Family] = []
 
     success_name, success_help, success_get = _MODEL_COUNTERS[0]
@@ -147,9 +155,9 @@ def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, st
     fam = _Family("nv_inference_request_failure", "counter",
                   "Number of failed inference requests, all batch sizes")
     for s in models:
-        model, version = _escape(s.name), _escape(s.version)
+        model, version, tags = _escape(s.name), _escape(s.version), _tags(s)
         for reason in FAILURE_REASONS:
-            fam.add(f'model="{model}",reason="{reason}",version="{version}"',
+            fam.add(f'{tags}model="{model}",reason="{reason}",version="{version}"',
                     s.fail_by_reason[reason])
     families.append(fam)
 
@@ -197,7 +205,7 @@ def _system_families() -> list[_Family]:
     return [fam_util, fam_total, fam_used]
 
 
-def _instance_families(extra: ExtraMetrics) -> list[_Family]:
+def _instance_families(extra: ExtraMetrics, tags: Mapping[tuple[str, str], str]) -> list[_Family]:
     families: list[_Family] = []
     instances = sorted(extra.instances, key=lambda i: (i.model, i.version, i.instance))
     if instances:
@@ -208,7 +216,8 @@ def _instance_families(extra: ExtraMetrics) -> list[_Family]:
         inflight = _Family("inferd_instance_inflight_requests", "gauge",
                            "Requests sent to the model instance and not yet answered")
         for inst in instances:
-            head = f'instance="{_escape(inst.instance)}",model="{_escape(inst.model)}"'
+            head = (f'{tags.get((inst.model, inst.version), "")}instance="{_escape(inst.instance)}",'
+                    f'model="{_escape(inst.model)}"')
             version = f'version="{_escape(inst.version)}"'
             restarts.add(f"{head},{version}", inst.restarts)
             inflight.add(f"{head},{version}", inst.inflight)
@@ -272,7 +281,7 @@ def render_metrics(stats: StatsRegistry, extra: ExtraFn | None = None, system: b
         families += _model_families(models, snapshot.pending)
     if system:
         families += _system_families()
-    families += _instance_families(snapshot)
+    families += _instance_families(snapshot, {(s.name, s.version): _tags(s) for s in models if s.metric_tags})
     lines: list[str] = []
     for fam in families:
         lines += fam.lines

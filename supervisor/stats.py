@@ -55,6 +55,7 @@ class ModelStats:
         "batch_stats",
         "load_duration_s",
         "cache_enabled",
+        "metric_tags",
     )
 
     def __init__(self, name: str, version: str) -> None:
@@ -81,6 +82,7 @@ class ModelStats:
         self.batch_stats: dict[int, list[int]] = {}
         self.load_duration_s = 0.0  # set by the repository when the version becomes READY
         self.cache_enabled = False  # response cache on for this model: export nv_cache_* metrics
+        self.metric_tags: tuple[tuple[str, str], ...] = ()  # config metric_tags: labels "_<key>" on its metrics
 
     # ---- hot path ----
     def record_success(

@@ -370,6 +370,7 @@ class ModelManager:
                              ensemble: EnsemblePlan | None = None) -> ModelVersion:
         config = plan.config
         stats = self.stats_registry.get(plan.name, str(version))
+        stats.metric_tags = tuple(sorted((config.get("metric_tags") or {}).items()))  # labels "_<key>"
         if ensemble is not None:
             mv = ModelVersion(plan.name, version, config, plan.config_json, IOSpec.from_config(config), [],
                               EnsembleScheduler(ensemble, str(version), self.call_model, self.stream_model, stats,

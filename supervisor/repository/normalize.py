@@ -10,9 +10,11 @@ Error messages reuse Triton's wording where it was observed (tests/unit/reposito
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 from inferd.supervisor._gen import model_config_pb2 as mc
+from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire.errors import invalid_arg
 
 from .layout import ModelSource
@@ -325,6 +327,27 @@ def _validate_instance_groups(config: mc.ModelConfig, gpus: Sequence[int]) -> No
                 f"instance group {g.name} of model {m} has kind KIND_CPU but specifies one or more GPUs")
 
 
+MAX_METRIC_TAGS = 32
+_TAG_KEY = re.compile(r"(?:[a-zA-Z0-9][a-zA-Z0-9_]*)?\Z")  # "_" + key: a label name not starting with "__"
+
+
+def _validate_metric_tags(config: mc.ModelConfig) -> None:
+    """metric_tags become labels "_<key>" on the model's metrics: each must make a valid label (Triton 2.51
+    aborts the whole server on one that does not)."""
+    m = config.name
+    tags = config.metric_tags
+    if len(tags) > MAX_METRIC_TAGS:
+        raise invalid_arg(f"model {m} has {len(tags)} metric_tags; at most {MAX_METRIC_TAGS} are allowed")
+    for key, value in tags.items():
+        if len(key) > rules.MAX_NAME_CHARS - 1 or not _TAG_KEY.match(key):
+            raise invalid_arg(
+                f"metric_tags key '{key[:60]}' of model {m} does not make a valid metric label: '_<key>' must "
+                f"match [a-zA-Z_][a-zA-Z0-9_]* (at most {rules.MAX_NAME_CHARS} characters) and not start with '__'")
+        if len(value) > rules.MAX_LABEL_VALUE_CHARS:
+            raise invalid_arg(f"metric_tags value of '{key}' in model {m} is longer than "
+                              f"{rules.MAX_LABEL_VALUE_CHARS} characters")
+
+
 def validate(config: mc.ModelConfig, gpu_ids: Sequence[int] = ()) -> None:
     """INVALID_ARG when a normalised config cannot be served."""
     m = config.name
@@ -339,6 +362,7 @@ def validate(config: mc.ModelConfig, gpu_ids: Sequence[int] = ()) -> None:
     else:
         _validate_instance_groups(config, gpu_ids)
     _validate_io(config)
+    _validate_metric_tags(config)
     if config.HasField("dynamic_batching"):
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):
