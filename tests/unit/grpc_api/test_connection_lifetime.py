@@ -91,9 +91,12 @@ class _Server:
         return self.app.streams[sid]
 
     def close(self) -> None:
-        self.server.close()
-        for conn in self.app.connections:
-            self.loop.call_soon_threadsafe(conn.abort)
+        def shut() -> None:  # on the loop's thread: asyncio's Server is not thread-safe
+            self.server.close()
+            for conn in self.app.connections:
+                conn.abort()
+
+        self.call(shut)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
