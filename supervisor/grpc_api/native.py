@@ -36,7 +36,7 @@ from ..core.dataplane import DataPlane
 from . import wire
 from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
-from .http2.connection import H2Connection, Lifetime
+from .http2.connection import H2Connection
 from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
 from .http2.grpc_wire import (
     INVALID_ARGUMENT,
@@ -48,6 +48,7 @@ from .http2.grpc_wire import (
     trailers_only,
 )
 from .http2.hpack_codec import encode
+from .http2.lifetime import Lifetime
 from .servicer import HEALTH_SERVICE, SERVICE, InferenceService, Policy, allowed
 
 log = logging.getLogger("inferd.grpc")

@@ -7,22 +7,20 @@ into the received chunk: no copy here) and a reset.
 Responses go out through `respond` / `send_headers` / `send_data` / `send_trailers`, which split
 DATA into frames the peer accepts and queue what its flow-control windows do not yet allow.
 
-A `Lifetime` adds the server's side of gRPC's connection management: keepalive PINGs to a quiet
-client (dropped when it does not answer) and a maximum connection age (GOAWAY, then a grace period
-for the running calls).
+A `Lifetime` (lifetime.py) adds the server's side of gRPC's connection management: keepalive PINGs
+and a maximum connection age.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from . import frames as f
 from .hpack_codec import Decoder, HeaderListTooLarge
+from .lifetime import ConnectionLifetime, Lifetime
 from .reader import FrameReader
 from .streams import STREAM_WINDOW, App, Stream
 
@@ -38,24 +36,6 @@ MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # HEADERS + CONTINUATION bytes before de
 MAX_PARTIAL_BYTES = 256 * 1024 * 1024
 
 
-# opaque data of the PINGs we send, to tell their ACKs apart
-_KEEPALIVE_PING = b"inferdKA"
-_RETIRE_PING = b"inferdGA"
-RETIRE_ACK_WAIT_S = 10.0  # the final GOAWAY goes out then even if the client never answers the PING
-
-
-@dataclass(frozen=True)
-class Lifetime:
-    """Connection management in seconds (None: off), from tritonserver's --grpc-keepalive-* and
-    --grpc-max-connection-age(-grace)."""
-
-    ping_interval: float | None = None  # PING a client that sent nothing for this long
-    ping_timeout: float = 20.0  # and drop the connection if the ACK takes longer
-    ping_idle: bool = False  # PING connections without running calls too
-    max_age: float | None = None  # then GOAWAY (±10 % so that clients do not all reconnect at once)
-    max_age_grace: float | None = None  # running calls then get this long; None: as long as they take
-
-
 _SETTINGS = f.settings(
     {
         f.MAX_CONCURRENT_STREAMS: MAX_CONCURRENT_STREAMS,
@@ -69,9 +49,8 @@ _SETTINGS = f.settings(
 class H2Connection(asyncio.Protocol):
     def __init__(self, app: App, lifetime: Lifetime | None = None) -> None:
         self.app = app
-        self.lifetime = lifetime
-        self._timers: dict[str, asyncio.TimerHandle] = {}  # the lifetime's: "ping", "age", "goaway", "grace"
-        self._heard = False  # bytes arrived since the last keepalive check
+        self.lifetime = ConnectionLifetime(self, lifetime) if lifetime is not None else None
+        self.heard = False  # bytes arrived since the last keepalive check (the lifetime resets it)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self.last_stream_id = 0
@@ -94,18 +73,13 @@ class H2Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.transport.write(_SETTINGS)  # type: ignore[union-attr]
-        lifetime = self.lifetime
-        if lifetime is not None:
-            if lifetime.ping_interval:
-                self._later("ping", lifetime.ping_interval, self._keepalive)
-            if lifetime.max_age:
-                self._later("age", lifetime.max_age * random.uniform(0.9, 1.1), self.retire)
+        if self.lifetime is not None:
+            self.lifetime.start()
         self.app.connection_made(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        if self.lifetime is not None:
+            self.lifetime.stop()
         streams, self.streams = self.streams, {}
         for s in streams.values():
             s.wake()
@@ -131,7 +105,7 @@ class H2Connection(asyncio.Protocol):
             await self._drained
 
     def data_received(self, data: bytes) -> None:
-        self._heard = True
+        self.heard = True
         try:
             if not self.reader.feed(data):
                 self.transport.close()  # type: ignore[union-attr]  # not HTTP/2 (an HTTP/1 client?)
@@ -157,8 +131,8 @@ class H2Connection(asyncio.Protocol):
                 raise f.ConnectionError_(f.FRAME_SIZE_ERROR, "bad PING")
             if not flags & f.ACK:
                 self.transport.write(f.ping_ack(bytes(payload)))  # type: ignore[union-attr]
-            elif self._timers:
-                self._on_ping_ack(bytes(payload))
+            elif self.lifetime is not None:
+                self.lifetime.on_ping_ack(bytes(payload))
         elif ftype == f.WINDOW_UPDATE:
             self._on_window_update(sid, payload)
         elif ftype == f.GOAWAY:
@@ -468,67 +442,6 @@ class H2Connection(asyncio.Protocol):
         self.closing = True
         self.transport.write(f.goaway(self.last_stream_id, f.NO_ERROR))
         self._close_if_idle()
-
-    # ---- the lifetime: keepalive and maximum age ----
-    def _later(self, name: str, delay: float, callback: Callable[[], None]) -> None:
-        old = self._timers.pop(name, None)
-        if old is not None:
-            old.cancel()
-        self._timers[name] = asyncio.get_running_loop().call_later(delay, callback)
-
-    def _open(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
-
-    def _keepalive(self) -> None:
-        """The ping interval passed: PING the client unless it spoke meanwhile (or has no calls
-        running and idle connections are not pinged); no ACK within the timeout drops the connection."""
-        lifetime = self.lifetime
-        assert lifetime is not None and lifetime.ping_interval
-        if not self._open():
-            return
-        if self._heard or not (self.streams or lifetime.ping_idle):
-            self._heard = False
-            self._later("ping", lifetime.ping_interval, self._keepalive)
-            return
-        self.transport.write(f.ping(_KEEPALIVE_PING))  # type: ignore[union-attr]
-        self._later("ping", lifetime.ping_timeout, self._ping_unanswered)
-
-    def _ping_unanswered(self) -> None:
-        log.info("closing gRPC connection: keepalive PING not answered")
-        self.abort()
-
-    def _on_ping_ack(self, opaque: bytes) -> None:
-        lifetime = self.lifetime
-        if opaque == _KEEPALIVE_PING and lifetime is not None and lifetime.ping_interval:
-            self._heard = False  # the ACK itself does not postpone the next PING
-            self._later("ping", lifetime.ping_interval, self._keepalive)
-        elif opaque == _RETIRE_PING:
-            timer = self._timers.pop("goaway", None)
-            if timer is not None:
-                timer.cancel()
-                self.goaway()
-
-    def retire(self) -> None:
-        """The connection reached its maximum age: the client is to open a new one for new calls.
-
-        Two GOAWAYs, as gRPC servers send them: the first names the highest possible stream and comes
-        with a PING; once the client has answered that PING it has seen the GOAWAY, so the second,
-        naming the last stream it opened, refuses no call it started in between. Running calls go on
-        for the grace period; then the connection is closed under them.
-        """
-        lifetime = self.lifetime
-        if self.closing or not self._open() or "goaway" in self._timers:
-            return
-        self.transport.write(f.goaway(f.MAX_STREAM_ID, f.NO_ERROR) + f.ping(_RETIRE_PING))  # type: ignore[union-attr]
-        self._later("goaway", RETIRE_ACK_WAIT_S, self.goaway)
-        if lifetime is not None and lifetime.max_age_grace is not None:
-            self._later("grace", lifetime.max_age_grace, self._grace_over)
-
-    def _grace_over(self) -> None:
-        if self.streams:
-            log.info("closing gRPC connection at its maximum age: %d calls still running after the grace period",
-                     len(self.streams))
-        self.abort()
 
     def _close_if_idle(self) -> None:
         if self.closing and not self.streams and self.transport is not None:

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from inferd.supervisor.grpc_api.http2 import connection as h2conn
 from inferd.supervisor.grpc_api.http2 import frames as f
-from inferd.supervisor.grpc_api.http2.connection import H2Connection, Lifetime
+from inferd.supervisor.grpc_api.http2 import lifetime as h2lifetime
+from inferd.supervisor.grpc_api.http2.connection import H2Connection
 from inferd.supervisor.grpc_api.http2.hpack_codec import encode
+from inferd.supervisor.grpc_api.http2.lifetime import Lifetime
 
 from ._h2client import SERVICE, H2Client, request_headers
 
@@ -196,7 +197,7 @@ def test_max_age_grace_closes_the_connection_under_running_calls(serve) -> None:
 
 
 def test_max_age_final_goaway_without_the_clients_ping_ack(serve, monkeypatch) -> None:
-    monkeypatch.setattr(h2conn, "RETIRE_ACK_WAIT_S", 0.2)
+    monkeypatch.setattr(h2lifetime, "RETIRE_ACK_WAIT_S", 0.2)
     server = serve(Lifetime(max_age=0.1))
     h2 = H2Client(server.url).start()
     try:

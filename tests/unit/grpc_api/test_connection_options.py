@@ -8,7 +8,7 @@ from pathlib import Path
 
 from inferd.supervisor.config import GrpcKeepalive, parse_args
 from inferd.supervisor.grpc_api import tls
-from inferd.supervisor.grpc_api.http2.connection import Lifetime
+from inferd.supervisor.grpc_api.http2.lifetime import Lifetime
 from inferd.supervisor.grpc_api.native import lifetime
 from inferd.supervisor.grpc_api.server import channel_options
 
