@@ -32,7 +32,8 @@ def model_path(name: str, version: str = "") -> str:
 
 
 class Client:
-    def __init__(self, url: str = DEFAULT_URL, timeout: float | None = 30.0) -> None:
+    def __init__(self, url: str = DEFAULT_URL, timeout: float | None = 30.0,
+                 headers: dict[str, str] | None = None) -> None:
         if "://" not in url:
             url = "http://" + url
         parts = urlsplit(url)
@@ -44,6 +45,7 @@ class Client:
         self.port = parts.port or (443 if self.https else 80)
         self.prefix = parts.path.rstrip("/")
         self.timeout = timeout
+        self.headers = dict(headers or {})  # sent with every request (--header)
 
     def request(
         self, method: str, path: str, body: Any = None, timeout: float | None = -1.0
@@ -52,7 +54,7 @@ class Client:
         conn_cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         conn = conn_cls(self.host, self.port, timeout=self.timeout if timeout == -1.0 else timeout)
         payload = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
+        headers = {**self.headers, "Accept": "application/json"}
         if payload is not None:
             headers["Content-Type"] = "application/json"
         try:

@@ -222,6 +222,9 @@ def _common(parser: argparse.ArgumentParser, top: bool) -> None:
                         help="give up after this long; 0 = never (default: 30; load/unload: never)")
     parser.add_argument("--json", action="store_true", default=default(False),
                         help="print the server's JSON (for scripts) instead of tables")
+    parser.add_argument("--header", action="append", default=default(None), metavar="NAME=VALUE",
+                        help="send this HTTP header with every request (repeatable): the key a server "
+                             "started with --http-restricted-api asks for")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,6 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _headers(values: list[str]) -> dict[str, str]:
+    headers = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise CtlError(f"--header {value!r}: expected NAME=VALUE")
+        headers[name.strip()] = text
+    return headers
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "list":
@@ -281,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "local", False):
             return env_cmd.run(args)
-        client = Client(url, timeout=client_timeout)
+        client = Client(url, timeout=client_timeout, headers=_headers(args.header or []))
         return int(args.fn(args, client))
     except CtlError as exc:
         if args.json:

@@ -207,3 +207,18 @@ def test_grpc_stream_restricted_and_forwarded(grpc_server):
     result, error = _stream(grpc_server, dict(GRPC_INFER, **{"x-fw-s": "st"}))
     assert error is None, error
     assert _params(result) == {"x-fw-s": "st"}
+
+
+def test_infer_ctl_sends_the_restricted_key(server_factory):
+    """infer-ctl --header reaches a restricted model-repository API."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    server = server_factory(["identity_fp32"], extra_args=["--http-restricted-api", "model-repository:ops-key=k1"])
+    ctl = [str(Path(sys.executable).parent / "infer-ctl"), "--url", server.http_base, "index", "--json"]
+    refused = subprocess.run(ctl, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "expecting header 'ops-key'" in refused.stderr, refused.stderr
+    allowed = subprocess.run([*ctl, "--header", "ops-key=k1"], capture_output=True, text=True, timeout=60)
+    assert allowed.returncode == 0, allowed.stderr
+    assert "identity_fp32" in allowed.stdout
