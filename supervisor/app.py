@@ -59,7 +59,7 @@ class App:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
         runtime = await loader.Runtime.start(self.config)
-        registry = stats_mod.StatsRegistry()
+        registry = stats_mod.StatsRegistry(self.config.metrics_latency)
         cache_bytes = self.config.response_cache_bytes
         response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
         custom_metrics = CustomMetrics()  # pb_utils.MetricFamily: the workers report on their metrics sockets

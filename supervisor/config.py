@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import access, rundir, triton_flags
 from .cache import parse_cache_config
+from .latency_summary import LatencyMetricsConfig, parse_quantiles
 
 # API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
 RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -100,6 +101,7 @@ class ServerConfig:
     allow_cpu_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    metrics_latency: LatencyMetricsConfig = field(default_factory=LatencyMetricsConfig)  # --metrics-config
     allow_client_shm: bool = False
     model_config_name: str = ""  # load <model>/configs/<name>.pbtxt where it exists, else config.pbtxt
     model_load_retry_count: int = 0  # a failed load is tried again this many times
@@ -187,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted for tritonserver command lines; inferd reads its gauges when scraped")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="summary_latencies=true (latency summaries), counter_latencies=false (no *_duration_us "
+                        "counters), summary_quantiles=<q>:<error>,...; repeatable")
     p.add_argument("--allow-client-shm", type=_bool, default=False)
     p.add_argument("--model-config-name", default="",
                    help="load <model>/configs/<NAME>.pbtxt where a model has it, else its config.pbtxt")
@@ -237,6 +242,38 @@ def parse_restrictions(values: list[str], flag: str, categories: tuple[str, ...]
     return restricted
 
 
+def parse_metrics_config(values: list[str]) -> tuple[LatencyMetricsConfig, list[str]]:
+    """--metrics-config SETTING=VALUE values (the last of a setting wins) -> the config and start-up log lines
+    for the settings that change nothing. Raises ValueError for a value inferd cannot read. Like tritonserver
+    2.51, an unknown setting or an odd boolean does not stop the start (inferd names it in the log); a
+    summary_quantiles value that is not <quantile>:<error>,... does."""
+    cfg = LatencyMetricsConfig()
+    notes: list[str] = []
+    for item in values:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--metrics-config {item}: expected <setting>=<value>")
+        if key in ("summary_latencies", "counter_latencies", "histogram_latencies"):
+            # as tritonserver 2.51 reads them: only "true" turns a setting on (TRUE, 1, yes leave it
+            # off) and only "false" turns counter_latencies off; no value stops the start
+            if value not in ("true", "false"):
+                notes.append(f"--metrics-config {item}: read as tritonserver reads it, "
+                             f"{'off' if key != 'counter_latencies' else 'on'} (only true and false are meant)")
+            if key == "summary_latencies":
+                cfg = replace(cfg, summaries=value == "true")
+            elif key == "counter_latencies":
+                cfg = replace(cfg, counters=value != "false")
+            elif value == "true":
+                notes.append(f"--metrics-config {item} has no effect: tritonserver 2.51 exports no first-response "
+                             "histogram for Python-backend models either")
+        elif key == "summary_quantiles":
+            cfg = replace(cfg, quantiles=parse_quantiles(value))
+        else:
+            notes.append(f"--metrics-config {item}: unknown setting, ignored (as tritonserver does)")
+    return cfg, notes
+
+
 def _flag_errors(args: argparse.Namespace) -> list[str]:
     """What is wrong with the flags, a line each (all of them at once, not the first only)."""
     errors = triton_flags.refusals(args)
@@ -281,6 +318,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api", RESTRICTABLE)
         grpc_restricted = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
                                              RESTRICTABLE)
+    except ValueError as exc:
+        errors.append(str(exc))
+    metrics_latency, metrics_notes = LatencyMetricsConfig(), list[str]()
+    try:
+        metrics_latency, metrics_notes = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
         errors.append(str(exc))
     if errors:
@@ -345,6 +387,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         allow_cpu_metrics=args.allow_cpu_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        metrics_latency=metrics_latency,
         allow_client_shm=args.allow_client_shm,
         model_config_name=args.model_config_name,
         model_load_retry_count=args.model_load_retry_count,
@@ -354,7 +397,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         log_info=args.log_info,
         log_warning=args.log_warning,
         log_error=args.log_error,
-        inert_flags=tuple(triton_flags.inert_given(args)),
+        inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from . import latency_summary as ls
 from .stats import FAILURE_REASONS, ModelStats, StatsRegistry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -115,6 +116,49 @@ _CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
 )
 
 
+# the latency summaries (--metrics-config summary_latencies=true), in Triton's order and wording:
+# (name, help, ring entry column, cumulative count, cumulative sum in µs)
+_SUMMARIES: tuple[tuple[str, str, int, Callable[[ModelStats], int], Callable[[ModelStats], int]], ...] = (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)",
+     ls.REQUEST, lambda s: s.success_count, lambda s: s.success_ns // 1000),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)",
+     ls.QUEUE, lambda s: s.success_count, lambda s: s.queue_ns // 1000),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     ls.COMPUTE_INPUT, lambda s: s.computed_count, lambda s: s.compute_input_ns // 1000),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     ls.COMPUTE_INFER, lambda s: s.computed_count, lambda s: s.compute_infer_ns // 1000),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     ls.COMPUTE_OUTPUT, lambda s: s.computed_count, lambda s: s.compute_output_ns // 1000),
+)
+
+
+def _summary_families(models: Sequence[ModelStats], labels: Sequence[str],
+                      qs: Sequence[tuple[float, float]]) -> list[_Family]:
+    """The five latency summaries of the versions that keep a latency ring: cumulative _count and _sum,
+    then the quantiles over the window (NaN when no request finished in it); "quantile" comes last
+    among the labels, as prometheus-cpp writes it."""
+    rows = [(s, lab, s.latency.recent()) for s, lab in zip(models, labels, strict=True) if s.latency is not None]
+    if not rows:
+        return []
+    q_labels = [f'quantile="{q:g}"' for q, _ in qs]
+    q_values = [q for q, _ in qs]
+    families = []
+    for name, help_text, index, count, total in _SUMMARIES:
+        fam = _Family(name, "summary", help_text)
+        for s, lab, entries in rows:
+            fam.lines.append(f"{name}_count{{{lab}}} {count(s)}")
+            fam.lines.append(f"{name}_sum{{{lab}}} {total(s)}")
+            for q_lab, value in zip(q_labels, ls.quantiles(ls.column(entries, index), q_values), strict=True):
+                fam.add(f"{lab},{q_lab}", value)
+        families.append(fam)
+    return families
+
+
 class _CpuSampler:
     """CPU utilisation between two scrapes (psutil keeps the previous reading), 0..1."""
 
@@ -142,7 +186,8 @@ def _tags(s: ModelStats) -> str:
     return "".join(f'_{key}="{_escape(value)}",' for key, value in sorted(s.metric_tags))
 
 
-def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, str], int]) -> list[_Family]:
+def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, str], int],
+                    latency: ls.LatencyMetricsConfig) -> list[_Family]:
     labels = [f'{_tags(s)}model="{_escape(s.name)}",version="{_escape(s.version)}"' for s in models]
     families: list[_Family] = []
 
@@ -162,6 +207,8 @@ def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, st
     families.append(fam)
 
     for name, help_text, get in _MODEL_COUNTERS[1:]:
+        if not latency.counters and name.endswith("_duration_us"):  # --metrics-config counter_latencies=false
+            continue
         fam = _Family(name, "counter", help_text)
         for s, lab in zip(models, labels, strict=True):
             fam.add(lab, get(s))
@@ -191,6 +238,7 @@ def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, st
     for s, lab in zip(models, labels, strict=True):
         fam.add(lab, s.success_items)
     families.append(fam)
+    families += _summary_families(models, labels, latency.quantiles)
     return families
 
 
@@ -278,7 +326,7 @@ def render_metrics(stats: StatsRegistry, extra: ExtraFn | None = None, system: b
     models = stats.all()
     families: list[_Family] = []
     if models:
-        families += _model_families(models, snapshot.pending)
+        families += _model_families(models, snapshot.pending, stats.latency_config)
     if system:
         families += _system_families()
     families += _instance_families(snapshot, {(s.name, s.version): _tags(s) for s in models if s.metric_tags})

@@ -22,6 +22,8 @@ from typing import Any
 
 from inferd.worker.wire.errors import invalid_arg
 
+from .latency_summary import LatencyMetricsConfig, LatencyRing
+
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")  # Triton's /metrics order
 
 
@@ -56,6 +58,7 @@ class ModelStats:
         "load_duration_s",
         "cache_enabled",
         "metric_tags",
+        "latency",
     )
 
     def __init__(self, name: str, version: str) -> None:
@@ -83,6 +86,8 @@ class ModelStats:
         self.load_duration_s = 0.0  # set by the repository when the version becomes READY
         self.cache_enabled = False  # response cache on for this model: export nv_cache_* metrics
         self.metric_tags: tuple[tuple[str, str], ...] = ()  # config metric_tags: labels "_<key>" on its metrics
+        # recent requests' durations for the latency summaries (--metrics-config summary_latencies=true)
+        self.latency: LatencyRing | None = None
 
     # ---- hot path ----
     def record_success(
@@ -102,7 +107,10 @@ class ModelStats:
         self.compute_input_ns += compute_input_ns
         self.compute_infer_ns += compute_infer_ns
         self.compute_output_ns += compute_output_ns
-        self.last_inference = time.time_ns() // 1_000_000
+        now_ms = self.last_inference = time.time_ns() // 1_000_000
+        if self.latency is not None:
+            self.latency.entries.append((now_ms, request_ns // 1000, queue_ns // 1000, compute_input_ns // 1000,
+                                         compute_infer_ns // 1000, compute_output_ns // 1000))
 
     def record_failure(self, reason: str, request_ns: int = 0) -> None:
         """One request that failed. reason: REJECTED (queue full/timeout), CANCELED, BACKEND, OTHER."""
@@ -142,7 +150,9 @@ class ModelStats:
         self.success_ns += request_ns
         self.success_items += batch_items
         self.queue_ns += queue_ns
-        self.last_inference = time.time_ns() // 1_000_000
+        now_ms = self.last_inference = time.time_ns() // 1_000_000
+        if self.latency is not None:  # a cache hit has no compute durations
+            self.latency.entries.append((now_ms, request_ns // 1000, queue_ns // 1000, None, None, None))
 
     def record_cache_miss(self, ns: int) -> None:
         """Time spent on a cache lookup (and insert) that missed; the request then runs normally."""
@@ -199,10 +209,11 @@ def _version_key(version: str) -> tuple[int, int | str]:
 class StatsRegistry:
     """Every loaded model version's ModelStats, keyed by (name, version)."""
 
-    __slots__ = ("_stats",)
+    __slots__ = ("_stats", "latency_config")
 
-    def __init__(self) -> None:
+    def __init__(self, latency_config: LatencyMetricsConfig | None = None) -> None:
         self._stats: dict[tuple[str, str], ModelStats] = {}
+        self.latency_config = latency_config or LatencyMetricsConfig()  # --metrics-config
 
     def get(self, model: str, version: str | int) -> ModelStats:
         """The version's stats, created on first use (call it when the version loads; keep the object)."""
@@ -210,6 +221,9 @@ class StatsRegistry:
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = ModelStats(key[0], key[1])
+            cfg = self.latency_config
+            if cfg.summaries:
+                stats.latency = LatencyRing(cfg.capacity, cfg.max_age_s)
         return stats
 
     def find(self, model: str, version: str | int) -> ModelStats | None:

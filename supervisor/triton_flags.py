@@ -29,7 +29,6 @@ INERT: dict[str, str] = {
     "--enable-peer-access": "GPU models run in their worker's framework",
     "--model-load-gpu-limit": "no GPU memory limit on loading",
     "--model-load-thread-count": "models load concurrently on the event loop",
-    "--metrics-config": "metric settings of Triton's metrics",
     "--trace-config": "tracing is not implemented",
     "--trace-file": "tracing is not implemented",
     "--trace-level": "tracing is not implemented",
