@@ -19,17 +19,21 @@ from typing import Optional
 PR_SET_PDEATHSIG = 1
 
 
-def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
-    """Ask the kernel to send `sig` when our parent exits. False where unsupported (non-Linux)."""
+def prctl(option: int, value: int) -> bool:
+    """Linux's prctl(option, value); False where unsupported (non-Linux) or refused."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)) == 0
+        return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send `sig` when our parent exits. False where unsupported (non-Linux)."""
+    return prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def read_line(fd: int, limit: int = 1 << 20) -> bytes:
