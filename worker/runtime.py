@@ -29,11 +29,13 @@ from .backends.base import Backend, ModelSpec, Request, Response, Tensor, Worker
 from .channel import Channel, Outbox
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
+    ZERO_COPY_MIN_BYTES,
     AutoComplete,
     AutoCompleteResult,
     Bye,
     Cancel,
     Execute,
+    ExecuteColumns,
     FramePacker,
     Heartbeat,
     LoadModel,
@@ -42,6 +44,7 @@ from .wire.messages import (
     ReleaseOutputs,
     Shutdown,
     WireError,
+    execute_result_columns_header,
     execute_result_header,
     output_ref_json,
     output_shm_ref_json,
@@ -116,6 +119,7 @@ class Runtime:
             AutoComplete: self._on_auto_complete,
             LoadModel: self._on_load,
             Execute: self._on_execute,
+            ExecuteColumns: self._on_execute_columns,
             Cancel: self._on_cancel,
             ReleaseOutputs: self._on_release_outputs,
             Shutdown: self._on_shutdown,
@@ -261,18 +265,64 @@ class Runtime:
             )
             entries.append(request)
             runnable.append(request)
+        last = message.requests[-1].request_id if message.requests else None
+        self._run_entries(message.batch_id, entries, runnable, t0, last)
+
+    def _on_execute_columns(self, message: ExecuteColumns, frames: Sequence[Any]) -> None:
+        """An Execute sent by columns: each request's inputs are rows of the columns' arrays."""
+        t0 = _now_ns()
+        if message.forget_regions:
+            self._cache.forget(message.forget_regions)
+        request_ids, ids, wanted = message.request_ids, message.ids, message.requested_outputs
+        count = len(request_ids)
+        if not (type(request_ids) is list and all(type(rid) is int for rid in request_ids)
+                and type(ids) is list and len(ids) in (0, count) and all(type(i) is str for i in ids)
+                and type(wanted) is list and all(type(w) is str for w in wanted)):
+            raise ProtocolError("malformed execute_columns message")
+        entries: list[Any] = []
+        runnable: list[Request] = []
+        try:
+            arrays = tensors.input_columns(message.inputs, tensors.frame_buffers(frames), count)
+        except Exception as exc:
+            error = wire_error(exc)
+            entries = [(rid, error) for rid in request_ids]
+            self._run_entries(message.batch_id, entries, runnable, t0, request_ids[-1] if count else None)
+            return
+        names = [(column.name, column.datatype) for column in message.inputs]
+        probe = self._is_cancelled
+        cancelled = self._cancelled
+        reshapes = self._reshapes
+        for i, rid in enumerate(request_ids):
+            if cancelled and rid in cancelled:
+                entries.append((rid, _CANCELLED))
+                continue
+            inputs = [Tensor(name, datatype, array[i]) for (name, datatype), array in zip(names, arrays)]
+            if reshapes:
+                try:
+                    inputs = [_reshaped(t, reshapes) for t in inputs]
+                except Exception as exc:
+                    entries.append((rid, wire_error(exc)))
+                    continue
+            # every request shares the list of wanted outputs: backends only read it
+            request = Request(rid, ids[i] if ids else "", inputs, wanted, "{}", 0, 0, 0, probe)
+            entries.append(request)
+            runnable.append(request)
+        self._run_entries(message.batch_id, entries, runnable, t0, request_ids[-1] if count else None)
+
+    def _run_entries(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int,
+                     last_request_id: Optional[int]) -> None:
+        """Run a decoded batch and answer it (decoupled models: on the execute thread)."""
         t1 = _now_ns()
         if self._execute_thread is not None:
             with self._open_lock:
                 self._open.update(r.request_id for r in runnable)
-            self._execute_thread.submit(self._execute_streaming, message.batch_id, entries, runnable, t0, t1)
+            self._execute_thread.submit(self._execute_streaming, batch_id, entries, runnable, t0, t1)
             return
-        header, out_frames = self._execute(message.batch_id, entries, runnable, t0, t1)
+        header, out_frames = self._execute(batch_id, entries, runnable, t0, t1)
         self._channel.send_encoded(header, out_frames)
-        if self._cancelled and message.requests:
+        if self._cancelled and last_request_id is not None:
             # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
-            last = message.requests[-1].request_id
-            self._cancelled = {rid for rid in self._cancelled if rid > last}
+            self._cancelled = {rid for rid in self._cancelled if rid > last_request_id}
 
     def _execute(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int, t1: int,
                  failed: Optional[list[int]] = None) -> tuple[bytes, list[Any]]:
@@ -280,6 +330,12 @@ class Runtime:
         error are added to `failed` if given."""
         results = self._run_backend(runnable)
         t2 = _now_ns()
+        if failed is None and len(runnable) == len(entries) > 1:
+            by_columns = self._output_columns(runnable, results)
+            if by_columns is not None:
+                layout, frames = by_columns
+                return execute_result_columns_header(
+                    batch_id, [r.request_id for r in runnable], layout, t1 - t0, t2 - t1, _now_ns() - t2), frames
         packer = FramePacker()
         encode = self._encode
         if len(runnable) == len(entries):
@@ -374,6 +430,46 @@ class Runtime:
 
     def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
         self._out_arena.give_back_names(message.regions)
+
+    def _output_columns(self, requests: list[Request], results: list[Response]
+                        ) -> Optional[tuple[list[tuple[str, str, tuple[int, ...]]], list[bytes]]]:
+        """(layout, one frame per output) when every result can go by columns (ExecuteResultColumns):
+        no error, no parameters, and the same checked outputs (name, datatype, shape; numeric, small)
+        in the same order. None otherwise: the batch goes request by request, which reports the errors."""
+        model = self._spec.model_name if self._spec else ""
+        specs = self._outputs
+        layout: Optional[list[tuple[str, str, tuple[int, ...]]]] = None
+        columns: list[list[Any]] = []
+        try:
+            for request, result in zip(requests, results):
+                if result.error is not None or result.parameters:
+                    return None
+                wanted = request.requested_outputs or self._output_names
+                row = []
+                for out in result.outputs:
+                    name = out.name
+                    if name not in wanted:
+                        continue
+                    datatype = out.datatype
+                    if datatype == "BYTES":
+                        return None
+                    array = _check_output(specs.get(name), name, datatype, out.array, model)
+                    shape, data, nbytes = _output_data(datatype, array)
+                    if nbytes >= ZERO_COPY_MIN_BYTES:
+                        return None
+                    row.append((name, datatype, shape, data))
+                if layout is None:
+                    layout = [(name, datatype, shape) for name, datatype, shape, _ in row]
+                    columns = [[] for _ in row]
+                elif len(row) != len(layout):
+                    return None
+                for (name, datatype, shape, data), column_of, column in zip(row, layout, columns):
+                    if (name, datatype, shape) != column_of:
+                        return None
+                    column.append(data)
+        except Exception:  # noqa: BLE001 - a failed check: the request-by-request path reports it
+            return None
+        return layout or [], [b"".join(column) for column in columns]
 
     def _encode(self, request: Request, result: Response, packer: FramePacker,
                 failed: Optional[list[int]] = None) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
-from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
+from .wire.messages import ZERO_COPY_MIN_BYTES, TensorColumn, TensorRef
 
 _BF16_VIEW = np.dtype("<u2")
 
@@ -147,6 +147,30 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
             % (name, count * dt.itemsize, list(shape), dt.name, nbytes)
         )
     return np.ndarray(shape, numpy_dtype, buf)  # one call: about half of np.frombuffer + reshape
+
+
+def input_columns(columns: Sequence[TensorColumn], frames: Sequence[memoryview], count: int) -> list[np.ndarray]:
+    """Per input column of an ExecuteColumns, one array of shape [count] + shape over its frame (no
+    copy): row i is request i's tensor."""
+    arrays = []
+    for column in columns:
+        name = column.name
+        dt = dtypes.BY_NAME.get(column.datatype) if type(column.datatype) is str else None
+        if dt is None or dt.itemsize == 0:
+            raise internal("input column '%s' has datatype %r, not a numeric one" % (name, column.datatype))
+        shape = (count,) + _check_shape(column.shape, name)
+        frame = column.frame
+        if type(frame) is not int or not 0 <= frame < len(frames):
+            raise internal("input column '%s' refers to a missing data frame" % name)
+        buf = frames[frame]
+        elements = 1
+        for s in shape:
+            elements *= s
+        if buf.nbytes != elements * dt.itemsize:
+            raise internal("input column '%s': expected %d bytes for %d requests of shape %s, got %d"
+                           % (name, elements * dt.itemsize, count, list(shape[1:]), buf.nbytes))
+        arrays.append(np.ndarray(shape, _BF16_VIEW if dt.numpy is None else dt.numpy, buf))
+    return arrays
 
 
 def input_reshapes(config: dict[str, Any]) -> dict[str, tuple[bool, list[int]]]:

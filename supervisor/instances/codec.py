@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from inferd.supervisor.core.tensors import element_count
 from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire import messages as m
+from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
@@ -49,16 +51,24 @@ def execute_header(batch_id: int, items: list[dict[str, Any]], forget: list[str]
     return orjson.dumps({"batch_id": batch_id, "requests": items, "forget_regions": forget, "t": "execute"})
 
 
+def execute_columns_header(batch_id: int, fields: dict[str, Any], forget: list[str]) -> bytes:
+    """An ExecuteColumns header from `packing.Packed.columns`."""
+    return orjson.dumps({"batch_id": batch_id, **fields, "forget_regions": forget, "t": "execute_columns"})
+
+
+_RESULT_TAGS = frozenset(("execute_result", "execute_result_columns"))
+
+
 def parse(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
-    """(message, data frames). An ExecuteResult stays a dict (tag "execute_result"); others are decoded
-    by wire.messages. Raises wire.messages.ProtocolError on anything malformed."""
+    """(message, data frames). An ExecuteResult or ExecuteResultColumns stays a dict (with its tag "t");
+    others are decoded by wire.messages. Raises wire.messages.ProtocolError on anything malformed."""
     if not frames:
         raise m.ProtocolError("empty message")
     try:
         header = orjson.loads(frames[0])
     except orjson.JSONDecodeError as exc:
         raise m.ProtocolError(f"malformed message: {exc}") from None
-    if type(header) is dict and header.get("t") == "execute_result":
+    if type(header) is dict and header.get("t") in _RESULT_TAGS:
         return header, frames[1:]
     return m.decode(frames)
 
@@ -99,6 +109,8 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
                  version: str, outputs_in_shm: Any = None) -> BatchResult:
     """An ExecuteResult header (as `parse` returns it) and its data frames as core responses; output
     tensors are views of the frames. KeyError/TypeError/ValueError when the worker sent nonsense."""
+    if msg.get("t") == "execute_result_columns":
+        return _columns_result(requests, ids, msg, data, version)
     responses = msg["responses"]
     if len(responses) != len(requests):
         raise ValueError(f"{len(responses)} responses for {len(requests)} requests")
@@ -129,6 +141,37 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
             outputs.append(Tensor(name, ref["datatype"], ref["shape"], buf))
         out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs,
                                  item.get("parameters") or {}))
+    return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
+                       int(msg.get("compute_output_ns", 0)))
+
+
+def _columns_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict[str, Any], data: Sequence[Any],
+                    version: str) -> BatchResult:
+    """`batch_result` of an ExecuteResultColumns: request i's output is row i of its column's frame."""
+    if msg["request_ids"] != list(ids):
+        raise ValueError("responses out of order")
+    count = len(requests)
+    columns = []
+    for column in msg["outputs"]:
+        name, datatype, shape, frame = column["name"], column["datatype"], column["shape"], column["frame"]
+        dt = BY_NAME.get(datatype) if type(datatype) is str else None
+        if type(name) is not str or dt is None or dt.itemsize == 0:
+            raise ValueError(f"output column {name!r} has a bad datatype")
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"output column '{name}' has a bad shape")
+        if type(frame) is not int or not 0 <= frame < len(data):
+            raise ValueError(f"output column '{name}' has a bad reference")
+        buf = data[frame]
+        view = buf if type(buf) is memoryview and buf.format == "B" else memoryview(buf).cast("B")
+        size = element_count(shape) * dt.itemsize
+        if len(view) != count * size:
+            raise ValueError(f"output column '{name}' does not hold {count} tensors of shape {shape}")
+        columns.append((name, datatype, shape, view, size))
+    out: list[InferResponse | InferdError] = []
+    for i, req in enumerate(requests):
+        outputs = [Tensor(name, datatype, list(shape), view[i * size:(i + 1) * size])
+                   for name, datatype, shape, view, size in columns]
+        out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
     return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
                        int(msg.get("compute_output_ns", 0)))
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.worker.wire import messages as m
+from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..core.tensors import element_count
 from ..core.types import InferRequest
 from . import codec
 
@@ -41,6 +43,7 @@ class Packed:
     leases: list[Any] = field(default_factory=list)  # released when the batch is answered
     forget: list[str] = field(default_factory=list)
     streams: dict[int, OpenStream] = field(default_factory=dict)  # request id -> decoupled request
+    columns: dict[str, Any] | None = None  # an ExecuteColumns' fields instead of `items` (codec.execute_columns_header)
 
 
 def release_leases(leases: list[Any]) -> None:
@@ -57,7 +60,13 @@ class InputPacker:
         self._pool_epoch = -1
 
     def pack(self, requests: Sequence[InferRequest]) -> Packed:
-        out = Packed()
+        forget = self._forget()
+        if len(requests) > 1:
+            by_columns = self._pack_columns(requests)
+            if by_columns is not None:
+                by_columns.forget = forget
+                return by_columns
+        out = Packed(forget=forget)
         # inputs below ZERO_COPY_MIN_BYTES are packed into frame 0, each at its offset: a ZeroMQ frame
         # costs a send here and a receive (with a Frame object) in the worker, more than the copy
         frames = out.frames
@@ -65,10 +74,6 @@ class InputPacker:
         small: list[Any] = []
         size = 0
         pool = self._pool
-        if pool is not None and pool.epoch != self._pool_epoch:
-            self._pool_epoch = pool.epoch
-            out.forget = [name for name in self._regions_seen if not pool.is_live(name)]
-            self._regions_seen.difference_update(out.forget)
         try:
             for req in requests:
                 rid = next(self._request_ids)
@@ -115,3 +120,53 @@ class InputPacker:
         elif len(frames) == 1:
             frames.clear()  # no inline input at all
         return out
+
+    def _forget(self) -> list[str]:
+        """Pool regions unlinked since the worker last heard: it drops its mappings of them."""
+        pool = self._pool
+        if pool is None or pool.epoch == self._pool_epoch:
+            return []
+        self._pool_epoch = pool.epoch
+        forget = [name for name in self._regions_seen if not pool.is_live(name)]
+        self._regions_seen.difference_update(forget)
+        return forget
+
+    def _pack_columns(self, requests: Sequence[InferRequest]) -> Packed | None:
+        """The batch as an ExecuteColumns (one frame per input) when its requests differ only in their
+        tensor bytes and client ids (see wire.messages.ExecuteColumns); None otherwise."""
+        first = requests[0]
+        layout = []
+        for t in first.inputs:
+            dt = BY_NAME.get(t.datatype)
+            if dt is None or dt.itemsize == 0 or t.shm_ref is not None:
+                return None
+            nbytes = element_count(t.shape) * dt.itemsize
+            if nbytes >= m.ZERO_COPY_MIN_BYTES:
+                return None
+            layout.append((t.name, t.datatype, t.shape, nbytes))
+        wanted = [o.name for o in first.outputs]
+        columns: list[list[Any]] = [[] for _ in layout]
+        ids = []
+        for req in requests:
+            if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us
+                    or not (type(req.correlation_id) is int and req.correlation_id == 0)
+                    or len(req.inputs) != len(layout) or len(req.outputs) != len(wanted)):
+                return None
+            for t, (name, datatype, shape, nbytes), column in zip(req.inputs, layout, columns):
+                data = t.data
+                if (t.name != name or t.datatype != datatype or t.shape != shape or t.shm_ref is not None
+                        or (data.nbytes if type(data) is memoryview else memoryview(data).nbytes) != nbytes):
+                    return None
+                column.append(data)
+            if wanted and [o.name for o in req.outputs] != wanted:
+                return None
+            ids.append(req.id)
+        request_ids = [next(self._request_ids) for _ in requests]
+        fields: dict[str, Any] = {"request_ids": request_ids,
+                                  "inputs": [{"name": name, "datatype": datatype, "shape": shape, "frame": i}
+                                             for i, (name, datatype, shape, _) in enumerate(layout)]}
+        if any(ids):
+            fields["ids"] = ids
+        if wanted:
+            fields["requested_outputs"] = wanted
+        return Packed(frames=[b"".join(column) for column in columns], ids=request_ids, columns=fields)

@@ -315,8 +315,9 @@ class WorkerProcess:
         for rid, stream in streams.items():
             self._streams[rid] = stream
         try:
-            self._channel.send(self.identity,
-                               [codec.execute_header(batch_id, packed.items, packed.forget), *packed.frames])
+            header = (codec.execute_header(batch_id, packed.items, packed.forget) if packed.columns is None
+                      else codec.execute_columns_header(batch_id, packed.columns, packed.forget))
+            self._channel.send(self.identity, [header, *packed.frames])
         except InferdError:
             self._batches.pop(batch_id, None)
             self._release_leases(leases)
