@@ -57,6 +57,7 @@ class Doubling:
     def __init__(self) -> None:
         self.seen: list[list[list[tuple[str, str, np.ndarray]]]] = []
         self.vary = False
+        self.strided = False
         self.params: dict[str, Any] = {}
 
     def execute(self, requests: list[Any]) -> list[Response]:
@@ -65,6 +66,8 @@ class Doubling:
         for i, r in enumerate(requests):
             x = r.inputs[0].array
             y = np.concatenate([x * 2, x[:, :1]], axis=1) if self.vary and i % 2 else x * 2
+            if self.strided and i % 2:  # the same values, not C-contiguous: copied, still by columns
+                y = np.stack([y, -y], axis=2)[..., 0]
             out.append(Response([WorkerTensor("Y", "FP32", y), WorkerTensor("S", "INT64", r.inputs[1].array)],
                                 parameters=dict(self.params)))
         return out
@@ -133,6 +136,13 @@ def test_alike_batch_goes_by_columns_both_ways_and_matches_the_item_path():
     assert answers(result)[3] == ("r3", "1", {}, [("Y", "FP32", [1, 2], np.array([[6, 7]], "<f4").tobytes()),
                                                   ("S", "INT64", [1, 1], np.array([[30]], "<i8").tobytes())])
     assert (result.compute_input_ns, result.compute_infer_ns) != (0, 0)
+
+
+def test_outputs_the_first_request_did_not_need_converted_still_get_converted_in_later_ones():
+    requests = [request(i) for i in range(4)]
+    _, msg, result, _ = round_trip(requests, prepare=lambda rt, backend: setattr(backend, "strided", True))
+    assert msg["t"] == "execute_result_columns"
+    assert answers(result) == answers(by_items(requests)[1])
 
 
 def test_columns_keep_client_ids_and_requested_outputs():
