@@ -112,6 +112,20 @@ class ModelStats:
             self.latency.entries.append((now_ms, request_ns // 1000, queue_ns // 1000, compute_input_ns // 1000,
                                          compute_infer_ns // 1000, compute_output_ns // 1000))
 
+    def record_successes(self, count: int, request_ns: int, queue_ns: int, compute_input_ns: int,
+                         compute_infer_ns: int, compute_output_ns: int) -> None:
+        """`count` requests of one batch that completed, each of one batch item: durations are their sums,
+        compute durations each request's (the batch's). Without latency summaries only: they keep every
+        request (`record_success`)."""
+        self.success_count += count
+        self.success_ns += request_ns
+        self.success_items += count
+        self.queue_ns += queue_ns
+        self.compute_input_ns += compute_input_ns * count
+        self.compute_infer_ns += compute_infer_ns * count
+        self.compute_output_ns += compute_output_ns * count
+        self.last_inference = time.time_ns() // 1_000_000
+
     def record_failure(self, reason: str, request_ns: int = 0) -> None:
         """One request that failed. reason: REJECTED (queue full/timeout), CANCELED, BACKEND, OTHER."""
         self.fail_count += 1

@@ -117,3 +117,15 @@ def test_remove_forgets_the_version() -> None:
     assert [e["version"] for e in reg.to_json()["model_stats"]] == ["2"]
     assert len(reg) == 1
     assert reg.get("m", 1).success_count == 0  # a reload starts from zero, as Triton does
+
+
+def test_a_batch_of_successes_counts_as_its_requests_one_by_one() -> None:
+    reg = StatsRegistry()
+    one, batch = reg.get("one", "1"), reg.get("batch", "1")
+    for request_ns, queue_ns in ((5000, 400), (7000, 100), (900, 0)):
+        one.record_success(1, request_ns, queue_ns, 100, 2000, 30)
+    batch.record_successes(3, 5000 + 7000 + 900, 400 + 100, 100, 2000, 30)
+    expected = reg.to_json("one")["model_stats"][0]
+    got = reg.to_json("batch")["model_stats"][0]
+    assert got["inference_stats"] == expected["inference_stats"]
+    assert got["last_inference"] >= expected["last_inference"] > 0
