@@ -21,16 +21,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-import numpy as np
 import zmq
 
-from . import backends, tensors
+from . import backends, columns, tensors
 from .arena import Arena
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
 from .channel import Channel, Outbox
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
-    ZERO_COPY_MIN_BYTES,
     AutoComplete,
     AutoCompleteResult,
     Bye,
@@ -283,7 +281,7 @@ class Runtime:
         entries: list[Any] = []
         runnable: list[Request] = []
         try:
-            arrays = tensors.input_columns(message.inputs, tensors.frame_buffers(frames), count)
+            arrays = columns.input_columns(message.inputs, tensors.frame_buffers(frames), count)
         except Exception as exc:
             error = wire_error(exc)
             entries = [(rid, error) for rid in request_ids]
@@ -332,7 +330,8 @@ class Runtime:
         results = self._run_backend(runnable)
         t2 = _now_ns()
         if failed is None and len(runnable) == len(entries) > 1:
-            by_columns = self._output_columns(runnable, results)
+            by_columns = columns.output_columns(runnable, results, self._outputs, self._output_names,
+                                                self._spec.model_name if self._spec else "")
             if by_columns is not None:
                 layout, frames = by_columns
                 return execute_result_columns_header(
@@ -431,59 +430,6 @@ class Runtime:
 
     def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
         self._out_arena.give_back_names(message.regions)
-
-    def _output_columns(self, requests: list[Request], results: list[Response]
-                        ) -> Optional[tuple[list[tuple[str, str, tuple[int, ...]]], list[bytes]]]:
-        """(layout, one frame per output) when every result can go by columns (ExecuteResultColumns):
-        no error, no parameters, and the same checked outputs (name, datatype, shape; numeric, small)
-        in the same order. None otherwise: the batch goes request by request, which reports the errors."""
-        layout: Optional[list[tuple[str, str, tuple[int, ...]]]] = None
-        columns: list[list[Any]] = []
-        # per column, the first request's array when the checks left it as it was: a later array of the
-        # same name, datatype, shape and dtype, C-contiguous, would pass them unchanged too
-        unchanged: list[Optional[np.ndarray]] = []
-        try:
-            for request, result in zip(requests, results):
-                if result.error is not None or result.parameters:
-                    return None
-                wanted = request.requested_outputs or self._output_names
-                outs = [out for out in result.outputs if out.name in wanted]
-                if layout is None:
-                    layout = []
-                    for out in outs:
-                        checked = self._column_output(out)
-                        if checked is None:
-                            return None
-                        layout.append(checked[:3])
-                        columns.append([checked[3]])
-                        unchanged.append(out.array if checked[3] is out.array else None)
-                    continue
-                if len(outs) != len(layout):
-                    return None
-                for out, column_of, column, first in zip(outs, layout, columns, unchanged):
-                    array = out.array
-                    if (first is not None and out.name == column_of[0] and out.datatype == column_of[1]
-                            and type(array) is np.ndarray and array.shape == column_of[2]
-                            and array.dtype == first.dtype and array.flags.c_contiguous):
-                        column.append(array)
-                        continue
-                    checked = self._column_output(out)
-                    if checked is None or checked[:3] != column_of:
-                        return None
-                    column.append(checked[3])
-        except Exception:  # noqa: BLE001 - a failed check: the request-by-request path reports it
-            return None
-        return layout or [], [b"".join(column) for column in columns]
-
-    def _column_output(self, out: Tensor) -> Optional[tuple[str, str, tuple[int, ...], Any]]:
-        """(name, datatype, shape, buffer) of one checked output that may go by columns (numeric, small)."""
-        name, datatype = out.name, out.datatype
-        if datatype == "BYTES":
-            return None
-        model = self._spec.model_name if self._spec else ""
-        array = _check_output(self._outputs.get(name), name, datatype, out.array, model)
-        shape, data, nbytes = _output_data(datatype, array)
-        return None if nbytes >= ZERO_COPY_MIN_BYTES else (name, datatype, shape, data)
 
     def _encode(self, request: Request, result: Response, packer: FramePacker,
                 failed: Optional[list[int]] = None) -> str:

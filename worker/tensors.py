@@ -22,9 +22,9 @@ import numpy as np
 
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
-from .wire.messages import ZERO_COPY_MIN_BYTES, TensorColumn, TensorRef
+from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
 
-_BF16_VIEW = np.dtype("<u2")
+BF16_VIEW = np.dtype("<u2")
 
 
 def _worker_owned(name: str) -> bool:
@@ -87,7 +87,7 @@ class ShmCache:
             self._drop(name)
 
 
-def _check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
+def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
     if type(shape) is not list and not isinstance(shape, list):
         raise invalid_arg("invalid shape for tensor '%s'" % tensor)
     for s in shape:
@@ -130,14 +130,14 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
     dt = dtypes.BY_NAME.get(ref.datatype)
     if dt is None:
         raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (ref.datatype, name))
-    shape = _check_shape(ref.shape, name)
+    shape = check_shape(ref.shape, name)
     buf = input_buffer(ref, frames, cache)
     count = 1
     for s in shape:
         count *= s
     if dt.itemsize == 0:  # BYTES
         return bytes_codec.deserialize(buf, count=count, name=name).reshape(shape)
-    numpy_dtype = _BF16_VIEW if dt.numpy is None else dt.numpy
+    numpy_dtype = BF16_VIEW if dt.numpy is None else dt.numpy
     if type(buf) is not memoryview:
         buf = memoryview(buf)
     nbytes = buf.nbytes
@@ -147,30 +147,6 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
             % (name, count * dt.itemsize, list(shape), dt.name, nbytes)
         )
     return np.ndarray(shape, numpy_dtype, buf)  # one call: about half of np.frombuffer + reshape
-
-
-def input_columns(columns: Sequence[TensorColumn], frames: Sequence[memoryview], count: int) -> list[np.ndarray]:
-    """Per input column of an ExecuteColumns, one array of shape [count] + shape over its frame (no
-    copy): row i is request i's tensor."""
-    arrays = []
-    for column in columns:
-        name = column.name
-        dt = dtypes.BY_NAME.get(column.datatype) if type(column.datatype) is str else None
-        if dt is None or dt.itemsize == 0:
-            raise internal("input column '%s' has datatype %r, not a numeric one" % (name, column.datatype))
-        shape = (count,) + _check_shape(column.shape, name)
-        frame = column.frame
-        if type(frame) is not int or not 0 <= frame < len(frames):
-            raise internal("input column '%s' refers to a missing data frame" % name)
-        buf = frames[frame]
-        elements = 1
-        for s in shape:
-            elements *= s
-        if buf.nbytes != elements * dt.itemsize:
-            raise internal("input column '%s': expected %d bytes for %d requests of shape %s, got %d"
-                           % (name, elements * dt.itemsize, count, list(shape[1:]), buf.nbytes))
-        arrays.append(np.ndarray(shape, _BF16_VIEW if dt.numpy is None else dt.numpy, buf))
-    return arrays
 
 
 def input_reshapes(config: dict[str, Any]) -> dict[str, tuple[bool, list[int]]]:
@@ -283,8 +259,8 @@ def output_data(datatype: str, array: np.ndarray) -> tuple[tuple[int, ...], Any,
         data: Any = bytes_codec.serialize(array)
         return array.shape, data, len(data)
     dtype = array.dtype
-    if datatype == "BF16" and dtype != _BF16_VIEW:
-        array = array.view(_BF16_VIEW) if dtype.itemsize == 2 else array
+    if datatype == "BF16" and dtype != BF16_VIEW:
+        array = array.view(BF16_VIEW) if dtype.itemsize == 2 else array
         dtype = array.dtype
     if dtype.byteorder == ">":
         array = array.astype(dtype.newbyteorder("<"))

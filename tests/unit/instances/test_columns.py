@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
 from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
 from inferd.supervisor.instances import codec
 from inferd.supervisor.instances.packing import InputPacker
+from inferd.worker import columns as worker_columns
 from inferd.worker import tensors
 from inferd.worker.backends.base import ModelSpec, Response
 from inferd.worker.backends.base import Tensor as WorkerTensor
@@ -111,8 +113,8 @@ def round_trip(requests: list[InferRequest], packer: InputPacker | None = None,
 def by_items(requests: list[InferRequest]) -> tuple[dict[str, Any], Any, Doubling]:
     packer = InputPacker(None)
     packer._pack_columns = lambda requests: None  # type: ignore[method-assign]
-    packed, msg, result, backend = round_trip(requests, packer,
-                                              lambda rt, _: setattr(rt, "_output_columns", lambda *a: None))
+    with mock.patch.object(worker_columns, "output_columns", lambda *a: None):  # results by items too
+        packed, msg, result, backend = round_trip(requests, packer)
     assert packed.columns is None and msg["t"] == "execute_result"
     return msg, result, backend
 

@@ -1,0 +1,96 @@
+"""Batches by columns on the worker's side (wire.messages.ExecuteColumns / ExecuteResultColumns): the
+requests' inputs as rows of one array per input, and the results, when they are alike, as one frame
+per output. See docs/worker-protocol.md, "Batches by columns"."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from .backends.base import Request, Response, Tensor
+from .tensors import BF16_VIEW, OutputSpec, check_output, check_shape, output_data
+from .wire import dtypes
+from .wire.errors import internal
+from .wire.messages import ZERO_COPY_MIN_BYTES, TensorColumn
+
+Layout = list[tuple[str, str, tuple[int, ...]]]  # per output: name, datatype, each request's shape
+
+
+def input_columns(columns: Sequence[TensorColumn], frames: Sequence[memoryview], count: int) -> list[np.ndarray]:
+    """Per input column, one array of shape [count] + shape over its frame (no copy): row i is request
+    i's tensor."""
+    arrays = []
+    for column in columns:
+        name = column.name
+        dt = dtypes.BY_NAME.get(column.datatype) if type(column.datatype) is str else None
+        if dt is None or dt.itemsize == 0:
+            raise internal("input column '%s' has datatype %r, not a numeric one" % (name, column.datatype))
+        shape = (count,) + check_shape(column.shape, name)
+        frame = column.frame
+        if type(frame) is not int or not 0 <= frame < len(frames):
+            raise internal("input column '%s' refers to a missing data frame" % name)
+        buf = frames[frame]
+        elements = 1
+        for s in shape:
+            elements *= s
+        if buf.nbytes != elements * dt.itemsize:
+            raise internal("input column '%s': expected %d bytes for %d requests of shape %s, got %d"
+                           % (name, elements * dt.itemsize, count, list(shape[1:]), buf.nbytes))
+        arrays.append(np.ndarray(shape, BF16_VIEW if dt.numpy is None else dt.numpy, buf))
+    return arrays
+
+
+def output_columns(requests: list[Request], results: list[Response], specs: dict[str, OutputSpec],
+                   output_names: list[str], model: str) -> Optional[tuple[Layout, list[bytes]]]:
+    """(layout, one frame per output) when every result can go by columns: no error, no parameters, and
+    the same checked outputs (name, datatype, shape; numeric, small) in the same order. None otherwise:
+    the batch goes request by request, which reports the errors."""
+    layout: Optional[Layout] = None
+    columns: list[list[Any]] = []
+    # per column, the first request's array when the checks left it as it was: a later array of the
+    # same name, datatype, shape and dtype, C-contiguous, would pass them unchanged too
+    unchanged: list[Optional[np.ndarray]] = []
+    try:
+        for request, result in zip(requests, results):
+            if result.error is not None or result.parameters:
+                return None
+            wanted = request.requested_outputs or output_names
+            outs = [out for out in result.outputs if out.name in wanted]
+            if layout is None:
+                layout = []
+                for out in outs:
+                    checked = _checked(out, specs, model)
+                    if checked is None:
+                        return None
+                    layout.append(checked[:3])
+                    columns.append([checked[3]])
+                    unchanged.append(out.array if checked[3] is out.array else None)
+                continue
+            if len(outs) != len(layout):
+                return None
+            for out, column_of, column, first in zip(outs, layout, columns, unchanged):
+                array = out.array
+                if (first is not None and out.name == column_of[0] and out.datatype == column_of[1]
+                        and type(array) is np.ndarray and array.shape == column_of[2]
+                        and array.dtype == first.dtype and array.flags.c_contiguous):
+                    column.append(array)
+                    continue
+                checked = _checked(out, specs, model)
+                if checked is None or checked[:3] != column_of:
+                    return None
+                column.append(checked[3])
+    except Exception:  # noqa: BLE001 - a failed check: the request-by-request path reports it
+        return None
+    return layout or [], [b"".join(column) for column in columns]
+
+
+def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str) -> Optional[tuple[str, str, tuple[int, ...], Any]]:
+    """(name, datatype, shape, buffer) of one checked output that may go by columns (numeric, small)."""
+    name, datatype = out.name, out.datatype
+    if datatype == "BYTES":
+        return None
+    array = check_output(specs.get(name), name, datatype, out.array, model)
+    shape, data, nbytes = output_data(datatype, array)
+    return None if nbytes >= ZERO_COPY_MIN_BYTES else (name, datatype, shape, data)
