@@ -18,6 +18,7 @@ Counting rules follow Triton (reference/triton.md §7.2):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from inferd.worker.wire.errors import invalid_arg
@@ -112,15 +113,22 @@ class ModelStats:
             self.latency.entries.append((now_ms, request_ns // 1000, queue_ns // 1000, compute_input_ns // 1000,
                                          compute_infer_ns // 1000, compute_output_ns // 1000))
 
-    def record_successes(self, count: int, request_ns: int, queue_ns: int, compute_input_ns: int,
+    def record_successes(self, arrivals: Sequence[int], start_ns: int, end_ns: int, compute_input_ns: int,
                          compute_infer_ns: int, compute_output_ns: int) -> None:
-        """`count` requests of one batch that completed, each of one batch item: durations are their sums,
-        compute durations each request's (the batch's). Without latency summaries only: they keep every
-        request (`record_success`)."""
+        """The requests of one batch (arrival times) that completed, each of one batch item, the batch sent
+        at `start_ns` and answered at `end_ns`: `record_success` for each, in one update unless the latency
+        summaries keep every request."""
+        if self.latency is not None:
+            for arrival in arrivals:
+                self.record_success(1, end_ns - arrival, start_ns - arrival, compute_input_ns, compute_infer_ns,
+                                    compute_output_ns)
+            return
+        count = len(arrivals)
+        total = sum(arrivals)
         self.success_count += count
-        self.success_ns += request_ns
+        self.success_ns += end_ns * count - total
         self.success_items += count
-        self.queue_ns += queue_ns
+        self.queue_ns += start_ns * count - total
         self.compute_input_ns += compute_input_ns * count
         self.compute_infer_ns += compute_infer_ns * count
         self.compute_output_ns += compute_output_ns * count

@@ -1,10 +1,12 @@
-"""Hot-path framing of Execute / ExecuteResult, byte-compatible with `wire.messages`.
+"""Hot-path framing of Execute / ExecuteColumns and ExecuteResult / ExecuteResultColumns, byte-compatible
+with `wire.messages`.
 
 `wire.messages.encode` goes through `dataclasses.asdict` (tens of µs per batch); here the Execute
 header is built as plain dicts in the dataclasses' field order, fields at their default left out (the
 worker's decoder fills them in), and serialized with orjson, and an
 ExecuteResult header is read as plain dicts, checked as it is used. Every other message goes through
-`wire.messages`. tests/unit/instances/test_codec.py pins the equivalence.
+`wire.messages`. tests/unit/instances/test_codec.py pins the equivalence; test_columns.py holds the
+by-columns forms to the request-by-request ones.
 """
 
 from __future__ import annotations

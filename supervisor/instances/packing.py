@@ -5,7 +5,8 @@ larger ones are written into shared-memory pool leases, or, when already in a re
 (a BLS input), passed by that region's name. The packer remembers which pool regions its worker has
 seen, so each Execute can list the ones unlinked since (`forget_regions`) and the worker drops its
 stale mappings. A decoupled request keeps its leases (in its OpenStream) until its final response;
-other requests' leases go back with the batch's result.
+other requests' leases go back with the batch's result. A batch of alike small requests goes by columns
+instead (`wire.messages.ExecuteColumns`): one frame per input, no per-request items.
 """
 
 from __future__ import annotations

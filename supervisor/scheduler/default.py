@@ -32,12 +32,10 @@ log = logging.getLogger("inferd.scheduler")
 class StatsSink:
     """Receiver of per-request and per-batch figures (supervisor.stats.ModelStats fits)."""
 
-    latency: Any  # not None: latency summaries want every request through record_success
-
     def record_success(self, batch_items: int, request_ns: int, queue_ns: int, compute_input_ns: int,
                        compute_infer_ns: int, compute_output_ns: int) -> None: ...
 
-    def record_successes(self, count: int, request_ns: int, queue_ns: int, compute_input_ns: int,
+    def record_successes(self, arrivals: Sequence[int], start_ns: int, end_ns: int, compute_input_ns: int,
                          compute_infer_ns: int, compute_output_ns: int) -> None: ...
 
     def record_failure(self, reason: str, request_ns: int) -> None: ...

@@ -38,23 +38,17 @@ def record(stats: Any, result: Any, answers: Sequence[Answer], arrivals: Sequenc
     end = time.monotonic_ns()
     if result is not None and items_ok:
         stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns)
-    each = result is not None and stats.latency is not None  # the latency summaries keep every request
-    ok = 0
-    arrivals_ok = 0
+    succeeded = []
     for arrival, future, answer in zip(arrivals, futures, answers):
         if future.cancelled():  # the client gave up while it ran: its answer is dropped
             stats.record_failure("CANCELED", end - arrival)
         elif isinstance(answer, InferdError):
             stats.record_failure("CANCELED" if answer.code == ErrorCode.CANCELLED else "BACKEND", end - arrival)
-        elif each:
-            stats.record_success(1, end - arrival, start_ns - arrival, result.compute_input_ns,
-                                 result.compute_infer_ns, result.compute_output_ns)
         elif result is not None:
-            ok += 1
-            arrivals_ok += arrival
-    if ok:  # one update for the batch's successes: the same sums as a call per request
-        stats.record_successes(ok, end * ok - arrivals_ok, start_ns * ok - arrivals_ok, result.compute_input_ns,
-                               result.compute_infer_ns, result.compute_output_ns)
+            succeeded.append(arrival)
+    if succeeded:
+        stats.record_successes(succeeded, start_ns, end, result.compute_input_ns, result.compute_infer_ns,
+                               result.compute_output_ns)
 
 
 def settle(future: asyncio.Future[Any], answer: Answer) -> None:

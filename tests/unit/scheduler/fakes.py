@@ -55,13 +55,12 @@ class Stats:
     executions: list[int] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     successes: int = 0
-    latency: Any = None
 
     def record_success(self, *args: Any) -> None:
         self.successes += 1
 
-    def record_successes(self, count: int, *args: Any) -> None:
-        self.successes += count
+    def record_successes(self, arrivals: Any, *args: Any) -> None:
+        self.successes += len(arrivals)
 
     def record_failure(self, reason: str, request_ns: int) -> None:
         self.failures.append(reason)

@@ -122,10 +122,22 @@ def test_remove_forgets_the_version() -> None:
 def test_a_batch_of_successes_counts_as_its_requests_one_by_one() -> None:
     reg = StatsRegistry()
     one, batch = reg.get("one", "1"), reg.get("batch", "1")
-    for request_ns, queue_ns in ((5000, 400), (7000, 100), (900, 0)):
-        one.record_success(1, request_ns, queue_ns, 100, 2000, 30)
-    batch.record_successes(3, 5000 + 7000 + 900, 400 + 100, 100, 2000, 30)
+    arrivals, start, end = [5000, 3000, 9100], 9100, 10000
+    for arrival in arrivals:
+        one.record_success(1, end - arrival, start - arrival, 100, 2000, 30)
+    batch.record_successes(arrivals, start, end, 100, 2000, 30)
     expected = reg.to_json("one")["model_stats"][0]
     got = reg.to_json("batch")["model_stats"][0]
     assert got["inference_stats"] == expected["inference_stats"]
     assert got["last_inference"] >= expected["last_inference"] > 0
+
+
+def test_a_batch_of_successes_keeps_each_request_for_the_latency_summaries() -> None:
+    from inferd.supervisor import latency_summary as ls
+
+    reg = StatsRegistry(ls.LatencyMetricsConfig(summaries=True))
+    s = reg.get("m", "1")
+    s.record_successes([5000, 3000], 9000, 10000, 100, 2000, 30)
+    assert s.latency is not None
+    assert [entry[1:3] for entry in s.latency.entries] == [(5, 4), (7, 6)]
+    assert s.success_count == 2 and s.success_ns == 12000 and s.queue_ns == 10000
