@@ -20,6 +20,7 @@ from .bls import BlsService
 from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader
+from .core.busy_poll import BusyPoll
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.server import ServerDataPlane
@@ -66,6 +67,7 @@ class App:
         custom_metrics.attach(runtime.channel)
         manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime), registry,
                                response_cache=response_cache is not None)
+        busy_poll = BusyPoll(self.config.busy_poll_us) if self.config.busy_poll_us else None
         dataplane = ServerDataPlane(
             manager,
             server_id=self.config.server_id,
@@ -77,6 +79,7 @@ class App:
                 custom_metrics),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
+            busy_poll=busy_poll,
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
@@ -108,6 +111,8 @@ class App:
             if poller is not None:
                 await poller.stop()
             await self._stop_frontends()
+            if busy_poll is not None:
+                busy_poll.close()
             await runtime.close()
         log.info("inferd stopped")
         return self.exit_code

@@ -18,6 +18,7 @@ from .latency_summary import LatencyMetricsConfig, parse_quantiles
 # API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
 RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                 "statistics", "trace", "logging")
+MAX_BUSY_POLL_US = 1_000_000
 
 
 def _bool(text: str) -> bool:
@@ -116,6 +117,7 @@ class ServerConfig:
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
+    busy_poll_us: int = 0  # after a request, the event loop polls instead of sleeping this long (0: off)
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
     worker: WorkerTimings = field(default_factory=WorkerTimings)
@@ -211,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="",
                    help="directory for worker sockets (default: a temp dir of its own, removed at shutdown)")
     p.add_argument("--max-queue-size", type=int, default=4096)
+    p.add_argument("--busy-poll-us", type=int, default=0,
+                   help="after each request the event loop polls instead of sleeping for this many µs, while "
+                        "a CPU is free (0: off; set above the models' execute time; costs CPU under load)")
     p.add_argument("--env-cache-dir", default="",
                    help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
     p.add_argument("--env-cache-max-gb", type=float, default=20.0,
@@ -304,6 +309,8 @@ def _flag_errors(args: argparse.Namespace) -> list[str]:
         errors.append("--repository-poll-secs must be greater than 0 with --model-control-mode poll")
     if args.model_load_retry_count < 0:
         errors.append("--model-load-retry-count must not be negative")
+    if not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
+        errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     return errors
 
 
@@ -402,6 +409,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,
         max_queue_size=args.max_queue_size,
+        busy_poll_us=args.busy_poll_us,
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
         env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),

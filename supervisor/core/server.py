@@ -14,6 +14,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from .. import logs
 from ..cache import ResponseCache, request_key
 from . import classification, loader
+from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
 from .streaming import ResponseStream
@@ -44,8 +45,10 @@ EXTENSIONS = [
 class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
-                 response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None) -> None:
+                 response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
+                 busy_poll: BusyPoll | None = None) -> None:
         self.manager = manager
+        self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
         self.control_mode = control_mode
@@ -108,6 +111,8 @@ class ServerDataPlane(DataPlane):
         name and version and the request id (no task or coroutine per request: cheaper)."""
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        if self.busy_poll is not None:
+            self.busy_poll.poke()
         mv = self.manager.resolve_ready(request.model_name, request.model_version)
         if mv.decoupled:
             raise InferdError(ErrorCode.UNSUPPORTED,
@@ -159,6 +164,8 @@ class ServerDataPlane(DataPlane):
         went away) cancels the request: dropped from its queue, or the model sees is_cancelled()."""
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        if self.busy_poll is not None:
+            self.busy_poll.poke()
         mv = self.manager.resolve_ready(request.model_name, request.model_version)
         if not mv.decoupled:
             yield await self.infer(request)

@@ -86,3 +86,14 @@ def test_cloud_repositories_are_refused_clearly(tmp_path, url):
 
 def test_an_older_tritonserver_flag_is_inert(tmp_path):
     assert parse(tmp_path, "--grpc-infer-thread-count", "2").inert_flags
+
+
+def test_busy_poll_is_off_unless_asked(tmp_path):
+    assert parse(tmp_path).busy_poll_us == 0
+    assert parse(tmp_path, "--busy-poll-us", "20000").busy_poll_us == 20000
+
+
+@pytest.mark.parametrize("value", ["-1", "1000001"])
+def test_busy_poll_window_is_bounded(tmp_path, value):
+    with pytest.raises(SystemExit, match="--busy-poll-us must be between 0 and 1000000"):
+        parse(tmp_path, "--busy-poll-us", value)

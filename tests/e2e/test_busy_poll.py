@@ -1,0 +1,59 @@
+"""`--busy-poll-us`: a server that polls after each request answers as usual over HTTP and gRPC
+(unmodified tritonclient), and goes quiet once its window has passed: no CPU spent at rest."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from conftest import target_is_triton
+from tritonclient.grpc import InferInput as GrpcInput
+from tritonclient.http import InferInput as HttpInput
+
+pytestmark = pytest.mark.skipif(target_is_triton(), reason="--busy-poll-us is inferd's own flag")
+
+WINDOW_US = 50_000
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@pytest.fixture(scope="module")
+def server(module_server_factory):
+    return module_server_factory(["add_sub"], inferd_args=["--busy-poll-us", str(WINDOW_US)])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system time of one process (its threads included, its workers not)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def add_sub_inputs(kind, a: np.ndarray, b: np.ndarray) -> list:
+    inputs = [kind("INPUT0", list(a.shape), "FP32"), kind("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_answers_over_http_and_grpc(server):
+    rng = np.random.default_rng(7)
+    http, grpc = server.http_client(), server.grpc_client()
+    for i in range(20):  # back to back: each request lands while the loop is polling
+        a, b = rng.random(16, dtype=np.float32), rng.random(16, dtype=np.float32)
+        client, kind = (http, HttpInput) if i % 2 else (grpc, GrpcInput)
+        result = client.infer("add_sub", add_sub_inputs(kind, a, b))
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b, rtol=1e-6)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b, rtol=1e-6)
+
+
+def test_quiet_at_rest(server):
+    a = np.ones(16, dtype=np.float32)
+    server.http_client().infer("add_sub", add_sub_inputs(HttpInput, a, a))
+    time.sleep(2 * WINDOW_US / 1e6)  # the window after the last request has passed
+    before = cpu_seconds(server.pid)
+    time.sleep(1.0)
+    spent = cpu_seconds(server.pid) - before
+    # polling would spend most of that second; at rest the loop wakes for timers and heartbeats only
+    assert spent < 0.3, f"the idle server spent {spent:.2f} s of CPU in 1 s"

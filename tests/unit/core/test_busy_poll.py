@@ -1,0 +1,124 @@
+"""BusyPoll (`--busy-poll-us`) on a real event loop: it keeps the loop passing for its window after a
+poke, then lets it sleep; it sleeps in 1 ms steps while every CPU is wanted, and never starts after close."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+from inferd.supervisor.core.busy_poll import BusyPoll, runnable_processes
+
+DEADLINE_S = 10.0  # generous: a busy 2-core machine may hold the loop back
+
+
+async def wait_until_quiet(poll: BusyPoll) -> float:
+    """Seconds until polling stopped (the loop keeps running other work meanwhile)."""
+    start = time.monotonic()
+    while poll.polling:
+        assert time.monotonic() - start < DEADLINE_S, "busy polling never stopped"
+        await asyncio.sleep(0.001)
+    return time.monotonic() - start
+
+
+def test_runnable_processes_counts_this_one():
+    assert runnable_processes() >= 1
+
+
+def test_a_window_must_be_positive():
+    with pytest.raises(ValueError, match="positive"):
+        BusyPoll(0)
+
+
+def test_polls_for_the_window_then_sleeps():
+    async def main() -> None:
+        poll = BusyPoll(30_000, cpus=1 << 20)  # as if CPUs were plenty: only the window stops it
+        poll.poke()
+        assert poll.polling
+        waited = await wait_until_quiet(poll)
+        assert waited >= 0.025  # the window (30 ms) less the timer's granularity
+        assert poll.passes > 0
+        assert poll.stops_for_load == 0
+        passes = poll.passes
+        await asyncio.sleep(0.05)
+        assert poll.passes == passes  # quiet: no pass without a poke
+
+    asyncio.run(main())
+
+
+def test_each_poke_extends_the_window():
+    async def main() -> None:
+        poll = BusyPoll(40_000, cpus=1 << 20)
+        start = time.monotonic()
+        poll.poke()
+        await asyncio.sleep(0.03)
+        assert poll.polling
+        poll.poke()  # a request 30 ms in: polling goes on until 40 ms after it
+        await wait_until_quiet(poll)
+        assert time.monotonic() - start >= 0.065
+
+    asyncio.run(main())
+
+
+def test_sleeps_while_every_cpu_is_wanted():
+    async def main() -> None:
+        poll = BusyPoll(200_000, cpus=0)  # no CPU to spare: this process alone is one too many
+        poll.poke()
+        await wait_until_quiet(poll)
+        assert poll.passes == 0  # never polled: slept 1 ms at a time until the window closed
+        assert poll.stops_for_load >= 2
+
+    asyncio.run(main())
+
+
+def test_polls_only_with_a_cpu_to_spare():
+    cpus = len(os.sched_getaffinity(0))
+
+    async def main() -> None:
+        poll = BusyPoll(20_000, cpus=cpus)
+        poll.poke()
+        await wait_until_quiet(poll)
+        assert poll.passes > 0 or poll.stops_for_load > 0  # polled, or slept while the machine was busy
+
+    asyncio.run(main())
+
+
+def test_close_stops_polling_for_good():
+    async def main() -> None:
+        poll = BusyPoll(1_000_000, cpus=1 << 20)
+        poll.poke()
+        await asyncio.sleep(0.01)
+        assert poll.polling
+        poll.close()
+        assert not poll.polling
+        passes = poll.passes
+        poll.poke()
+        assert not poll.polling
+        await asyncio.sleep(0.02)
+        assert poll.passes == passes
+
+    asyncio.run(main())
+
+
+def test_other_work_runs_while_polling():
+    async def main() -> None:
+        poll = BusyPoll(200_000, cpus=1 << 20)
+        poll.poke()
+        done = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.02, done.set_result, "timer fired")
+        assert await asyncio.wait_for(done, DEADLINE_S) == "timer fired"
+        reader, writer = os.pipe()
+        try:
+            got = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().add_reader(reader, lambda: got.set_result(os.read(reader, 16)))
+            os.write(writer, b"ping")
+            assert await asyncio.wait_for(got, DEADLINE_S) == b"ping"
+            asyncio.get_running_loop().remove_reader(reader)
+        finally:
+            os.close(reader)
+            os.close(writer)
+        assert poll.polling
+        poll.close()
+
+    asyncio.run(main())
