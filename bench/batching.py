@@ -1,7 +1,8 @@
 """Dynamic batching benchmark (issue 4, "Measure"): what batching buys for a model whose execute()
-costs a fixed 5 ms whatever the batch size, at concurrency 32, on inferd, Triton 2.51 and MLServer.
+costs a fixed 5 ms whatever the batch size, at concurrency 32, on inferd (as is, and with
+--busy-poll-us as "inferd-busypoll"), Triton 2.51 and MLServer.
 
-    .venv/bin/python bench/batching.py                       # all three servers, 3 rounds of 10 s points
+    .venv/bin/python bench/batching.py                       # all four servers, 3 rounds of 10 s points
     .venv/bin/python bench/batching.py --servers inferd -d 5 --rounds 1 --no-record
 
 inferd and Triton serve the same config.pbtxt files (bench/models/fixed_cost: max_batch_size 32,
@@ -62,7 +63,8 @@ UNBATCHED = "fixed_cost"
 
 def batched_name(delay_us: int) -> str:
     return f"fixed_cost_batched_{delay_us}us"
-TITLES = {"inferd": "inferd", "triton": "Triton 2.51", "mlserver": "MLServer (adaptive batching)"}
+TITLES = {"inferd": "inferd", "inferd-busypoll": "inferd --busy-poll-us", "triton": "Triton 2.51",
+          "mlserver": "MLServer (adaptive batching)"}
 
 MLSERVER_MODEL = '''import json
 import os
@@ -146,6 +148,7 @@ class Server:
     proc: subprocess.Popen | None = None
     skipped: str | None = None
     argv: list[str] = field(default_factory=list)
+    busy_poll_us: int = 0  # inferd-busypoll's --busy-poll-us
 
     @property
     def base(self) -> str:
@@ -155,12 +158,14 @@ class Server:
               timeout: float) -> None:
         h, g, m = (str(p) for p in self.ports)
         env, cwd = {}, self.workdir
-        if self.name == "inferd":
+        if self.name in ("inferd", "inferd-busypoll"):
             if not INFERD.exists():
                 self.skipped = f"{INFERD} missing"
                 return
             self.argv = [str(INFERD), "--model-repository", str(repo), "--http-port", h, "--grpc-port", g,
                          "--metrics-port", m]
+            if self.name == "inferd-busypoll":
+                self.argv += ["--busy-poll-us", str(self.busy_poll_us)]
             cwd = ROOT
         elif self.name == "triton":
             if not TRITON_SH.exists() or not (TRITON_DIR / "venv" / "bin" / "python").exists():
@@ -307,20 +312,23 @@ def markdown(res: dict) -> str:
             flag = " (invalid points: %d)" % r["invalid"] if r["invalid"] else ""
             lines.append(f"| {TITLES.get(name, name)} | {label} | {r['infer_per_s']:.0f}{flag} | {r['p50_ms']:.1f} | "
                          f"{r['p99_ms']:.1f} | {batch} | {cpu} | {gain} |")
-    if "inferd" in s and "triton" in s:
+    for ours in ("inferd", "inferd-busypoll"):
+        if ours not in s or "triton" not in s:
+            continue
         lines.append("")
         for variant in variants:
-            a, b = s["inferd"].get(variant), s["triton"].get(variant)
+            a, b = s[ours].get(variant), s["triton"].get(variant)
             if a and b:
-                lines.append(f"- inferd / Triton, {variant}: throughput {a['infer_per_s'] / b['infer_per_s']:.2f}x, "
-                             f"p99 {a['p99_ms'] / b['p99_ms']:.2f}x"
+                lines.append(f"- {TITLES[ours]} / Triton, {variant}: throughput "
+                             f"{a['infer_per_s'] / b['infer_per_s']:.2f}x, p99 {a['p99_ms'] / b['p99_ms']:.2f}x"
                              + (f", gain {a['gain']:.1f}x vs {b['gain']:.1f}x" if "gain" in a and "gain" in b else ""))
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default="inferd,triton,mlserver")
+    ap.add_argument("--servers", default="inferd,inferd-busypoll,triton,mlserver")
+    ap.add_argument("--busy-poll-us", type=int, default=12000, help="inferd-busypoll's window")
     ap.add_argument("--conc", type=int, default=32)
     ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds per measured point")
     ap.add_argument("--warmup", type=float, default=2.0)
@@ -344,7 +352,7 @@ def main() -> int:
     body = work / "request.json"
     body.write_text(json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4],
                                             "data": [1, 2, 3, 4]}]}))
-    servers = [Server(n, free_ports(3), work) for n in names]
+    servers = [Server(n, free_ports(3), work, busy_poll_us=args.busy_poll_us) for n in names]
     res: dict = {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"), "commit": commit, "machine": machine(),
                  "command": shlex.join([".venv/bin/python", "bench/batching.py", *sys.argv[1:]]),
                  "tools": versions(), "conc": args.conc, "duration_s": args.duration, "warmup_s": args.warmup,
