@@ -164,12 +164,12 @@ class ServerDataPlane(DataPlane):
         went away) cancels the request: dropped from its queue, or the model sees is_cancelled()."""
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
-        if self.busy_poll is not None:
-            self.busy_poll.poke()
         mv = self.manager.resolve_ready(request.model_name, request.model_version)
         if not mv.decoupled:
             yield await self.infer(request)
             return
+        if self.busy_poll is not None:
+            self.busy_poll.poke()
         try:
             validate_request(mv.io, request)
         except InferdError:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
+import psutil
 import pytest
 from conftest import target_is_triton
 from tritonclient.grpc import InferInput as GrpcInput
@@ -15,7 +15,6 @@ from tritonclient.http import InferInput as HttpInput
 pytestmark = pytest.mark.skipif(target_is_triton(), reason="--busy-poll-us is inferd's own flag")
 
 WINDOW_US = 50_000
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +24,8 @@ def server(module_server_factory):
 
 def cpu_seconds(pid: int) -> float:
     """User + system time of one process (its threads included, its workers not)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def add_sub_inputs(kind, a: np.ndarray, b: np.ndarray) -> list:
