@@ -17,6 +17,7 @@ Runs on Python 3.9+ with the standard library only.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import threading
 import time
@@ -94,6 +95,8 @@ class Registry:
         self._dirty: dict[int, MetricState] = {}
         self._dropped: list[int] = []
         self._full = False
+        # families whose MetricFamily object is gone, not yet dropped (see drop_family)
+        self._gone: collections.deque[int] = collections.deque()
         self.instance = ""  # the model instance, named in errors as Triton names it
         self.source = ""  # "model 'm' instance 'm_0'", for the supervisor's warnings
 
@@ -103,6 +106,7 @@ class Registry:
         if error is not None:
             raise MetricError("Error when creating MetricFamily: " + error)
         with self._lock:
+            self._drop_gone()
             seen = self._kinds.get(name)
             if seen is not None and seen[0] != kind:
                 raise MetricError(
@@ -121,11 +125,19 @@ class Registry:
         return family
 
     def drop_family(self, fid: int) -> None:
-        """The family's MetricFamily object is gone: so are the family and its metrics."""
-        with self._lock:
-            family = self._families.pop(fid, None)
+        """The family's MetricFamily object is gone: so are the family and its metrics, from the next
+        operation on. The object's finalizer calls this, and the garbage collector runs finalizers
+        wherever an allocation sets it off, even inside this registry's locked sections on the same
+        thread: taking the lock here could deadlock, so the fid is only noted (deque.append is atomic)."""
+        self._gone.append(fid)
+
+    def _drop_gone(self) -> None:
+        """Drop the families noted by drop_family; every locked section starts with it."""
+        gone = self._gone
+        while gone:
+            family = self._families.pop(gone.popleft(), None)
             if family is None:
-                return
+                continue
             family.alive = False
             seen = self._kinds.get(family.name)
             if seen is not None:
@@ -136,8 +148,8 @@ class Registry:
             for metric in family.metrics.values():
                 self._new_metrics.pop(metric.mid, None)
                 self._dirty.pop(metric.mid, None)
-            if self._new_families.pop(fid, None) is None:
-                self._dropped.append(fid)  # the supervisor has heard of it
+            if self._new_families.pop(family.fid, None) is None:
+                self._dropped.append(family.fid)  # the supervisor has heard of it
 
     def add_metric(self, family: Family, labels: Any, buckets: Any) -> MetricState:
         if labels is None:
@@ -162,6 +174,7 @@ class Registry:
                 raise MetricError("Error when creating Metric: %s" % exc) from None
         key = tuple(sorted(labels.items()))
         with self._lock:
+            self._drop_gone()
             if not family.alive:
                 raise MetricError("Error when creating Metric: " + FAMILY_DELETED)
             metric = family.metrics.get(key)
@@ -188,6 +201,7 @@ class Registry:
     def increment(self, metric: MetricState, value: Any) -> None:
         amount = _number(value, "increment")
         with self._lock:
+            self._drop_gone()
             kind = metric.family.kind
             if not metric.family.alive or kind == rules.HISTOGRAM:
                 raise self._refuse(metric, "increment")
@@ -205,6 +219,7 @@ class Registry:
     def set(self, metric: MetricState, value: Any) -> None:
         number = _number(value, "set")
         with self._lock:
+            self._drop_gone()
             if not metric.family.alive or metric.family.kind != rules.GAUGE:
                 raise self._refuse(metric, "set")
             metric.value = metric.set_value = number
@@ -216,6 +231,7 @@ class Registry:
     def observe(self, metric: MetricState, value: Any) -> None:
         number = _number(value, "observe")
         with self._lock:
+            self._drop_gone()
             if not metric.family.alive or metric.family.kind != rules.HISTOGRAM:
                 raise self._refuse(metric, "observe")
             # le semantics: the first bucket whose bound is >= the value; NaN lands in +Inf, as in prometheus-cpp
@@ -226,17 +242,20 @@ class Registry:
 
     def value(self, metric: MetricState) -> float:
         with self._lock:
+            self._drop_gone()
             if not metric.family.alive or metric.family.kind == rules.HISTOGRAM:
                 raise self._refuse(metric, "value")
             return metric.value
 
     # ---- reports ----
     def pending(self) -> bool:
-        return bool(self._full or self._new_families or self._new_metrics or self._dirty or self._dropped)
+        return bool(self._full or self._new_families or self._new_metrics or self._dirty or self._dropped
+                    or self._gone)
 
     def resend_all(self) -> None:
         """A report was lost: make the next one complete."""
         with self._lock:
+            self._drop_gone()
             self._full = True
 
     def report(self) -> Optional[MetricsReport]:
@@ -244,6 +263,9 @@ class Registry:
         if not self.pending():
             return None
         with self._lock:
+            self._drop_gone()
+            if not self.pending():  # only families made and dropped since the last report
+                return None
             full = self._full
             if full:
                 families = list(self._families.values())
@@ -274,6 +296,7 @@ class Registry:
     def clear(self) -> None:
         """Forget everything, reporting nothing about it (tests)."""
         with self._lock:
+            self._gone.clear()
             for family in self._families.values():
                 family.alive = False
             self._families = {}

@@ -109,6 +109,27 @@ def test_family_and_metric_creation_errors():
     assert hist.Metric(labels={"a": "b"}, buckets=[1, 2, float("inf")])._state.buckets == (1.0, 2.0)
 
 
+def test_a_finalizer_inside_a_locked_section_does_not_deadlock():
+    """The garbage collector may run a MetricFamily's finalizer inside any of the registry's locked
+    sections, on the thread that holds the lock; the drop then waits for the next operation."""
+    family = pb.MetricFamily("collected", "d", C)
+    metric = family.Metric(labels={"a": "b"})
+    registry = cm.REGISTRY
+    fid = family._state.fid
+    done = threading.Event()
+
+    def finalizer_under_the_lock():
+        with registry._lock:  # as when an allocation in a locked section sets off the collector
+            registry.drop_family(fid)
+        done.set()
+
+    thread = threading.Thread(target=finalizer_under_the_lock, daemon=True)
+    thread.start()
+    assert done.wait(10.0), "drop_family deadlocked inside a locked section"
+    _raises(lambda: metric.increment(1), "Failed to increment metric value: " + cm.FAMILY_DELETED)
+    assert pb.MetricFamily("collected", "d", G)  # the name is free: the family was dropped
+
+
 def test_one_name_one_kind_per_worker():
     keep = pb.MetricFamily("same", "first", C)
     again = pb.MetricFamily("same", "second description", C)  # allowed: the same family in Triton
