@@ -11,9 +11,10 @@ FP32 [4], one CPU instance): `fixed_cost` as is, and for each --delays-us value 
 MLServer gets the same model as a runtime, without and with adaptive batching (max_batch_size 32,
 max_batch_time D, at least --mlserver-min-batch-time: MLServer needs a time window). The client is
 wrk (closed loop, one request in flight per connection, --conc connections, KServe v2 JSON body).
-Points are paired: every round measures every server and every variant back to back, rotating the
-order, so load from other work on the machine spreads over all of them; that load is recorded per
-point (foreign_cores).
+Points are paired: every round measures each variant on every server back to back, rotating the
+order, so load from other work on the machine (and the host's fast and slow spells) falls on all of
+them alike; that load is recorded per point (foreign_cores). Ratios to Triton are also given per
+round (ours / Triton from the same round) with their median.
 
 Mean executed batch = inference_count / execution_count deltas from the statistics extension (inferd,
 Triton); for MLServer the model counts its predict() calls and rows.
@@ -63,6 +64,12 @@ UNBATCHED = "fixed_cost"
 
 def batched_name(delay_us: int) -> str:
     return f"fixed_cost_batched_{delay_us}us"
+
+
+def variant_label(variant: str) -> str:
+    return "none" if variant == UNBATCHED else "delay " + variant.rsplit("_", 1)[1].replace("us", " µs")
+
+
 TITLES = {"inferd": "inferd", "inferd-busypoll": "inferd --busy-poll-us", "triton": "Triton 2.51",
           "mlserver": "MLServer (adaptive batching)"}
 
@@ -279,6 +286,28 @@ def summarize(points: list[dict], names: list[str], variants: list[str]) -> dict
     return out
 
 
+def paired_ratios(points: list[dict], ours: str, peer: str, variants: list[str]) -> dict:
+    """Per variant, the median over rounds of ours / peer for points of the same round (measured back to
+    back): throughput, p99 and gain (each side's batched / unbatched throughput of that round)."""
+    by = {(p["round"], p["server"], p["model"]): p for p in points if "error" not in p and "invalid" not in p}
+    rounds = sorted({r for r, _, _ in by})
+    out: dict = {}
+    for variant in variants:
+        thr, p99, gain = [], [], []
+        for r in rounds:
+            a, b = by.get((r, ours, variant)), by.get((r, peer, variant))
+            if not a or not b:
+                continue
+            thr.append(a["infer_per_s"] / b["infer_per_s"])
+            p99.append(a["p99_ms"] / b["p99_ms"])
+            a0, b0 = by.get((r, ours, UNBATCHED)), by.get((r, peer, UNBATCHED))
+            if variant != UNBATCHED and a0 and b0:
+                gain.append((a["infer_per_s"] / a0["infer_per_s"]) / (b["infer_per_s"] / b0["infer_per_s"]))
+        if thr:
+            out[variant] = {"throughput": thr, "p99": p99, "gain": gain}
+    return out
+
+
 def markdown(res: dict) -> str:
     s, variants, lines = res["summary"], res["variants"], []
     lines.append(f"## Dynamic batching: fixed 5 ms execute, c={res['conc']} ({res['date']}, commit {res['commit']})")
@@ -292,7 +321,8 @@ def markdown(res: dict) -> str:
                  "`dynamic_batching { max_queue_delay_microseconds: D }` for the batched rows; MLServer adaptive "
                  f"batching max_batch_size 32, max_batch_time D (at least {res['mlserver_min_batch_time']} s)")
     lines.append(f"- {res['rounds']} paired rounds of {res['duration_s']:.0f} s points (after {res['warmup_s']:.0f} s "
-                 "warm-up), server and variant order rotated each round; medians over rounds. wrk, KServe v2 JSON "
+                 "warm-up); each variant is measured on every server back to back, server and variant order "
+                 "rotated each round; medians over rounds. wrk, KServe v2 JSON "
                  "over HTTP, one request in flight per connection. Mean executed batch from the statistics "
                  "extension (MLServer: the model counts). Server CPU: user + system time of the server's "
                  "processes (supervisor, workers, Triton's stubs) per answered inference.")
@@ -305,7 +335,7 @@ def markdown(res: dict) -> str:
             r = row.get(variant)
             if not r:
                 continue
-            label = "none" if variant == UNBATCHED else "delay " + variant.rsplit("_", 1)[1].replace("us", " µs")
+            label = variant_label(variant)
             batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
             gain = f"**{r['gain']:.1f}x**" if "gain" in r else ""
             cpu = f"{r['server_cpu_us']:.0f}" if "server_cpu_us" in r else "-"
@@ -322,6 +352,26 @@ def markdown(res: dict) -> str:
                 lines.append(f"- {TITLES[ours]} / Triton, {variant}: throughput "
                              f"{a['infer_per_s'] / b['infer_per_s']:.2f}x, p99 {a['p99_ms'] / b['p99_ms']:.2f}x"
                              + (f", gain {a['gain']:.1f}x vs {b['gain']:.1f}x" if "gain" in a and "gain" in b else ""))
+    pairs = res.get("paired", {})
+    if pairs:
+        lines.append("")
+        lines.append("Paired per round (each ratio from points of one round, measured back to back; median over "
+                     "rounds, then the per-round values):")
+        lines.append("")
+        lines.append("| ours / Triton | dynamic batching | throughput | p99 | gain |")
+        lines.append("|---|---|---|---|---|")
+
+        def cell(values: list[float]) -> str:
+            if not values:
+                return "-"
+            return f"**{statistics.median(values):.2f}x** ({', '.join(f'{v:.2f}' for v in values)})"
+
+        for ours, per_variant in pairs.items():
+            for variant in variants:
+                r = per_variant.get(variant)
+                if r:
+                    lines.append(f"| {TITLES.get(ours, ours)} | {variant_label(variant)} | {cell(r['throughput'])} "
+                                 f"| {cell(r['p99'])} | {cell(r['gain'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -367,10 +417,12 @@ def main() -> int:
                 res["skipped"][s.name] = s.skipped
         live = [s for s in servers if not s.skipped]
         for rnd in range(args.rounds):
-            k = rnd % max(1, len(live))
-            for s in live[k:] + live[:k]:
-                j = rnd % len(variants)
-                for model in variants[j:] + variants[:j]:
+            # one variant at a time, every server back to back: the host's fast and slow spells (minutes
+            # long on a shared VM) then fall on all servers of a comparison alike
+            j = rnd % len(variants)
+            for model in variants[j:] + variants[:j]:
+                k = rnd % max(1, len(live))
+                for s in live[k:] + live[:k]:
                     point = {"round": rnd + 1, "server": s.name, "model": model, "loadavg": loadavg(),
                              **measure(s, model, args.conc, args.duration, args.warmup, body)}
                     res["points"].append(point)
@@ -386,6 +438,9 @@ def main() -> int:
     res["foreign_median"] = statistics.median(foreign) if foreign else None
     res["foreign_max"] = max(foreign) if foreign else None
     res["summary"] = summarize(res["points"], names, variants)
+    if "triton" in names:
+        res["paired"] = {ours: paired_ratios(res["points"], ours, "triton", variants)
+                         for ours in ("inferd", "inferd-busypoll") if ours in names}
     md = markdown(res)
     print("\n" + md)
     name = f"batching-{stamp.strftime('%Y%m%d-%H%M%S')}-{commit}.json"
