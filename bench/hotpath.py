@@ -1,0 +1,185 @@
+"""The supervisor's own CPU cost per HTTP inference, warm and in one process: what the request path costs
+before sockets, wake-ups and other processes add theirs. A guide for optimizing that path; the served
+benchmarks (run.py, batching.py) are the measure.
+
+32 HttpConnections (with in-memory transports) each take one KServe v2 JSON request per round; the real
+Router, InferCodec, ServerDataPlane and DynamicBatcher queue them as one batch of 32, which a stand-in
+instance answers at once; the answers are built and written by the same code as when served.
+
+    .venv/bin/python bench/hotpath.py               # median µs per request: intake, answer, total
+    .venv/bin/python bench/hotpath.py --profile     # the same under cProfile, top functions by own time
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import pstats
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from supervisor.core.server import ServerDataPlane  # noqa: E402
+from supervisor.core.types import InferRequest, InferResponse, Tensor  # noqa: E402
+from supervisor.core.validate import IOSpec  # noqa: E402
+from supervisor.http_api.connection import HttpConnection  # noqa: E402
+from supervisor.http_api.routes import Router  # noqa: E402
+from supervisor.http_api.server import HttpServer  # noqa: E402
+from supervisor.scheduler.batching import BatchRules  # noqa: E402
+from supervisor.scheduler.dynamic import DynamicBatcher  # noqa: E402
+from supervisor.scheduler.policy import PriorityPolicy  # noqa: E402
+
+BATCH = 32
+BODY = b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}'
+REQUEST = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Length: %d\r\n"
+           b"Content-Type: application/json\r\n\r\n" % len(BODY)) + BODY
+OUTPUT = struct.pack("<4f", 1, 2, 3, 4)
+CONFIG: dict[str, Any] = {
+    "name": "m", "max_batch_size": BATCH, "dynamic_batching": {"max_queue_delay_microseconds": 10_000_000},
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
+}
+
+
+class Stats:
+    """The statistics sink, counting nothing (its cost in the served path is one call per batch)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+class Result:
+    def __init__(self, responses: list[InferResponse]) -> None:
+        self.responses = responses
+        self.compute_input_ns = self.compute_infer_ns = self.compute_output_ns = 0
+
+
+class Instance:
+    """An instance whose batches the benchmark answers by hand."""
+
+    name = "m_0"
+    ready = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[asyncio.Future[Result], list[InferRequest]]] = []
+
+    def launch(self, requests: list[InferRequest]) -> asyncio.Future[Result]:
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self.sent.append((future, requests))
+        return future
+
+    def cancel(self, requests: Any) -> None:
+        pass
+
+
+class Version:
+    """What ServerDataPlane needs of a loaded model version."""
+
+    def __init__(self, scheduler: DynamicBatcher) -> None:
+        self.name, self.version, self.config = "m", 1, CONFIG
+        self.decoupled, self.ready, self.cache_generation = False, True, 0
+        self.io = IOSpec.from_config(CONFIG)
+        self.stats = Stats()
+        self.scheduler = scheduler
+
+
+class Manager:
+    def __init__(self, version: Version) -> None:
+        self.version = version
+
+    def resolve_ready(self, name: str, version: str = "") -> Version:
+        return self.version
+
+    resolve = resolve_ready
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def write(self, data: Any) -> None:
+        self.writes += 1
+
+    def writelines(self, data: Any) -> None:
+        self.writes += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+async def measure(rounds: int) -> tuple[list[float], list[float]]:
+    instance = Instance()
+    policy = PriorityPolicy.from_dynamic_batching(CONFIG["dynamic_batching"], 0)
+    batcher = DynamicBatcher("m", [instance], Stats(), BatchRules.from_config(CONFIG),  # type: ignore[list-item,arg-type]
+                             policy)
+    batcher.start()
+    dataplane = ServerDataPlane(Manager(Version(batcher)), server_id="bench", control_mode="none",  # type: ignore[arg-type]
+                                strict_readiness=False, stats_registry=None, metrics_renderer=None)
+    dataplane.started = True
+    server = HttpServer(Router(dataplane), max_body=1 << 26)
+    connections = []
+    for _ in range(BATCH):
+        conn, transport = HttpConnection(server), Transport()
+        conn.connection_made(transport)  # type: ignore[arg-type]
+        connections.append((conn, transport))
+    intake, answer = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        for conn, _transport in connections:
+            conn.data_received(REQUEST)
+        await asyncio.sleep(0)  # the batcher sends its batch once the pass is over
+        t1 = time.perf_counter_ns()
+        (future, requests), = instance.sent
+        instance.sent.clear()
+        future.set_result(Result([InferResponse("m", "1", r.id, [Tensor("OUTPUT0", "FP32", [1, 4], OUTPUT)])
+                                  for r in requests]))
+        for _ in range(3):  # the batch's callback, the answers' callbacks, the coalescer's flush
+            await asyncio.sleep(0)
+        t2 = time.perf_counter_ns()
+        intake.append((t1 - t0) / BATCH / 1000)
+        answer.append((t2 - t1) / BATCH / 1000)
+    if any(transport.writes != rounds for _conn, transport in connections):
+        raise SystemExit("not every request was answered: the benchmark is out of step with the code")
+    await batcher.close()
+    return intake[rounds // 5:], answer[rounds // 5:]  # the first fifth warms up
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3000, help="batches of 32 requests")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    profiler = cProfile.Profile() if args.profile else None
+    if profiler is not None:
+        profiler.enable()
+    intake, answer = uvloop.run(measure(args.rounds))
+    if profiler is not None:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    a, b = statistics.median(intake), statistics.median(answer)
+    print(f"µs per request (median of {len(intake)} batches of {BATCH}): intake {a:.1f}, answer {b:.1f}, "
+          f"total {a + b:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
