@@ -2,7 +2,6 @@
 alternately alone and with a busy loop pinned to the second CPU. On independent cores the times match;
 on CPUs that share a core (SMT siblings, or vCPUs a host runs on one core) the workload slows down
 while the other CPU is busy, and a server, its workers and the load generator compete for one core.
-On a shared VM the answer can change from minute to minute: run it beside a benchmark, not once.
 
     .venv/bin/python bench/cpu_share.py            # one line per case; --json for scripts
 
