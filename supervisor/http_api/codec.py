@@ -145,7 +145,8 @@ class InferCodec:
             raise invalid_arg("request 'id' must be a string")
         req.id = rid
         parsed = ParsedInfer(req)
-        self._request_params(doc, parsed)
+        if "parameters" in doc:
+            self._request_params(doc, parsed)
 
         inputs = doc.get("inputs")
         if not isinstance(inputs, list):
@@ -162,7 +163,11 @@ class InferCodec:
             seen.add(name)
             datatype = item.get("datatype")
             dt, shape, count, nbytes = tensors.shape_info(datatype, item.get("shape"), name)
-            params = item.get("parameters")  # (most inputs have none: no message formatted for _params)
+            params = item.get("parameters")
+            if params is None and "data" in item:  # the common case: JSON data, no parameters
+                req.inputs.append(Tensor(name, datatype, shape,
+                                         tensors.pack_json(dt, shape, count, item["data"], name, lim.max_depth), {}))
+                continue
             params = {} if params is None else _params(item, f"input '{name}'")
             has_data = "data" in item
             bsize = params.get("binary_data_size")

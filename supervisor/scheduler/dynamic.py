@@ -113,7 +113,10 @@ class DynamicBatcher:
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         if self._closed:
             raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
-        if not any(e.ready for e in self.executors):
+        for executor in self.executors:  # (a loop: no generator per request)
+            if executor.ready:
+                break
+        else:
             raise InferdError(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
         level = self.policy.level_of(request.priority)
         if self.queue.full(level):
