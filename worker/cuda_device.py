@@ -2,10 +2,10 @@
 
 Imported only by workers of KIND_GPU instances: a CPU worker's environment needs numpy and pyzmq
 only. The device is set through the first CUDA library the worker's environment has: cuda-python
-(`cuda.bindings.runtime`, or `cuda.cudart` before cuda-python 12.6), then torch, then cupy. All of
-them set the CUDA runtime's per-thread device (the device's primary context), which the others then
-see. The id is CUDA's ordinal in the worker, which inherits the server's CUDA_VISIBLE_DEVICES and
-counts in PCI bus order (see the supervisor's gpus.py).
+(`cuda.bindings`, or `cuda.cuda`/`cuda.cudart` before cuda-python 12.6.1), then torch, then cupy.
+Each makes the device's primary context current on the calling thread, which is where every CUDA
+runtime in the process reads its current device from. The id is CUDA's ordinal in the worker,
+which inherits the server's CUDA_VISIBLE_DEVICES and counts in PCI bus order (supervisor/gpus.py).
 
 Best effort, as Triton's Python backend never refuses a model for this: a worker whose environment
 has none of the libraries (so the model cannot use one either), or where setting fails, logs why
@@ -20,19 +20,31 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _cudart() -> Any:
+def _cuda_python(new: str, old: str) -> Any:
     try:
-        return importlib.import_module("cuda.bindings.runtime")
+        return importlib.import_module(new)
     except ImportError:
-        return importlib.import_module("cuda.cudart")
+        return importlib.import_module(old)  # cuda-python before 12.6.1
+
+
+def _checked(what: str, result: Any) -> Any:
+    """cuda-python returns (error, values...): the values, or RuntimeError naming the error."""
+    err, values = (result[0], result[1:]) if isinstance(result, tuple) else (result, ())
+    if int(err) != 0:  # CUDA_SUCCESS / cudaSuccess
+        raise RuntimeError("%s failed: %s" % (what, getattr(err, "name", err)))
+    return values[0] if len(values) == 1 else values
 
 
 def _with_cuda_python(device_id: int) -> None:
-    cudart = _cudart()
-    result = cudart.cudaSetDevice(device_id)
-    err = result[0] if isinstance(result, tuple) else result
-    if int(err) != 0:  # cudaSuccess
-        raise RuntimeError("cudaSetDevice(%d) failed: %s" % (device_id, getattr(err, "name", err)))
+    driver = _cuda_python("cuda.bindings.driver", "cuda.cuda")
+    cudart = _cuda_python("cuda.bindings.runtime", "cuda.cudart")
+    # The device's primary context current on this thread at the driver level: every CUDA runtime in
+    # the process (cuda-python's, torch's, cupy's) takes its current device from it.
+    _checked("cuInit", driver.cuInit(0))
+    device = _checked("cuDeviceGet(%d)" % device_id, driver.cuDeviceGet(device_id))
+    context = _checked("cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(device))
+    _checked("cuCtxSetCurrent", driver.cuCtxSetCurrent(context))
+    _checked("cudaSetDevice(%d)" % device_id, cudart.cudaSetDevice(device_id))
 
 
 def _with_torch(device_id: int) -> None:

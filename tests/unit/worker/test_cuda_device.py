@@ -34,6 +34,15 @@ def _cudart(calls: list[int], code: int = 0) -> Any:
     return mod
 
 
+def _driver(log: list[str], device_error: int = 0) -> Any:
+    mod = types.ModuleType("cuda.bindings.driver")
+    mod.cuInit = lambda flags: (log.append("init"), (_Err(0),))[1]  # type: ignore[attr-defined]
+    mod.cuDeviceGet = lambda d: (log.append(f"get {d}"), (_Err(device_error), f"dev{d}"))[1]  # type: ignore[attr-defined]
+    mod.cuDevicePrimaryCtxRetain = lambda dev: (log.append(f"retain {dev}"), (_Err(0), f"ctx-{dev}"))[1]  # type: ignore[attr-defined]
+    mod.cuCtxSetCurrent = lambda ctx: (log.append(f"current {ctx}"), (_Err(0),))[1]  # type: ignore[attr-defined]
+    return mod
+
+
 def _torch(calls: list[int], available: bool = True) -> Any:
     mod = types.ModuleType("torch")
     mod.__version__ = "2.x-test"  # type: ignore[attr-defined]
@@ -45,19 +54,29 @@ def _torch(calls: list[int], available: bool = True) -> Any:
 def test_cuda_python_first(monkeypatch: pytest.MonkeyPatch) -> None:
     set_by_cudart: list[int] = []
     set_by_torch: list[int] = []
+    driver_calls: list[str] = []
     _install(monkeypatch, "cuda.bindings.runtime", _cudart(set_by_cudart))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", _driver(driver_calls))
     _install(monkeypatch, "torch", _torch(set_by_torch))
     assert cuda_device.make_current(3) == "cuda-python"
     assert (set_by_cudart, set_by_torch) == ([3], [])
+    # the primary context is made current at the driver level, where other runtimes see it
+    assert driver_calls == ["init", "get 3", "retain dev3", "current ctx-dev3"]
 
 
 def test_torch_when_cuda_python_fails_or_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     set_by_cudart: list[int] = []
     set_by_torch: list[int] = []
     _install(monkeypatch, "cuda.bindings.runtime", _cudart(set_by_cudart, code=101))
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", _driver([]))
     _install(monkeypatch, "torch", _torch(set_by_torch))
     assert cuda_device.make_current(1) == "torch"
     assert (set_by_cudart, set_by_torch) == ([1], [1])
+    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", _driver([], device_error=101))
+    with pytest.raises(RuntimeError, match=r"cuda-python: cuDeviceGet\(2\) failed: cudaErrorInvalidDevice"):
+        _install(monkeypatch, "torch", _torch([], available=False))
+        cuda_device.make_current(2)
+    _install(monkeypatch, "torch", _torch(set_by_torch))
     _hide(monkeypatch, "cuda.bindings.runtime", "cuda.cudart", "cuda.bindings", "cuda")
     assert cuda_device.make_current(2) == "torch"
 
