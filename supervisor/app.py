@@ -71,9 +71,6 @@ class App:
         discovery = await asyncio.to_thread(
             gpus_mod.discover, gpus_mod.nvml_factory(self.config.test_only_fake_gpus),
             self.config.cuda_visible_devices, self.config.cuda_device_order)
-        log.info("%s", discovery.note)
-        for line in discovery.warnings:
-            log.warning("%s", line)
         gpu_metrics = self._gpu_metrics(discovery)
         runtime = await loader.Runtime.start(self.config)
         registry = stats_mod.StatsRegistry(self.config.metrics_latency)
@@ -137,12 +134,17 @@ class App:
         return self.exit_code
 
     def _gpu_metrics(self, discovery: gpus_mod.Discovery) -> GpuMetrics | None:
-        """The NVML poller behind the nv_gpu_* metrics, started; None (said once in the log) without."""
+        """The NVML poller behind the nv_gpu_* metrics, started; None without. Logs what discovery found,
+        and, on a host without GPUs, that no GPU metrics are exported, in one line."""
         cfg = self.config
-        if not (cfg.allow_metrics and cfg.allow_gpu_metrics):
-            return None
+        for line in discovery.warnings:
+            log.warning("%s", line)
+        wanted = cfg.allow_metrics and cfg.allow_gpu_metrics
         if discovery.nvml is None or not discovery.gpus:
-            log.info("GPU metrics: none exported (%s)", discovery.note)
+            log.info("%s%s", discovery.note, "; no GPU metrics are exported" if wanted else "")
+            return None
+        log.info("%s", discovery.note)
+        if not wanted:
             return None
         poller = GpuMetrics(discovery.nvml, discovery.gpus, cfg.metrics_interval_ms / 1000.0)
         for gpu in poller.gpus:
