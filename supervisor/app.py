@@ -14,6 +14,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import InferdError
 
+from . import gpus as gpus_mod
 from . import metrics as metrics_mod
 from . import stats as stats_mod
 from .bls import BlsService
@@ -25,6 +26,7 @@ from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.server import ServerDataPlane
 from .custom_metrics import CustomMetrics
+from .gpu_metrics import GpuMetrics
 
 log = logging.getLogger("inferd")
 
@@ -40,6 +42,13 @@ def _with_cache_metrics(render: Callable[[], bytes], cache: ResponseCache | None
         return render() + metrics_mod.render_cache_metrics(snapshot)
 
     return render_all
+
+
+def _with_gpu_metrics(render: Callable[[], bytes], gpu: GpuMetrics | None) -> Callable[[], bytes]:
+    """The /metrics body, followed by the nv_gpu_* families of the last NVML poll."""
+    if gpu is None:
+        return render
+    return lambda: render() + gpu.render()
 
 
 def _with_custom_metrics(render: Callable[[], bytes], custom: CustomMetrics) -> Callable[[], bytes]:
@@ -59,13 +68,17 @@ class App:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop_event.set)
+        discovery = await asyncio.to_thread(
+            gpus_mod.discover, gpus_mod.nvml_factory(self.config.test_only_fake_gpus),
+            self.config.cuda_visible_devices, self.config.cuda_device_order)
+        gpu_metrics = self._gpu_metrics(discovery)
         runtime = await loader.Runtime.start(self.config)
         registry = stats_mod.StatsRegistry(self.config.metrics_latency)
         cache_bytes = self.config.response_cache_bytes
         response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
         custom_metrics = CustomMetrics()  # pb_utils.MetricFamily: the workers report on their metrics sockets
         custom_metrics.attach(runtime.channel)
-        manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime), registry,
+        manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime, discovery.cuda_ids), registry,
                                response_cache=response_cache is not None)
         busy_poll = BusyPoll(self.config.busy_poll_us) if self.config.busy_poll_us else None
         dataplane = ServerDataPlane(
@@ -74,9 +87,9 @@ class App:
             control_mode=self.config.model_control_mode,
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
-            metrics_renderer=_with_custom_metrics(_with_cache_metrics(
+            metrics_renderer=_with_custom_metrics(_with_gpu_metrics(_with_cache_metrics(
                 loader.metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
-                custom_metrics),
+                gpu_metrics), custom_metrics),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
             busy_poll=busy_poll,
@@ -114,8 +127,31 @@ class App:
             if busy_poll is not None:
                 busy_poll.close()
             await runtime.close()
+            # NVML is shut down only once no poll is inside it (a wedged driver call keeps its daemon thread)
+            if gpu_metrics is None or await asyncio.to_thread(gpu_metrics.stop):
+                discovery.close()
         log.info("inferd stopped")
         return self.exit_code
+
+    def _gpu_metrics(self, discovery: gpus_mod.Discovery) -> GpuMetrics | None:
+        """The NVML poller behind the nv_gpu_* metrics, started; None without. Logs what discovery found,
+        and, on a host without GPUs, that no GPU metrics are exported, in one line."""
+        cfg = self.config
+        for line in discovery.warnings:
+            log.warning("%s", line)
+        wanted = cfg.allow_metrics and cfg.allow_gpu_metrics
+        if discovery.nvml is None or not discovery.gpus:
+            log.info("%s%s", discovery.note, "; no GPU metrics are exported" if wanted else "")
+            return None
+        log.info("%s", discovery.note)
+        if not wanted:
+            return None
+        poller = GpuMetrics(discovery.nvml, discovery.gpus, cfg.metrics_interval_ms / 1000.0)
+        for gpu in poller.gpus:
+            log.info("GPU metrics: collecting for GPU %d (%s) every %g ms", gpu.cuda_id, gpu.uuid,
+                     cfg.metrics_interval_ms)
+        poller.start()
+        return poller
 
     async def _poll_snapshot(self) -> dict[str, str]:
         """The models' fingerprints before the start-up load: the first poll reloads what changed since."""

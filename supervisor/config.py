@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from . import access, rundir, triton_flags
@@ -19,6 +20,8 @@ from .latency_summary import LatencyMetricsConfig, parse_quantiles
 RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                 "statistics", "trace", "logging")
 MAX_BUSY_POLL_US = 1_000_000
+# TEST ONLY: made-up GPUs instead of the host's NVML (see ServerConfig.test_only_fake_gpus)
+TEST_ONLY_FAKE_GPUS_ENV = "INFERD_TEST_ONLY_FAKE_GPUS"
 
 
 def _bool(text: str) -> bool:
@@ -100,6 +103,8 @@ class ServerConfig:
     grpc_header_forward_pattern: str = ""
     allow_metrics: bool = True
     allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True  # nv_gpu_* from NVML where it works
+    metrics_interval_ms: float = 2000.0  # how often the GPU gauges are read
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     metrics_latency: LatencyMetricsConfig = field(default_factory=LatencyMetricsConfig)  # --metrics-config
@@ -121,6 +126,12 @@ class ServerConfig:
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
     worker: WorkerTimings = field(default_factory=WorkerTimings)
+    # GPU numbering (gpus.py): the server's CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER, None when unset
+    cuda_visible_devices: str | None = None
+    cuda_device_order: str | None = None
+    # TEST ONLY (INFERD_TEST_ONLY_FAKE_GPUS): "<n>" made-up GPUs, or "error" for an NVML that fails to
+    # start, instead of the host's NVML; lets CPU-only tests reach GPU placement and GPU metrics
+    test_only_fake_gpus: str = ""
     inert_flags: tuple[str, ...] = ()  # tritonserver flags given that change nothing here (logged at start)
 
 
@@ -186,9 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-metrics", type=_bool, default=True)
     p.add_argument("--allow-cpu-metrics", type=_bool, default=True)
     p.add_argument("--allow-gpu-metrics", type=_bool, default=True,
-                   help="accepted for tritonserver command lines; inferd exports no GPU metrics")
+                   help="export nv_gpu_* metrics read from NVML (where NVML works)")
     p.add_argument("--metrics-interval-ms", type=float, default=2000.0,
-                   help="accepted for tritonserver command lines; inferd reads its gauges when scraped")
+                   help="how often the GPU metrics are read (the other gauges are read when scraped)")
     p.add_argument("--metrics-address", default="0.0.0.0")
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
@@ -279,7 +290,7 @@ def parse_metrics_config(values: list[str]) -> tuple[LatencyMetricsConfig, list[
     return cfg, notes
 
 
-def _flag_errors(args: argparse.Namespace) -> list[str]:
+def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     """What is wrong with the flags, a line each (all of them at once, not the first only)."""
     errors = triton_flags.refusals(args)
     if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
@@ -309,16 +320,24 @@ def _flag_errors(args: argparse.Namespace) -> list[str]:
         errors.append("--repository-poll-secs must be greater than 0 with --model-control-mode poll")
     if args.model_load_retry_count < 0:
         errors.append("--model-load-retry-count must not be negative")
+    if not args.metrics_interval_ms > 0:
+        errors.append("--metrics-interval-ms must be greater than 0")
+    fake = environ.get(TEST_ONLY_FAKE_GPUS_ENV, "").strip()
+    if fake and not (fake.isdigit() or fake.lower() == "error"):
+        errors.append(f"{TEST_ONLY_FAKE_GPUS_ENV}={fake}: expected a number of GPUs or 'error' (tests only)")
     if not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     return errors
 
 
-def parse_args(argv: list[str] | None = None) -> ServerConfig:
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """The configuration from the command line and the few environment variables inferd reads
+    (`environ`, default os.environ: the only place the environment is read)."""
+    env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
     if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("error: --load-model=* must be the only --load-model")
-    errors = _flag_errors(args)
+    errors = _flag_errors(args, env)
     http_restricted: dict[str, tuple[str, str]] = {}
     grpc_restricted: dict[str, tuple[str, str]] = {}
     try:
@@ -392,6 +411,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         grpc_header_forward_pattern=args.grpc_header_forward_pattern,
         allow_metrics=args.allow_metrics,
         allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
         metrics_latency=metrics_latency,
@@ -414,4 +435,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
         env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),
         worker=timings,
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
+        cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
+        test_only_fake_gpus=env.get(TEST_ONLY_FAKE_GPUS_ENV, "").strip(),
     )

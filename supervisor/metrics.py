@@ -336,3 +336,39 @@ def render_metrics(stats: StatsRegistry, extra: ExtraFn | None = None, system: b
     lines.append("")
     return "\n".join(lines).encode()
 
+
+
+@dataclass(slots=True)
+class GpuSample:
+    """One GPU's NVML readings (gpu_metrics.py), in Triton's units."""
+
+    uuid: str
+    utilization: float  # 0..1
+    memory_total_bytes: int
+    memory_used_bytes: int
+    power_usage_w: float
+    power_limit_w: float
+    energy_j: float  # since the server started
+
+
+def render_gpu_metrics(samples: Sequence[GpuSample]) -> bytes:
+    """Triton's per-GPU families (names, HELP texts and the gpu_uuid label as tritonserver 2.51 has them)."""
+    if not samples:
+        return b""
+    rows: tuple[tuple[str, str, str, Callable[[GpuSample], float]], ...] = (
+        ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)", lambda s: s.utilization),
+        ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes", lambda s: s.memory_total_bytes),
+        ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes", lambda s: s.memory_used_bytes),
+        ("nv_gpu_power_usage", "gauge", "GPU power usage in watts", lambda s: s.power_usage_w),
+        ("nv_gpu_power_limit", "gauge", "GPU power management limit in watts", lambda s: s.power_limit_w),
+        ("nv_energy_consumption", "counter", "GPU energy consumption in joules since the Triton Server started",
+         lambda s: s.energy_j),
+    )
+    lines: list[str] = []
+    for name, kind, help_text, value in rows:
+        fam = _Family(name, kind, help_text)
+        for s in samples:
+            fam.add(f'gpu_uuid="{_escape(s.uuid)}"', value(s))
+        lines += fam.lines
+    lines.append("")
+    return "\n".join(lines).encode()

@@ -200,6 +200,10 @@ class Runtime:
             spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
                              message.backend, message.instance_name, message.instance_kind, message.device_id)
             backend = backends.create(message.backend)
+            if spec.instance_kind == "GPU":  # its device is current before initialize (main thread)
+                from . import cuda_device
+
+                cuda_device.make_current_or_warn(spec.device_id, spec.instance_name)
             backend.load(spec, self._context)
         except Exception as exc:
             self._channel.send(LoadResult(error=wire_error(exc)))
@@ -210,12 +214,21 @@ class Runtime:
         self._reshapes = tensors.input_reshapes(spec.config)
         if spec.decoupled:
             self._outbox = Outbox()
-            self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute")
+            self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute",
+                                                      initializer=self._execute_thread_start)
             self._poller = zmq.Poller()
             self._poller.register(self._channel.fileno(), zmq.POLLIN)
             self._poller.register(self._outbox.fileno(), zmq.POLLIN)
         settle_heap()
         self._channel.send(LoadResult(backend=backend.name))
+
+    def _execute_thread_start(self) -> None:
+        """The CUDA device is per thread: a GPU instance's execute thread gets it too."""
+        spec = self._spec
+        if spec is not None and spec.instance_kind == "GPU":
+            from . import cuda_device
+
+            cuda_device.make_current_or_warn(spec.device_id, spec.instance_name)
 
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
         error = None

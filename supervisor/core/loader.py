@@ -47,13 +47,16 @@ class Runtime:
 
     @classmethod
     async def start(cls, config: ServerConfig) -> Runtime:
+        # workers count GPUs in PCI bus order, as NVML does (gpus.py), unless the server's environment says otherwise
+        overrides = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if config.cuda_device_order is None else {}
         ShmPool.sweep_stale()
         rundir.sweep_stale()
         channel = Channel(config.run_dir)
         channel.open()
         envs = EnvironmentManager(config.env_cache_dir or os.path.expanduser("~/.cache/inferd/envs"),
                                   max_bytes=config.env_cache_max_bytes)
-        return cls(config.run_dir, config.owns_run_dir, channel, Launcher(config.run_dir), ShmPool(), ClientShm(), envs)
+        launcher = Launcher(config.run_dir, env_overrides=overrides)
+        return cls(config.run_dir, config.owns_run_dir, channel, launcher, ShmPool(), ClientShm(), envs)
 
     async def close(self) -> None:
         self.pool.close()
@@ -75,14 +78,14 @@ class LoaderSettings:
     timings: WorkerTimings
     log_verbose: int
     runtime: Runtime
-    has_gpu: bool = False
+    gpu_ids: tuple[int, ...] = ()  # the GPUs discovery found (CUDA numbering); none: KIND_AUTO is CPU
     model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
     load_retries: int = 0  # --model-load-retry-count
 
     @classmethod
-    def from_config(cls, config: ServerConfig, runtime: Runtime) -> LoaderSettings:
+    def from_config(cls, config: ServerConfig, runtime: Runtime, gpu_ids: tuple[int, ...] = ()) -> LoaderSettings:
         return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
-                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime,
+                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
                    model_config_name=config.model_config_name, load_retries=config.model_load_retry_count)
 
 
@@ -162,7 +165,7 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
         cfg = repo_config.parse_json_config(config_override)
     else:
         cfg = repo_config.load_config(source, settings.disable_autocomplete)
-    cfg = normalize.normalize(cfg, source, has_gpu=settings.has_gpu)
+    cfg = normalize.normalize(cfg, source, gpu_ids=settings.gpu_ids)
     if not source.versions and not normalize.is_ensemble(cfg):
         raise InferdError(ErrorCode.INVALID_ARG,
                           "failed to load '%s': no version directory found in %s" % (name, source.path))
@@ -176,7 +179,7 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
             channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
             log_verbose=settings.log_verbose, **_env_kwargs(env))
         cfg = autocomplete.apply_autocompleted(cfg, completed)
-    cfg = normalize.normalize(cfg, source, has_gpu=settings.has_gpu)
+    cfg = normalize.normalize(cfg, source, gpu_ids=settings.gpu_ids)
     chosen = versions.select_versions(name, cfg.version_policy, source.versions).versions
     config = repo_config.to_json_dict(cfg)
     meta = metadata.model_metadata(cfg, [])
@@ -212,17 +215,20 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
     rt = settings.runtime
     out: list[Instance] = []
     for group in plan.proto.instance_group:
-        devices = list(group.gpus) if group.kind == 1 and group.gpus else [0]
+        # KIND_GPU: `count` instances on each listed GPU (normalize lists every GPU when the config lists none)
+        devices = list(group.gpus) if group.kind == normalize.KIND_GPU and group.gpus else [0]
+        index = 0
         for device in devices:
             for k in range(group.count):
                 load = m.LoadModel(
                     model_name=plan.name, model_dir=plan.source.path, version=str(version),
                     config_json=plan.config_json, backend=plan.proto.backend,
-                    instance_name="%s_%d" % (group.name, len(out) if len(devices) > 1 else k),
+                    instance_name="%s_%d" % (group.name, index if len(devices) > 1 else k),
                     instance_kind=_KIND_NAMES.get(group.kind, "CPU"), device_id=device)
                 out.append(Instance(load, channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
                                     pool=rt.pool, log_verbose=settings.log_verbose, passive=group.passive,
                                     **_env_kwargs(plan.env)))
+                index += 1
     return out
 
 

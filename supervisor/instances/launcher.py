@@ -154,7 +154,8 @@ class Launcher:
 
     `python`: the interpreter (the server's own by default, `<env>/bin/python` for an execution
     environment). `command` replaces the whole argv (tests use it to run a fake worker).
-    `base_env` is the environment workers inherit from (default: this process's, read once here).
+    `base_env` is the environment workers inherit from (default: this process's, read once here);
+    `env_overrides` are set on top of it (e.g. CUDA_DEVICE_ORDER, so CUDA numbers GPUs as discovery did).
     """
 
     def __init__(
@@ -164,11 +165,13 @@ class Launcher:
         python: str | None = None,
         base_env: Mapping[str, str] | None = None,
         command: Sequence[str] | None = None,
+        env_overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.run_dir = os.path.abspath(run_dir)
         self.python = python or sys.executable
         self.pypath = prepare_pypath(self.run_dir)
         self._base_env = dict(os.environ if base_env is None else base_env)
+        self._base_env.update(env_overrides or {})
         self._command = list(command) if command else None
 
     def argv(self, python: str | None = None) -> list[str]:

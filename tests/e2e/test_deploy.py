@@ -78,3 +78,43 @@ def test_compose_runs_inferd_and_prometheus():
     prom = PROMETHEUS.read_text()
     assert re.search(r"targets:\s*\[\s*\"inferd:8002\"\s*\]", prom)
     assert "metrics_path: /metrics" in prom
+
+
+DOCKERFILE_GPU = DEPLOY / "docker" / "Dockerfile.gpu"
+_INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "ADD", "WORKDIR", "USER", "EXPOSE", "STOPSIGNAL",
+                 "HEALTHCHECK", "ENTRYPOINT", "CMD", "LABEL", "VOLUME", "SHELL", "ONBUILD"}
+
+
+def _instructions(path: Path) -> list[tuple[str, str]]:
+    """(instruction, arguments) per logical line: a syntax check without a Docker daemon."""
+    out: list[tuple[str, str]] = []
+    for line in re.sub(r"\\\n", " ", path.read_text()).splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        word, _, rest = line.strip().partition(" ")
+        assert word in _INSTRUCTIONS, f"{path.name}: unknown instruction {word!r}"
+        out.append((word, rest.strip()))
+    return out
+
+
+def test_gpu_dockerfile_is_well_formed_and_documented():
+    steps = _instructions(DOCKERFILE_GPU)
+    args = [a.split("=")[0] for w, a in steps if w == "ARG"]
+    assert steps[0] == ("ARG", "CUDA_IMAGE=nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04")
+    assert re.fullmatch(r"nvidia/cuda:12\.[\d.]+-(cudnn-)?runtime-ubuntu\d\d\.04", steps[0][1].split("=")[1])
+    froms = [a for w, a in steps if w == "FROM"]
+    assert froms == ["python:3.10-slim AS build", "${CUDA_IMAGE}"] and "CUDA_IMAGE" in args
+    final = steps[[i for i, (w, _) in enumerate(steps) if w == "FROM"][-1]:]
+    assert any(w == "ARG" and a.startswith("EXTRA_PIP") for w, a in final)  # declared in the stage using it
+    assert any(w == "RUN" and '[gpu]"' in a for w, a in final)
+    for w, a in steps:
+        if w == "COPY" and not a.startswith("--from"):
+            for src in a.split()[:-1]:
+                assert (DEPLOY.parent / src).exists(), src
+    assert re.search(r"^USER (?!root)", DOCKERFILE_GPU.read_text(), re.M)
+    text = DOCKERFILE_GPU.read_text()
+    assert "--gpus all" in text and "--init" in text and "--shm-size" in text
+    m = re.search(r"--stop-timeout=(\d+)", text)
+    assert m and float(m.group(1)) > exit_timeout(text)
+    readme = (DEPLOY / "README.md").read_text()
+    assert "Dockerfile.gpu" in readme and "--gpus all" in readme
