@@ -97,7 +97,9 @@ class DataPlane(abc.ABC):
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace settings of `model` ("" the global ones) after applying `update` (key -> str, [str] or
+        None to clear), as the HTTP JSON shows them; a refused update changes nothing."""
 
     # ---- system shared memory extension ----
     @abc.abstractmethod

@@ -18,6 +18,7 @@ from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
 from .streaming import ResponseStream
+from .trace_settings import TraceSettings
 from .types import InferRequest, InferResponse
 from .validate import validate_request
 
@@ -63,10 +64,7 @@ class ServerDataPlane(DataPlane):
             "log_verbose_level": 0, "log_format": "default",
         }
         self._log_settings.update(log_settings or {})
-        self._trace_settings: dict[str, Any] = {
-            "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
-            "trace_file": "", "trace_mode": "triton",
-        }
+        self._trace_settings = TraceSettings()
 
     # ---- health and metadata ----
     def live(self) -> bool:
@@ -280,16 +278,13 @@ class ServerDataPlane(DataPlane):
 
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
         if model:
-            self.manager.resolve(model)
-        if update:
-            for key, value in update.items():
-                if key not in self._trace_settings:
-                    raise InferdError(ErrorCode.INVALID_ARG, "trace setting '%s' is not supported" % key)
-                if key == "trace_file":
-                    raise InferdError(ErrorCode.UNSUPPORTED, "changing the trace file over the API is not allowed")
-                if value is not None:
-                    self._trace_settings[key] = value
-        return dict(self._trace_settings)
+            try:
+                self.manager.resolve_ready(model)
+            except InferdError:  # as Triton: a model with no ready version is unknown here
+                raise InferdError(ErrorCode.INVALID_ARG, "Request for unknown model : %s" % model) from None
+        if update is not None:
+            self._trace_settings.update(model, update)
+        return self._trace_settings.get(model)
 
     # ---- shared memory ----
     def _client_shm(self) -> Any:
