@@ -26,29 +26,30 @@ log = logging.getLogger("inferd.core")
 
 SERVER_VERSION = "2.51.0"
 FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
-EXTENSIONS = [
-    "classification",
-    "sequence",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "schedule_policy",
-    "model_configuration",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "binary_tensor_data",
-    "parameters",
-    "statistics",
-    "trace",
-    "logging",
-]
+# Triton's extension names in Triton's order. Server metadata lists only those that work here:
+# `cuda_shared_memory` when the CUDA shm data path says so, `trace` never yet (settings are kept, no trace
+# is written).
+TRITON_EXTENSIONS = (
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics", "trace", "logging",
+)
+
+
+def extensions(*, cuda_shared_memory: bool, trace: bool = False) -> list[str]:
+    """The extensions server metadata advertises, given what works."""
+    works = {"cuda_shared_memory": cuda_shared_memory, "trace": trace}
+    return [name for name in TRITON_EXTENSIONS if works.get(name, True)]
 
 
 class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
-                 busy_poll: BusyPoll | None = None) -> None:
+                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool = False) -> None:
         self.manager = manager
+        # True only where CUDA shared memory regions can be registered and used for tensors (GPU build)
+        self.cuda_shared_memory_supported = cuda_shared_memory_supported
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
@@ -76,7 +77,7 @@ class ServerDataPlane(DataPlane):
         return self.manager.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.manager.resolve_ready(name, version)
