@@ -77,7 +77,8 @@ class ServerDataPlane(DataPlane):
         return self.manager.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported)}
+        return {"name": self.server_id, "version": SERVER_VERSION,
+                "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.manager.resolve_ready(name, version)

@@ -8,7 +8,6 @@ import json
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
-
 from conftest import target_is_triton
 
 MODELS = ["add_sub", "autocomplete", "identity", "string_reverse"]
