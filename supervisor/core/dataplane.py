@@ -102,6 +102,8 @@ class DataPlane(abc.ABC):
         None to clear), as the HTTP JSON shows them; a refused update changes nothing."""
 
     # ---- system shared memory extension ----
+    def shm_check_allowed(self) -> None:
+        """Raise as Triton does when client shared memory is disabled (before a register body is read)."""
     @abc.abstractmethod
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         """kind "system" | "cuda"; entries as in Triton's JSON status."""

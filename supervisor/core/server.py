@@ -25,6 +25,7 @@ from .validate import validate_request
 log = logging.getLogger("inferd.core")
 
 SERVER_VERSION = "2.51.0"
+CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
 # Triton's extension names in Triton's order. Server metadata lists only those that work here:
 # `cuda_shared_memory` when the CUDA shm data path says so, `trace` never yet (settings are kept, no trace
@@ -289,15 +290,21 @@ class ServerDataPlane(DataPlane):
         return self._trace_settings.get(model)
 
     # ---- shared memory ----
+    # With client shm disabled (the default, as Triton 2.70+): register and unregister are refused with
+    # Triton's 501; status answers as for a server with no region; a tensor naming a region finds none.
     def _client_shm(self) -> Any:
         if self.shm is None:
-            raise InferdError(ErrorCode.UNSUPPORTED,
-                              "Client shared memory is disabled. Start the server with "
-                              "'--allow-client-shm=true' to enable.")
+            raise InferdError(ErrorCode.UNSUPPORTED, CLIENT_SHM_DISABLED)
         return self.shm
+
+    def shm_check_allowed(self) -> None:
+        self._client_shm()
 
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         if self.shm is None:
+            if name:
+                raise InferdError(ErrorCode.NOT_FOUND, "Unable to find %s shared memory region: '%s'"
+                                  % ("cuda" if kind == "cuda" else "system", name))
             return []
         return self.shm.status(kind, name)
 
@@ -305,15 +312,21 @@ class ServerDataPlane(DataPlane):
         self._client_shm().register(kind, name, **fields)
 
     def shm_unregister(self, kind: str, name: str = "") -> None:
-        if self.shm is None:
-            return
-        self.shm.unregister(kind, name)
+        self._client_shm().unregister(kind, name)
 
     def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
-        return self._client_shm().read(region, offset, byte_size)
+        if self.shm is None:
+            raise _no_region(region)
+        return self.shm.read(region, offset, byte_size)
 
     def shm_write(self, region: str, offset: int, data: Any) -> None:
-        self._client_shm().write(region, offset, data)
+        if self.shm is None:
+            raise _no_region(region)
+        self.shm.write(region, offset, data)
+
+
+def _no_region(region: str) -> InferdError:
+    return InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
 
 
 def _batched(mv: ModelVersion) -> bool:
