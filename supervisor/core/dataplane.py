@@ -103,7 +103,10 @@ class DataPlane(abc.ABC):
 
     # ---- system shared memory extension ----
     def shm_check_allowed(self) -> None:
-        """Raise as Triton does when client shared memory is disabled (before a register body is read)."""
+        """Raise as Triton does when client shared memory is disabled (before a register body is read);
+        the default allows it."""
+        return None
+
     @abc.abstractmethod
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         """kind "system" | "cuda"; entries as in Triton's JSON status."""
