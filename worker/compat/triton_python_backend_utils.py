@@ -308,7 +308,16 @@ class InferenceTrace:
         return self._context
 
 
+class MemoryType:
+    """`pb_utils.MemoryType`, the enum of PreferredMemory's memory types (also module constants)."""
+
+    TRITONSERVER_MEMORY_CPU = TRITONSERVER_MEMORY_CPU
+    TRITONSERVER_MEMORY_GPU = TRITONSERVER_MEMORY_GPU
+
+
 class PreferredMemory:
+    """Accepted and kept; BLS outputs always come back in host memory."""
+
     def __init__(
         self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
     ) -> None:

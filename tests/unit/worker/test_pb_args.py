@@ -72,3 +72,10 @@ def test_inference_request_normalises_its_arguments():
         pb_utils.InferenceRequest(model_name="m", inputs=[x], requested_output_names=[])
     with pytest.raises(pb_utils.TritonModelException, match="Correlation ID must be integer or string"):
         pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], correlation_id=b"c")
+
+
+def test_memory_type_enum_exists_for_preferred_memory():
+    memory = pb_utils.PreferredMemory(pb_utils.MemoryType.TRITONSERVER_MEMORY_GPU, 0)
+    assert memory.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_GPU
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[], preferred_memory=memory)
+    assert request.parameters() == "{}"
