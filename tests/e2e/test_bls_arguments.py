@@ -17,7 +17,7 @@ X = np.arange(16, dtype=np.float32)
 
 @pytest.fixture(scope="module")
 def client(module_server_factory):
-    server = module_server_factory(["bls_args", "add_sub"])
+    server = module_server_factory(["bls_args", "add_sub", "decoupled_cancel"])
     c = server.http_client()
     yield c
     c.close()
@@ -45,3 +45,10 @@ def test_refused_argument_types(client, variant, refusal):
 def test_unknown_model_named_by_bytes_is_the_callees_error(client):
     with pytest.raises(InferenceServerException, match="no_such_model"):
         _call(client, "bytes_name", b"no_such_model")
+
+
+@pytest.mark.inferd_only  # ResponseIterator.cancel() came to python_backend after Triton 2.51
+def test_decoupled_bls_iterator_cancel(client):
+    """After cancel() the stream ends (with a cancellation error) instead of running on for a minute."""
+    with pytest.raises(InferenceServerException, match="first had SUM: True; ended with: .*cancelled"):
+        _call(client, "iterator_cancel")

@@ -577,6 +577,12 @@ class _ResponseIterator:
     def __iter__(self) -> _ResponseIterator:
         return self
 
+    def cancel(self) -> None:
+        """Cancel the call (python_backend after 2.51): the callee sees `is_cancelled()`, and the stream
+        ends with a final cancellation error."""
+        if not self._finished:
+            self._client.cancel(self._call_id)
+
     def __next__(self) -> InferenceResponse:
         if self._finished:
             raise StopIteration
