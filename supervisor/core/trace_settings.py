@@ -106,7 +106,8 @@ def _number(key: str, value: Any, low: int | None) -> Any:
     m = _INT.match(value)
     if m is None:
         raise _bad("Unable to parse '%s', got: %s" % (key, value))
-    n = int(m.group())
+    digits = m.group().strip().lstrip("+-").lstrip("0")
+    n = int(m.group()) if len(digits) <= 20 else 1 << 64  # no int() of a client's 10k digits: out of range
     if not _INT32[0] <= n <= _INT32[1]:
         bounds = "%d, %d" % (low, _INT32[1]) if low is not None else "0, %d" % _UINT32_MAX
         raise _bad("Unable to parse '%s', value is out of range [ %s ], got: %s" % (key, bounds, value))

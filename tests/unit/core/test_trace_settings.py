@@ -16,6 +16,8 @@ def test_values_are_read_as_stoi_reads_them():
 @pytest.mark.parametrize("update, message", [
     ({"trace_rate": "99999999999"},
      "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 99999999999"),
+    ({"trace_count": "9" * 5000}, "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: "
+     + "9" * 5000),
     ({"trace_count": "-2"}, "Unable to parse 'trace_count'. Expecting value >= -1, got: -2"),
     ({"trace_rate": ["1", "2"]}, "expect only 1 value for 'trace_rate'"),
     ({"trace_rate": 5}, "'trace_rate' must be a string, got 5"),
