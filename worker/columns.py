@@ -4,7 +4,7 @@ per output. See docs/worker-protocol.md, "Batches by columns"."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -43,10 +43,12 @@ def input_columns(columns: Sequence[TensorColumn], frames: Sequence[memoryview],
 
 
 def output_columns(requests: list[Request], results: list[Response], specs: dict[str, OutputSpec],
-                   output_names: list[str], model: str) -> Optional[tuple[Layout, list[bytes]]]:
+                   output_names: list[str], model: str, check: Callable[..., np.ndarray] = check_output,
+                   ) -> Optional[tuple[Layout, list[bytes]]]:
     """(layout, one frame per output) when every result can go by columns: no error, no parameters, and
     the same checked outputs (name, datatype, shape; numeric, small) in the same order. None otherwise:
-    the batch goes request by request, which reports the errors."""
+    the batch goes request by request, which reports the errors. `check` is the runtime's output check
+    (tensors.check_output or tensors.output_as_returned)."""
     layout: Optional[Layout] = None
     columns: list[list[Any]] = []
     # per column, the first request's array when the checks left it as it was: a later array of the
@@ -61,7 +63,7 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
             if layout is None:
                 layout = []
                 for out in outs:
-                    checked = _checked(out, specs, model)
+                    checked = _checked(out, specs, model, check)
                     if checked is None:
                         return None
                     layout.append(checked[:3])
@@ -77,7 +79,7 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
                         and array.dtype == first.dtype and array.flags.c_contiguous):
                     column.append(array)
                     continue
-                checked = _checked(out, specs, model)
+                checked = _checked(out, specs, model, check)
                 if checked is None or checked[:3] != column_of:
                     return None
                 column.append(checked[3])
@@ -86,11 +88,12 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
     return layout or [], [b"".join(column) for column in columns]
 
 
-def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str) -> Optional[tuple[str, str, tuple[int, ...], Any]]:
+def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str,
+             check: Callable[..., np.ndarray]) -> Optional[tuple[str, str, tuple[int, ...], Any]]:
     """(name, datatype, shape, buffer) of one checked output that may go by columns (numeric, small)."""
     name, datatype = out.name, out.datatype
     if datatype == "BYTES":
         return None
-    array = check_output(specs.get(name), name, datatype, out.array, model)
+    array = check(specs.get(name), name, datatype, out.array, model)
     shape, data, nbytes = output_data(datatype, array)
     return None if nbytes >= ZERO_COPY_MIN_BYTES else (name, datatype, shape, data)

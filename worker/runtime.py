@@ -53,7 +53,6 @@ from .wire.messages import (
 
 _now_ns = time.perf_counter_ns
 _input_array = tensors.input_array
-_check_output = tensors.check_output
 _output_data = tensors.output_data
 
 
@@ -99,6 +98,7 @@ class Runtime:
         self._backend: Optional[Backend] = None
         self._spec: Optional[ModelSpec] = None
         self._outputs: dict[str, tensors.OutputSpec] = {}
+        self._check_output = tensors.check_output  # or tensors.output_as_returned (backend.checks_outputs)
         self._output_names: list[str] = []
         self._reshapes: dict[str, tuple[bool, list[int]]] = {}  # inputs the config reshapes
         self._cancelled: set[int] = set()
@@ -210,6 +210,8 @@ class Runtime:
             return
         self._backend, self._spec = backend, spec
         self._outputs = tensors.output_specs(spec.config)
+        if not getattr(backend, "checks_outputs", True):
+            self._check_output = tensors.output_as_returned
         self._output_names = list(self._outputs)
         self._reshapes = tensors.input_reshapes(spec.config)
         if spec.decoupled:
@@ -344,7 +346,7 @@ class Runtime:
         t2 = _now_ns()
         if failed is None and len(runnable) == len(entries) > 1:
             by_columns = columns.output_columns(runnable, results, self._outputs, self._output_names,
-                                                self._spec.model_name if self._spec else "")
+                                                self._spec.model_name if self._spec else "", self._check_output)
             if by_columns is not None:
                 layout, frames = by_columns
                 return execute_result_columns_header(
@@ -453,6 +455,7 @@ class Runtime:
         model = self._spec.model_name if self._spec else ""
         wanted = request.requested_outputs or self._output_names
         specs = self._outputs
+        check = self._check_output
         outputs = []
         try:
             for out in result.outputs:
@@ -460,7 +463,7 @@ class Runtime:
                 if name not in wanted:
                     continue
                 datatype = out.datatype
-                array = _check_output(specs.get(name), name, datatype, out.array, model)
+                array = check(specs.get(name), name, datatype, out.array, model)
                 outputs.append((name, datatype) + _output_data(datatype, array))
         except Exception as exc:
             return self._error_item(request.request_id, wire_error(exc), failed, params)

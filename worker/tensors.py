@@ -228,8 +228,9 @@ def _matches(shape: tuple[int, ...], pattern: list[int]) -> bool:
 def check_output(
     spec: Optional[OutputSpec], name: str, datatype: str, array: np.ndarray, model: str
 ) -> np.ndarray:
-    """Validate one returned output; returns the array (reshaped from `reshape` to `dims` if the
-    config asks for it). Raises INTERNAL naming the model and the output."""
+    """Validate one returned output of a framework backend (ONNX Runtime, PyTorch, TensorRT: their Triton
+    backends check outputs against the configuration too); returns the array (reshaped from `reshape` to
+    `dims` if the config asks for it). Raises INTERNAL naming the model and the output."""
     if spec is None:
         raise internal("output '%s' of model '%s' is not declared in the model configuration" % (name, model))
     if spec.datatype and datatype != spec.datatype:
@@ -250,6 +251,25 @@ def check_output(
         "output '%s' of model '%s' has shape %s, which does not match the model configuration %s"
         % (name, model, list(shape), spec.shape)
     )
+
+
+def output_as_returned(
+    spec: Optional[OutputSpec], name: str, datatype: str, array: np.ndarray, model: str
+) -> np.ndarray:
+    """One output of a Python model as it goes to the client. As Triton's Python backend: the datatype
+    and shape are the model's, whatever the configuration declares (the response carries them; an
+    ensemble's next step checks its own inputs). Only an output in the shape of the configuration's
+    `reshape` (and not already in the shape of its `dims`) is reshaped to `dims`."""
+    if spec is None or spec.reshape is None:
+        return array
+    shape = tuple(array.shape)
+    if _matches(shape, spec.shape) or not _matches(shape, spec.reshape):
+        return array
+    target = [shape[0]] + spec.shape[1:] if spec.shape and spec.shape[0] == -1 else list(spec.shape)
+    try:
+        return array.reshape(target)
+    except ValueError:  # dims and reshape with -1 that do not fit one another: as it is
+        return array
 
 
 def output_data(datatype: str, array: np.ndarray) -> tuple[tuple[int, ...], Any, int]:

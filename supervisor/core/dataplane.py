@@ -97,9 +97,16 @@ class DataPlane(abc.ABC):
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The trace settings of `model` ("" the global ones) after applying `update` (key -> str, [str] or
+        None to clear), as the HTTP JSON shows them; a refused update changes nothing."""
 
     # ---- system shared memory extension ----
+    def shm_check_allowed(self) -> None:
+        """Raise as Triton does when client shared memory is disabled (before a register body is read);
+        the default allows it."""
+        return None
+
     @abc.abstractmethod
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         """kind "system" | "cuda"; entries as in Triton's JSON status."""

@@ -18,36 +18,39 @@ from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
 from .streaming import ResponseStream
+from .trace_settings import TraceSettings
 from .types import InferRequest, InferResponse
 from .validate import validate_request
 
 log = logging.getLogger("inferd.core")
 
 SERVER_VERSION = "2.51.0"
+CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
-EXTENSIONS = [
-    "classification",
-    "sequence",
-    "model_repository",
-    "model_repository(unload_dependents)",
-    "schedule_policy",
-    "model_configuration",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "binary_tensor_data",
-    "parameters",
-    "statistics",
-    "trace",
-    "logging",
-]
+# Triton's extension names in Triton's order. Server metadata lists only those that work here:
+# `cuda_shared_memory` when the CUDA shm data path says so, `trace` never yet (settings are kept, no trace
+# is written).
+TRITON_EXTENSIONS = (
+    "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+    "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
+    "statistics", "trace", "logging",
+)
+
+
+def extensions(*, cuda_shared_memory: bool, trace: bool = False) -> list[str]:
+    """The extensions server metadata advertises, given what works."""
+    works = {"cuda_shared_memory": cuda_shared_memory, "trace": trace}
+    return [name for name in TRITON_EXTENSIONS if works.get(name, True)]
 
 
 class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
-                 busy_poll: BusyPoll | None = None) -> None:
+                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool = False) -> None:
         self.manager = manager
+        # True only where CUDA shared memory regions can be registered and used for tensors (GPU build)
+        self.cuda_shared_memory_supported = cuda_shared_memory_supported
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
@@ -63,10 +66,7 @@ class ServerDataPlane(DataPlane):
             "log_verbose_level": 0, "log_format": "default",
         }
         self._log_settings.update(log_settings or {})
-        self._trace_settings: dict[str, Any] = {
-            "trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0",
-            "trace_file": "", "trace_mode": "triton",
-        }
+        self._trace_settings = TraceSettings()
 
     # ---- health and metadata ----
     def live(self) -> bool:
@@ -78,7 +78,8 @@ class ServerDataPlane(DataPlane):
         return self.manager.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        return {"name": self.server_id, "version": SERVER_VERSION,
+                "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.manager.resolve_ready(name, version)
@@ -280,27 +281,30 @@ class ServerDataPlane(DataPlane):
 
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
         if model:
-            self.manager.resolve(model)
-        if update:
-            for key, value in update.items():
-                if key not in self._trace_settings:
-                    raise InferdError(ErrorCode.INVALID_ARG, "trace setting '%s' is not supported" % key)
-                if key == "trace_file":
-                    raise InferdError(ErrorCode.UNSUPPORTED, "changing the trace file over the API is not allowed")
-                if value is not None:
-                    self._trace_settings[key] = value
-        return dict(self._trace_settings)
+            try:
+                self.manager.resolve_ready(model)
+            except InferdError:  # as Triton: a model with no ready version is unknown here
+                raise InferdError(ErrorCode.INVALID_ARG, "Request for unknown model : %s" % model) from None
+        if update is not None:
+            self._trace_settings.update(model, update)
+        return self._trace_settings.get(model)
 
     # ---- shared memory ----
+    # With client shm disabled (the default, as Triton 2.70+): register and unregister are refused with
+    # Triton's 501; status answers as for a server with no region; a tensor naming a region finds none.
     def _client_shm(self) -> Any:
         if self.shm is None:
-            raise InferdError(ErrorCode.UNSUPPORTED,
-                              "Client shared memory is disabled. Start the server with "
-                              "'--allow-client-shm=true' to enable.")
+            raise InferdError(ErrorCode.UNSUPPORTED, CLIENT_SHM_DISABLED)
         return self.shm
+
+    def shm_check_allowed(self) -> None:
+        self._client_shm()
 
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         if self.shm is None:
+            if name:
+                raise InferdError(ErrorCode.NOT_FOUND, "Unable to find %s shared memory region: '%s'"
+                                  % ("cuda" if kind == "cuda" else "system", name))
             return []
         return self.shm.status(kind, name)
 
@@ -308,15 +312,21 @@ class ServerDataPlane(DataPlane):
         self._client_shm().register(kind, name, **fields)
 
     def shm_unregister(self, kind: str, name: str = "") -> None:
-        if self.shm is None:
-            return
-        self.shm.unregister(kind, name)
+        self._client_shm().unregister(kind, name)
 
     def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
-        return self._client_shm().read(region, offset, byte_size)
+        if self.shm is None:
+            raise _no_region(region)
+        return self.shm.read(region, offset, byte_size)
 
     def shm_write(self, region: str, offset: int, data: Any) -> None:
-        self._client_shm().write(region, offset, data)
+        if self.shm is None:
+            raise _no_region(region)
+        self.shm.write(region, offset, data)
+
+
+def _no_region(region: str) -> InferdError:
+    return InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
 
 
 def _batched(mv: ModelVersion) -> bool:

@@ -286,7 +286,8 @@ class InferenceService:
 
     # ---- trace and log settings ----
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
-        update = {k: list(v.value) for k, v in request.settings.items()} or None
+        # an empty value list clears the setting (HTTP's null); more than one value is an error for all but the level
+        update = {k: list(v.value) or None for k, v in request.settings.items()} or None
         current = self.dp.trace_settings(request.model_name, update)
         resp = pb.TraceSettingResponse()
         for k, v in current.items():

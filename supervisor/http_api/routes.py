@@ -350,6 +350,7 @@ class Router:
         return _EMPTY_OK
 
     def _shm_register(self, req: Request, kind: str, region: str) -> Response:
+        self.dp.shm_check_allowed()  # Triton's order: the disabled answer before the body is looked at
         doc = self._body_object(req)
         size = doc.get("byte_size")
         if type(size) is not int or size < 0:

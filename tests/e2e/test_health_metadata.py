@@ -8,6 +8,7 @@ import json
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
+from conftest import target_is_triton
 
 MODELS = ["add_sub", "autocomplete", "identity", "string_reverse"]
 
@@ -116,6 +117,14 @@ def test_server_metadata_http(http):
     extensions = set(md["extensions"])
     assert extensions >= CORE_EXTENSIONS, CORE_EXTENSIONS - extensions
     assert extensions <= TRITON_EXTENSIONS, extensions - TRITON_EXTENSIONS
+
+
+@pytest.mark.skipif(target_is_triton(), reason="Triton lists every extension it was built with")
+def test_server_metadata_lists_only_working_extensions(http):
+    """No traces are written and this server has no CUDA shared memory: neither is advertised."""
+    extensions = http.get_server_metadata()["extensions"]
+    assert "trace" not in extensions and "cuda_shared_memory" not in extensions
+    assert "system_shared_memory" in extensions and "logging" in extensions
 
 
 def test_server_metadata_grpc_matches_http(http, grpc):

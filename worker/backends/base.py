@@ -147,6 +147,9 @@ class Backend(Protocol):
     # capability flags
     supports_auto_complete: bool
     supports_decoupled: bool
+    # outputs checked against the configuration (datatype, shape) as Triton's framework backends do;
+    # False: passed as the model returned them (the Python backend); absent means True
+    checks_outputs: bool
 
     def auto_complete(self, model: ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
         """Return the completed config (dict); raise InferdError on failure."""

@@ -49,6 +49,8 @@ class PythonBackend:
     name = "python"
     supports_auto_complete = True
     supports_decoupled = True
+    # as Triton's Python backend: outputs go with the datatype and shape the model gave them
+    checks_outputs = False
 
     def __init__(self) -> None:
         self._pb = load_pb_utils()

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 from inferd.worker import custom_metrics as _custom
+from inferd.worker import pb_args as _args
 from inferd.worker.wire import bytes_codec, dtypes
 
 # ---- constants ---------------------------------------------------------------------------------
@@ -94,8 +95,10 @@ class TritonError(Exception):
     CANCELLED = 7
 
     def __init__(self, message: str, code: int = 1) -> None:
+        # bytes as Triton's std::string reads them; anything else as text (more than Triton takes)
+        message = _args.text(message, "message") if isinstance(message, (bytes, bytearray)) else str(message)
         super().__init__(message)
-        self._message = str(message)
+        self._message = message
         self._code = int(code)
 
     def message(self) -> str:
@@ -174,8 +177,7 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if not isinstance(name, str):
-            raise TypeError("Tensor name must be a str, got %s" % type(name))
+        name = _args.text(name, "Tensor name")
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         datatype = _datatype_of(array)
         if datatype == "BF16":
@@ -237,6 +239,7 @@ class Tensor:
         """A Tensor from a DLPack capsule or an object with `__dlpack__` (C-contiguous, host memory).
         bfloat16 tensors (e.g. torch.bfloat16) become BF16 tensors. Device (GPU) tensors are
         refused: not supported yet."""
+        name = _args.text(name, "Tensor name")
         obj = dlpack_tensor
         if isinstance(obj, Tensor):
             return Tensor._wrap(name, obj._array, obj._datatype)
@@ -286,6 +289,17 @@ def _parameters_json(parameters: Any) -> str:
     return json.dumps(parameters)
 
 
+def _tensors(tensors: Any, what: str) -> list[Tensor]:
+    """A `std::vector<Tensor>` argument: a list or tuple of pb_utils.Tensor."""
+    if isinstance(tensors, (str, bytes, dict)) or not hasattr(tensors, "__iter__"):
+        raise TypeError("%s must be a list of pb_utils.Tensor, got %s" % (what, type(tensors).__name__))
+    out = list(tensors)
+    for tensor in out:
+        if not isinstance(tensor, Tensor):
+            raise TypeError("%s must hold pb_utils.Tensor objects, found %s" % (what, type(tensor).__name__))
+    return out
+
+
 class InferenceTrace:
     def __init__(self, context: Optional[str] = None) -> None:
         self._context = context
@@ -294,7 +308,16 @@ class InferenceTrace:
         return self._context
 
 
+class MemoryType:
+    """`pb_utils.MemoryType`, the enum of PreferredMemory's memory types (also module constants)."""
+
+    TRITONSERVER_MEMORY_CPU = TRITONSERVER_MEMORY_CPU
+    TRITONSERVER_MEMORY_GPU = TRITONSERVER_MEMORY_GPU
+
+
 class PreferredMemory:
+    """Accepted and kept; BLS outputs always come back in host memory."""
+
     def __init__(
         self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU, preferred_device_id: int = 0
     ) -> None:
@@ -311,10 +334,7 @@ class InferenceResponse:
         self, output_tensors: Optional[list[Tensor]] = None, error: Optional[TritonError] = None,
         parameters: Any = None,
     ) -> None:
-        outputs = list(output_tensors) if output_tensors is not None else []
-        for tensor in outputs:
-            if not isinstance(tensor, Tensor):
-                raise TypeError("output_tensors must hold pb_utils.Tensor objects, found %s" % type(tensor))
+        outputs = _tensors(output_tensors, "output_tensors") if output_tensors is not None else []
         if error is not None and not isinstance(error, TritonError):
             raise TypeError("error must be a pb_utils.TritonError, found %s" % type(error))
         self._outputs = outputs
@@ -407,14 +427,18 @@ class InferenceRequest:
         trace: Optional[InferenceTrace] = None,
         parameters: Any = None,
     ) -> None:
-        self._request_id = request_id
-        self._correlation_id = correlation_id
-        self._inputs = list(inputs) if inputs is not None else []
-        self._requested = list(requested_output_names) if requested_output_names is not None else []
-        self._model_name = model_name
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
+        # every argument taken as python_backend's bindings take it (inferd/worker/pb_args.py)
+        self._request_id = _args.text(request_id, "request_id")
+        self._correlation_id = _args.correlation_id(correlation_id)
+        if self._correlation_id is None:
+            raise TritonModelException("Correlation ID must be integer or string")
+        self._inputs = _tensors(inputs, "inputs") if inputs is not None else []
+        self._requested = (_args.texts(requested_output_names, "requested_output_names")
+                           if requested_output_names is not None else [])
+        self._model_name = _args.text(model_name, "model_name")
+        self._model_version = _args.integer(model_version, "model_version")
+        self._flags = _args.integer(flags, "flags", _args.UINT32)
+        self._timeout = _args.integer(timeout, "timeout", _args.UINT64)
         self._preferred_memory = preferred_memory or PreferredMemory()
         self._trace = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters)
@@ -460,7 +484,7 @@ class InferenceRequest:
         return self._flags
 
     def set_flags(self, flags: int) -> None:
-        self._flags = int(flags)
+        self._flags = _args.integer(flags, "flags", _args.UINT32)
 
     def timeout(self) -> int:
         return self._timeout
@@ -502,12 +526,8 @@ class InferenceRequest:
     def _send_bls(self, decoupled: bool, direct: bool = False) -> Any:
         if not self._model_name:
             raise TritonModelException("BLS request must specify 'model_name'")
-        inputs = []
-        for tensor in self._inputs:
-            if not isinstance(tensor, Tensor):
-                raise TritonModelException("BLS request inputs must be pb_utils.Tensor objects")
-            inputs.append((tensor._name, tensor._datatype, tensor._array))
-        version = "" if self._model_version is None or int(self._model_version) < 0 else str(self._model_version)
+        inputs = [(tensor._name, tensor._datatype, tensor._array) for tensor in self._inputs]
+        version = "" if self._model_version < 0 else str(self._model_version)
         return _bls().infer(self._model_name, version, self._request_id, inputs, self._requested,
                             self._correlation_id, self._flags, int(self._timeout or 0), self._parameters, decoupled,
                             direct)
@@ -556,6 +576,12 @@ class _ResponseIterator:
 
     def __iter__(self) -> _ResponseIterator:
         return self
+
+    def cancel(self) -> None:
+        """Cancel the call (python_backend after 2.51): the callee sees `is_cancelled()`, and the stream
+        ends with a final cancellation error."""
+        if not self._finished:
+            self._client.cancel(self._call_id)
 
     def __next__(self) -> InferenceResponse:
         if self._finished:
@@ -625,15 +651,19 @@ def _control(op: str, model_name: str, **kwargs: Any) -> Any:
 
 def load_model(model_name: str, config: str = "", files: Optional[dict[str, bytes]] = None) -> None:
     """Load (or reload) a model; the server must run with --model-control-mode explicit."""
-    _control("load", model_name, config=config or "", files=dict(files or {}))
+    _control("load", _args.text(model_name, "model_name"), config=_args.text(config or "", "config"),
+             files=dict(files or {}))
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
-    _control("unload", model_name, unload_dependents=bool(unload_dependents))
+    _control("unload", _args.text(model_name, "model_name"), unload_dependents=bool(unload_dependents))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
-    return bool(_control("ready", model_name, model_version=str(model_version or "")).ready)
+    version = model_version if isinstance(model_version, (str, bytes)) else str(_args.integer(model_version,
+                                                                                                  "model_version"))
+    return bool(_control("ready", _args.text(model_name, "model_name"),
+                         model_version=_args.text(version, "model_version")).ready)
 
 
 # ---- logging -----------------------------------------------------------------------------------
@@ -672,6 +702,8 @@ class Logger:
     @staticmethod
     def _emit(message: Any, level: int, depth: int) -> None:
         level = int(level)
+        if isinstance(message, (bytes, bytearray)):  # Triton's std::string: the text, not b'...'
+            message = bytes(message).decode("utf-8", "replace")
         if level == Logger.VERBOSE and _state["log_verbose"] <= 0:
             return
         try:
@@ -734,6 +766,11 @@ class MetricFamily:
     HISTOGRAM = _custom.rules.HISTOGRAM
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        # bytes as Triton's std::string reads them; other types are refused below, naming the argument
+        if isinstance(name, (bytes, bytearray)):
+            name = _args.text(name, "name")
+        if isinstance(description, (bytes, bytearray)):
+            description = _args.text(description, "description")
         if type(kind) is not int or kind not in _custom.rules.KIND_NAMES:
             raise TypeError("MetricFamily(): kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM, not %r"
                             % (kind,))

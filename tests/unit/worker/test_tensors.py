@@ -145,6 +145,20 @@ def test_output_specs_and_checks():
     assert out.shape == (3, 2, 2)
 
 
+def test_python_outputs_pass_as_returned():
+    """As Triton's Python backend: another datatype or shape than the configuration's passes unchanged."""
+    specs = tensors.output_specs(CONFIG)
+    y = np.zeros((5, 3), np.float32)
+    for other in (y, y.astype(np.float64), np.zeros((5, 4), np.float32), np.zeros(3, np.float32)):
+        assert tensors.output_as_returned(specs["Y"], "Y", "FP32", other, "m") is other
+    assert tensors.output_as_returned(None, "Z", "FP32", y, "m") is y
+    out = tensors.output_as_returned(specs["R"], "R", "INT32", np.zeros((3, 4), np.int32), "m")
+    assert out.shape == (3, 2, 2)  # the configuration's reshape still applies
+    assert tensors.output_as_returned(specs["R"], "R", "INT64", np.zeros((3, 4), np.int64), "m").shape == (3, 2, 2)
+    for same in (np.zeros((3, 2, 2), np.int32), np.zeros((3, 5), np.int32)):  # dims already, or neither
+        assert tensors.output_as_returned(specs["R"], "R", "INT32", same, "m") is same
+
+
 def test_output_data():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]  # not contiguous
     shape, data, nbytes = tensors.output_data("FP32", a)
