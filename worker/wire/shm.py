@@ -18,6 +18,7 @@ import mmap
 import os
 import re
 import stat
+import weakref
 from typing import Optional
 
 from .errors import ErrorCode, InferdError
@@ -43,15 +44,17 @@ def _path(name: str) -> str:
 class Region:
     """A mapped region. `buf` is a memoryview over the whole mapping (read-only if attached so)."""
 
-    __slots__ = ("name", "size", "readonly", "inode", "_mmap", "buf")
+    __slots__ = ("name", "size", "readonly", "inode", "dev", "_mmap", "buf", "__weakref__")
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, readonly: bool, inode: int) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, size: int, readonly: bool, inode: int, dev: int = 0) -> None:
         self.name = name
         self.size = size
         self.readonly = readonly
         self.inode = inode
+        self.dev = dev
         self._mmap: Optional[mmap.mmap] = mm
         self.buf: memoryview = memoryview(mm)  # released (unusable) once closed
+        _LIVE.add(self)
 
     @property
     def closed(self) -> bool:
@@ -81,6 +84,16 @@ class Region:
 
     def __repr__(self) -> str:
         return "Region(%r, size=%d%s)" % (self.name, self.size, ", closed" if self.closed else "")
+
+
+# Every Region this process created or attached and still holds: the supervisor refuses these objects
+# as client shared memory (a client must never read or write a pool or worker region through the API).
+_LIVE: weakref.WeakSet[Region] = weakref.WeakSet()
+
+
+def live_identities() -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of the regions this process holds (created or attached)."""
+    return {(r.dev, r.inode) for r in list(_LIVE)}
 
 
 def make_name(owner_pid: int, suffix: str) -> str:
@@ -124,7 +137,8 @@ def create(name: str, size: int) -> Region:
         except OSError:
             _unlink_quietly(path)
             raise
-        return Region(name, mm, size, False, os.fstat(fd).st_ino)
+        st = os.fstat(fd)
+        return Region(name, mm, size, False, st.st_ino, st.st_dev)
     finally:
         os.close(fd)
 
@@ -165,7 +179,7 @@ def attach(name: str, readonly: bool = False) -> Region:
             raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is empty")
         prot = mmap.PROT_READ if readonly else mmap.PROT_READ | mmap.PROT_WRITE
         mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, prot)
-        return Region(name, mm, st.st_size, readonly, st.st_ino)
+        return Region(name, mm, st.st_size, readonly, st.st_ino, st.st_dev)
     finally:
         os.close(fd)
 
