@@ -1,14 +1,21 @@
-"""POSIX shared-memory regions under /dev/shm, shared by the supervisor and the workers.
+"""POSIX shared-memory regions, shared by the supervisor and the workers, that never outlive their creator.
 
-- `create(name, size)` reserves the pages with `posix_fallocate`, so a full /dev/shm is an
-  InferdError(UNAVAILABLE) at creation instead of a SIGBUS at the first write.
+- `create(stem, size)` makes a file under /dev/shm, reserves its pages with `posix_fallocate` (a full
+  /dev/shm is an InferdError(UNAVAILABLE) at creation instead of a SIGBUS at the first write) and
+  unlinks it at once: the creator keeps the region alive by its open fd. The region's name is a
+  handle, `<stem>.<fd>.<inode>`, and `attach(handle)` opens `/proc/<owner pid>/fd/<fd>` (checking
+  the inode), so no name is ever left in /dev/shm: when the creator exits, even by kill -9, the
+  kernel frees the region once the last mapping is gone. An unlinked file cannot be linked back
+  under a name, so no client can name (and register) one. Only the microseconds between create and
+  unlink leave a name a kill -9 could strand: `sweep_stale()` removes those at the next start.
 - `attach(name)` maps an existing region without `multiprocessing.shared_memory` (whose resource
-  tracker unlinks segments it did not create when the attaching process exits, Python 3.11).
-- Names are `inferd_<owner pid>_<suffix>` with only `[A-Za-z0-9_.-]`; `sweep_stale()` unlinks the
+  tracker unlinks segments it did not create when the attaching process exits, Python 3.11). A
+  plain name (not a handle) is opened under /dev/shm, as regions made by older versions were.
+- Stems are `inferd_<owner pid>_<suffix>` with only `[A-Za-z0-9_.-]`; `sweep_stale()` unlinks the
   segments whose owner is dead (or a zombie, or whose pid was reused by a later process).
 - Error messages never echo region names (they are internal; see reliability D12).
 
-Standard library + numpy-free; runs on Python 3.9+.
+Standard library + numpy-free; runs on Python 3.9+ (Linux for handles: /proc/<pid>/fd).
 """
 
 from __future__ import annotations
@@ -44,14 +51,17 @@ def _path(name: str) -> str:
 class Region:
     """A mapped region. `buf` is a memoryview over the whole mapping (read-only if attached so)."""
 
-    __slots__ = ("name", "size", "readonly", "inode", "dev", "_mmap", "buf", "__weakref__")
+    __slots__ = ("name", "size", "readonly", "inode", "dev", "_fd", "_mmap", "buf", "__weakref__")
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, readonly: bool, inode: int, dev: int = 0) -> None:
+    def __init__(
+        self, name: str, mm: mmap.mmap, size: int, readonly: bool, inode: int, dev: int = 0, fd: int = -1
+    ) -> None:
         self.name = name
         self.size = size
         self.readonly = readonly
         self.inode = inode
         self.dev = dev
+        self._fd = fd  # the creator's fd: what keeps an unlinked region alive and attachable
         self._mmap: Optional[mmap.mmap] = mm
         self.buf: memoryview = memoryview(mm)  # released (unusable) once closed
         _LIVE.add(self)
@@ -61,8 +71,12 @@ class Region:
         return self._mmap is None
 
     def close(self) -> bool:
-        """Unmap. Returns False when views (e.g. numpy arrays) still use the mapping: it is then
-        unmapped by the garbage collector once the last of them is gone."""
+        """Unmap (and, in the creator, close the fd: nobody can attach any more). Returns False when
+        views (e.g. numpy arrays) still use the mapping: it is then unmapped by the garbage collector
+        once the last of them is gone."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
         mm, self._mmap = self._mmap, None
         if mm is None:
             return True
@@ -114,17 +128,25 @@ def owner_pid(name: str, prefix: str = PREFIX) -> Optional[int]:
 
 
 def create(name: str, size: int) -> Region:
-    """Create a new region of exactly `size` bytes (fails if the name exists) and map it read/write."""
+    """Create a new region of exactly `size` bytes and map it read/write. `name` is the stem (fails if
+    it exists); the region's name is its handle `<stem>.<fd>.<inode>` (see the module docstring)."""
     path = _path(name)
     if size <= 0:
         raise InferdError(ErrorCode.INVALID_ARG, "shared memory region size must be positive")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o600)
     try:
+        st = os.fstat(fd)
+        handle = "%s.%d.%d" % (name, fd, st.st_ino)
+        try:
+            # renamed first so that /proc/<pid>/maps shows the handle ("... (deleted)"), then unlinked
+            os.rename(path, _path(handle))
+            path = _path(handle)
+        finally:
+            _unlink_quietly(path)
         try:
             os.ftruncate(fd, size)
             _reserve(fd, size)
         except OSError as exc:
-            _unlink_quietly(path)
             if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT):
                 raise InferdError(
                     ErrorCode.UNAVAILABLE,
@@ -132,15 +154,40 @@ def create(name: str, size: int) -> Region:
                     % (size, SHM_DIR, os.strerror(exc.errno)),
                 ) from None
             raise
-        try:
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError:
-            _unlink_quietly(path)
-            raise
-        st = os.fstat(fd)
-        return Region(name, mm, size, False, st.st_ino, st.st_dev)
-    finally:
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return Region(handle, mm, size, False, st.st_ino, st.st_dev, fd)
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def _handle(name: str) -> Optional[tuple[int, int, int]]:
+    """(owner pid, fd, inode) of a handle `inferd_<pid>_<suffix>.<fd>.<inode>`; None for a plain name."""
+    parts = name.rsplit(".", 2)
+    pid = owner_pid(name)
+    if pid is None or len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return pid, int(parts[1]), int(parts[2])
+
+
+def is_handle(name: str) -> bool:
+    """True for a handle `<stem>.<fd>.<inode>`: it reaches one object for ever (or nothing), never another."""
+    return _handle(name) is not None
+
+
+def stem(name: str) -> str:
+    """The stem a region was created from (`name` itself if it is not a handle)."""
+    return name.rsplit(".", 2)[0] if _handle(name) is not None else name
+
+
+def _open_path(name: str) -> tuple[str, Optional[int], int]:
+    """Where to open `name` (a handle: the owner's fd under /proc), the inode it must have, and O_NOFOLLOW
+    where it applies (/proc fd links are followed by design; /dev/shm names never)."""
+    handle = _handle(name) if valid_name(name) else None
+    if handle is None:
+        return _path(name), None, _O_NOFOLLOW
+    pid, fd, inode = handle
+    return "/proc/%d/fd/%d" % (pid, fd), inode, 0
 
 
 def _reserve(fd: int, size: int) -> None:
@@ -156,9 +203,10 @@ def _reserve(fd: int, size: int) -> None:
 
 
 def attach(name: str, readonly: bool = False) -> Region:
-    """Map an existing region. Refuses symlinks, non-regular files and files of another user."""
-    path = _path(name)
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | _O_NOFOLLOW | _O_CLOEXEC
+    """Map an existing region (by handle or by /dev/shm name). Refuses symlinks, non-regular files,
+    files of another user, and a handle whose fd now holds another file (its creator closed it)."""
+    path, inode, nofollow = _open_path(name)
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | nofollow | _O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -171,6 +219,8 @@ def attach(name: str, readonly: bool = False) -> Region:
         ) from None
     try:
         st = os.fstat(fd)
+        if inode is not None and (st.st_ino != inode or st.st_nlink != 0):
+            raise InferdError(ErrorCode.NOT_FOUND, "shared memory region not found")
         if not stat.S_ISREG(st.st_mode):
             raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is not a regular file")
         if hasattr(os, "getuid") and st.st_uid != os.getuid():
@@ -215,11 +265,16 @@ def _unlink_quietly(path: str) -> None:
 
 
 def inode_of(name: str) -> Optional[int]:
-    """Inode of the region currently holding `name` (None if absent): detects a re-created name."""
+    """Inode of the region `name` now reaches (None if none): detects a re-created name, or a handle
+    whose creator closed it (a reused fd reaches another file)."""
     try:
-        return os.stat(_path(name), follow_symlinks=False).st_ino
-    except (FileNotFoundError, InferdError):
+        path, inode, nofollow = _open_path(name)
+        st = os.stat(path, follow_symlinks=not nofollow)
+    except (OSError, InferdError):
         return None
+    if inode is not None and (st.st_ino != inode or st.st_nlink != 0):
+        return None
+    return st.st_ino
 
 
 # ---- stale segment sweeping ----------------------------------------------------------------
