@@ -214,8 +214,11 @@ def attach(name: str, readonly: bool = False) -> Region:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is a symlink") from None
+        hint = ""
+        if inode is not None and exc.errno in (errno.EACCES, errno.EPERM):
+            hint = " (its owner's /proc/<pid>/fd is not readable: run every inferd process as one user)"
         raise InferdError(
-            ErrorCode.UNAVAILABLE, "cannot open shared memory region: %s" % os.strerror(exc.errno or 0)
+            ErrorCode.UNAVAILABLE, "cannot open shared memory region: %s%s" % (os.strerror(exc.errno or 0), hint)
         ) from None
     try:
         st = os.fstat(fd)
