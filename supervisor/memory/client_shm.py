@@ -159,19 +159,25 @@ class ClientShm:
     def read(self, region: str, offset: int, byte_size: int) -> memoryview:
         """A copy of the window (the client may rewrite or unregister the region while the request is queued)."""
         r, start = self._window(region, offset, byte_size)
+        end = start + byte_size
         if byte_size == 0:
             return memoryview(b"")
         try:
+            # the size checked first only spares allocating for an object already shrunk; a truncate racing
+            # the copy is caught by the short count (a read of a regular file is short only at its end)
+            if os.fstat(r.fd).st_size < end:
+                raise self._shrunk(r, end)
             if byte_size <= _MAX_IO:
                 data = os.pread(r.fd, byte_size, start)
-                if len(data) == byte_size:
-                    return memoryview(data)
+                if len(data) != byte_size:
+                    raise self._shrunk(r, end)
+                return memoryview(data)
             buf = bytearray(byte_size)
             view, done = memoryview(buf), 0
             while done < byte_size:
                 got = os.preadv(r.fd, [view[done : done + _MAX_IO]], start + done)
                 if got <= 0:
-                    raise self._shrunk(r, start + byte_size)
+                    raise self._shrunk(r, end)
                 done += got
             return memoryview(buf).toreadonly()
         except OSError as exc:

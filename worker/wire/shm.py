@@ -190,6 +190,16 @@ def _open_path(name: str) -> tuple[str, Optional[int], int]:
     return "/proc/%d/fd/%d" % (pid, fd), inode, 0
 
 
+def _same_region(st: os.stat_result, inode: int) -> bool:
+    """What a handle's fd reaches is still its region: that inode, unlinked, on the /dev/shm filesystem
+    (a creator that closed the region may have reused the fd number for any other file)."""
+    try:
+        shm_dev = os.stat(SHM_DIR).st_dev
+    except OSError:
+        return False
+    return st.st_ino == inode and st.st_nlink == 0 and st.st_dev == shm_dev
+
+
 def _reserve(fd: int, size: int) -> None:
     fallocate = getattr(os, "posix_fallocate", None)
     if fallocate is None:  # not Linux: nothing to reserve with
@@ -222,7 +232,7 @@ def attach(name: str, readonly: bool = False) -> Region:
         ) from None
     try:
         st = os.fstat(fd)
-        if inode is not None and (st.st_ino != inode or st.st_nlink != 0):
+        if inode is not None and not _same_region(st, inode):
             raise InferdError(ErrorCode.NOT_FOUND, "shared memory region not found")
         if not stat.S_ISREG(st.st_mode):
             raise InferdError(ErrorCode.INVALID_ARG, "shared memory region is not a regular file")
@@ -275,7 +285,7 @@ def inode_of(name: str) -> Optional[int]:
         st = os.stat(path, follow_symlinks=not nofollow)
     except (OSError, InferdError):
         return None
-    if inode is not None and (st.st_ino != inode or st.st_nlink != 0):
+    if inode is not None and not _same_region(st, inode):
         return None
     return st.st_ino
 
