@@ -93,6 +93,29 @@ def test_shrunk_input_region_is_a_400_naming_it(server, client, change):
         remove(key, fd)
 
 
+def test_shrunk_input_region_over_grpc_is_invalid_argument(server, client):
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    n = 1 << 16
+    key, fd = make_object(n * 4)
+    name = "g_" + uuid.uuid4().hex[:8]
+    g = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        g.register_system_shared_memory(name, key, n * 4)
+        inp = grpcclient.InferInput("INPUT0", [n], "FP32")
+        inp.set_shared_memory(name, n * 4)
+        g.infer(MODEL, [inp])
+        os.ftruncate(fd, 0)
+        with pytest.raises(InferenceServerException) as exc:
+            g.infer(MODEL, [inp])
+        assert exc.value.status() == "StatusCode.INVALID_ARGUMENT" and name in exc.value.message()
+        assert server.alive(), server.log_tail()
+        assert_serving(client)
+    finally:
+        g.unregister_system_shared_memory()
+        g.close()
+        remove(key, fd)
+
+
 def test_shrunk_output_region_is_a_400_naming_it(server, client):
     n = 1 << 16
     key_in, fd_in = make_object(n * 4)
