@@ -28,6 +28,7 @@ _KEY = re.compile(r"^/?[A-Za-z0-9_.\-]{1,255}$")
 SHM_DIR = "/dev/shm"
 MAX_SYSTEM_REGIONS = 1024  # each holds an fd open
 _MAX_IO = 1 << 30  # bytes per pread/pwrite call (Linux moves at most ~2 GiB per call)
+_PRECHECK_MIN = 1 << 20  # reads from this size fstat first (~1 µs) before allocating
 
 
 @dataclass
@@ -163,9 +164,9 @@ class ClientShm:
         if byte_size == 0:
             return memoryview(b"")
         try:
-            # the size checked first only spares allocating for an object already shrunk; a truncate racing
-            # the copy is caught by the short count (a read of a regular file is short only at its end)
-            if os.fstat(r.fd).st_size < end:
+            # a large read checks the size first only to spare allocating for an object already shrunk; a
+            # truncate racing the copy is caught by the short count (a regular file reads short only at its end)
+            if byte_size >= _PRECHECK_MIN and os.fstat(r.fd).st_size < end:
                 raise self._shrunk(r, end)
             if byte_size <= _MAX_IO:
                 data = os.pread(r.fd, byte_size, start)
