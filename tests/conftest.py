@@ -158,13 +158,31 @@ def example_model_names() -> list[str]:
 
 
 def shm_snapshot() -> dict[str, int]:
-    """Entries under /dev/shm whose name starts with `inferd_`, with their sizes."""
+    """inferd's shared-memory regions that exist now, with their sizes: entries under /dev/shm whose name
+    starts with `inferd_`, and the regions processes hold open by handle (unlinked at creation, they
+    appear only as `/proc/<pid>/fd` links to `/dev/shm/inferd_... (deleted)`)."""
     out: dict[str, int] = {}
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(SHM_DIR):
             if entry.name.startswith(SHM_PREFIX):
                 with contextlib.suppress(FileNotFoundError):
                     out[entry.name] = entry.stat(follow_symlinks=False).st_size
+    held = f"{SHM_DIR}/{SHM_PREFIX}"
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            link = f"/proc/{pid}/fd/{fd}"
+            try:
+                target = os.readlink(link)
+                if target.startswith(held) and target.endswith(" (deleted)"):
+                    out[target[len(f"{SHM_DIR}/"): -len(" (deleted)")]] = os.stat(link).st_size
+            except OSError:
+                continue
     return out
 
 

@@ -1,7 +1,8 @@
 """Shared-memory regions a worker owns for tensors it hands to others (BLS inputs, large outputs).
 
-One tensor per region, regions reused per size class (powers of two from 128 KiB), named
-`inferd_<worker pid>_<tag><n>` so the supervisor can sweep them if the worker dies; the total is bounded.
+One tensor per region, regions reused per size class (powers of two from 128 KiB), made from stems
+`inferd_<worker pid>_<tag><n>` (handles to unlinked files, wire/shm.py: they vanish with the worker,
+even on kill -9); the total is bounded.
 `put` copies a tensor into a free region and marks it busy until `give_back`. Thread-safe.
 
 Runs on Python 3.9+ (stdlib + the wire package only).
@@ -75,8 +76,7 @@ class Arena:
     def close(self) -> None:
         with self._lock:
             for region in self._all.values():
-                shm.unlink(region.name)
-                region.close()
+                region.close()  # closes the fd: the region is gone once its readers drop their mappings
             self._all.clear()
             self._free.clear()
             self._busy.clear()

@@ -30,7 +30,7 @@ BF16_VIEW = np.dtype("<u2")
 def _worker_owned(name: str) -> bool:
     """Supervisor pool regions are `inferd_<pid>_<n>`; worker arenas name theirs `inferd_<pid>_<tag><n>`
     with a one-letter tag (worker/arena.py)."""
-    tail = name.rsplit("_", 1)[-1]
+    tail = shm.stem(name).rsplit("_", 1)[-1]
     return len(tail) > 1 and tail[0].isalpha() and tail[1:].isdigit()
 
 
@@ -38,7 +38,8 @@ class ShmCache:
     """Mappings of supervisor-created regions, kept between Executes (LRU, bounded).
 
     The worker never unlinks. A region the supervisor has unlinked is dropped when it is listed in
-    `Execute.forget_regions`, or when the name is found to point at a new file (inode changed).
+    `Execute.forget_regions`, or, for a plain /dev/shm name (not a handle, which never changes
+    object), when the name is found to point at a new file (inode changed).
     """
 
     def __init__(self, max_regions: int = 64) -> None:
@@ -54,7 +55,7 @@ class ShmCache:
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
         owned_by_worker = _worker_owned(name)
         region = self._regions.get(name)
-        if region is not None and shm.inode_of(name) != region.inode:
+        if region is not None and not shm.is_handle(name) and shm.inode_of(name) != region.inode:
             self._drop(name)
             region = None
         if region is None:

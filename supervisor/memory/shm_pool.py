@@ -1,7 +1,9 @@
 """Supervisor-owned shared-memory regions for input tensors too large to ride as ZeroMQ frames.
 
-Regions are named `inferd_<supervisor pid>_<n>` and created with `wire.shm.create` (posix_fallocate:
-a full /dev/shm is InferdError(UNAVAILABLE, "shared memory exhausted ..."), never a SIGBUS). A region
+Regions are created with `wire.shm.create` from stems `inferd_<supervisor pid>_<n>` (posix_fallocate:
+a full /dev/shm is InferdError(UNAVAILABLE, "shared memory exhausted ..."), never a SIGBUS); their
+names are handles (`<stem>.<fd>.<inode>`) to files already unlinked, so a kill -9 of the supervisor
+leaves nothing in /dev/shm. "Unlink" below means: close the fd, so that no worker can attach any more. A region
 holds one tensor at offset 0 and is reused across requests: sizes are rounded to classes (powers of
 two from 128 KiB to 64 MiB, then multiples of 64 MiB), free regions are kept per class, the total is
 bounded, and regions idle for `idle_s` are unlinked. Workers cache mappings by name, so every unlink
@@ -135,10 +137,10 @@ class ShmPool:
                     f"shared memory exhausted: pool limit of {self.max_bytes} bytes reached"
                     f" ({self.in_use_bytes} bytes in use)",
                 )
-        name = shm.make_name(self.owner_pid, str(next(self._counter)))
-        region = shm.create(name, size)  # InferdError(UNAVAILABLE, "shared memory exhausted ...")
+        stem = shm.make_name(self.owner_pid, str(next(self._counter)))
+        region = shm.create(stem, size)  # InferdError(UNAVAILABLE, "shared memory exhausted ...")
         entry = _Entry(region, size)
-        self._entries[name] = entry
+        self._entries[region.name] = entry
         self.total_bytes += size
         return entry
 
@@ -176,8 +178,7 @@ class ShmPool:
         lst = self._free.get(entry.size)
         if lst is not None and entry in lst:
             lst.remove(entry)
-        shm.unlink(name)
-        entry.region.close()
+        entry.region.close()  # closes the fd: the region is gone once the workers drop their mappings
         self.total_bytes -= entry.size
         self.epoch += 1
 
@@ -204,7 +205,6 @@ class ShmPool:
             self._timer.cancel()
             self._timer = None
         for entry in list(self._entries.values()):
-            shm.unlink(entry.region.name)
             entry.region.close()
         if self._entries:
             self.epoch += 1

@@ -115,8 +115,28 @@ def alive(pid: int) -> bool:
 
 
 def our_shm(pid: int | None = None) -> list[str]:
+    """Names under /dev/shm of regions `pid` created (none: regions are unlinked at creation)."""
     prefix = f"inferd_{pid or os.getpid()}_"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+
+def held_shm(pid: int | None = None) -> list[str]:
+    """Handles of the regions process `pid` created and keeps open (its fds on unlinked /dev/shm files)."""
+    pid = pid or os.getpid()
+    prefix = f"/dev/shm/inferd_{pid}_"
+    names = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and target.endswith(" (deleted)"):
+            names.add(target[len("/dev/shm/"): -len(" (deleted)")])
+    return sorted(names)
 
 
 class StateWatch:

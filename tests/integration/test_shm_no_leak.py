@@ -16,7 +16,7 @@ import psutil
 import pytest
 from inferd.worker.wire.errors import InferdError
 
-from .harness import alive, our_shm, output, request, write_model
+from .harness import alive, held_shm, our_shm, output, request, write_model
 
 
 def mapped_regions(pid: int) -> set[str]:
@@ -33,13 +33,13 @@ async def test_regions_reused_released_and_removed(env):
         result = await inst.execute([request("big", data)])
         assert np.array_equal(output(result.responses[0]), data)
     assert env.pool.region_count == 1 and env.pool.in_use_bytes == 0
-    names = set(our_shm())
-    assert names == set(env.pool.names)
+    names = set(held_shm())
+    assert names == set(env.pool.names) and our_shm() == []  # held open, never named in /dev/shm
     own = f"inferd_{inst.pid}_o"  # the worker's own regions, for its large outputs (worker/arena.py)
     assert {n for n in mapped_regions(inst.pid) if not n.startswith(own)} == names  # it attached the pool's
     # unlinked regions are dropped from the worker's cache on its next Execute
     env.pool.trim(0)
-    assert our_shm() == []
+    assert held_shm() == []
     await inst.execute([request("big", [0.0])])
     assert {n for n in mapped_regions(inst.pid) if not n.startswith(own)} == set()
     # kill -9 while a region is leased: the lease comes back, nothing is left mapped anywhere
@@ -54,9 +54,9 @@ async def test_regions_reused_released_and_removed(env):
         await pending
     assert env.pool.in_use_bytes == 0 and not alive(victim)
     # only the supervisor's own (reusable) region remains, and close removes it
-    assert set(our_shm()) == set(env.pool.names)
+    assert set(held_shm()) == set(env.pool.names)
     env.pool.close()
-    assert our_shm() == []
+    assert held_shm() == [] and our_shm() == []
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"inferd_{victim}_")]
 
 

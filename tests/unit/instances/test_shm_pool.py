@@ -12,8 +12,23 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
 def ours(pid: int | None = None) -> list[str]:
+    """Names under /dev/shm of regions `pid` created (the pool's are unlinked at creation: none)."""
     prefix = f"inferd_{pid or os.getpid()}_"
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+
+def held() -> list[str]:
+    """Handles of the regions this process keeps open (its fds on unlinked /dev/shm files)."""
+    prefix = f"/dev/shm/inferd_{os.getpid()}_"
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and target.endswith(" (deleted)"):
+            names.append(target[len("/dev/shm/"): -len(" (deleted)")])
+    return sorted(set(names))  # mmap keeps a dup of the fd: each region is open twice
 
 
 @pytest.fixture
@@ -21,7 +36,7 @@ def pool():
     p = ShmPool(max_bytes=8 << 20, idle_s=60)
     yield p
     p.close()
-    assert ours() == []
+    assert ours() == [] and held() == []
 
 
 def test_size_class():
@@ -36,7 +51,7 @@ def test_lease_write_reuse(pool):
     a = pool.lease(200_000)
     a.write(b"x" * 200_000)
     assert bytes(a.buf[:3]) == b"xxx" and a.name.startswith(f"inferd_{os.getpid()}_")
-    assert pool.in_use_bytes == 256 * 1024 and ours() == [a.name]
+    assert pool.in_use_bytes == 256 * 1024 and held() == [a.name] and ours() == []
     name = a.name
     a.release()
     a.release()  # idempotent
@@ -70,7 +85,7 @@ def test_limit_evicts_idle_then_refuses(pool):
     leases[0].release()
     gone = leases[0].name
     small = pool.lease(1 << 20)  # evicts the idle 2 MiB region
-    assert not pool.is_live(gone) and pool.epoch > epoch and gone not in ours()
+    assert not pool.is_live(gone) and pool.epoch > epoch and gone not in held()
     for lease in [small, *leases[1:]]:
         lease.release()
 
@@ -81,16 +96,16 @@ def test_trim_idle(pool):
     a.release()
     assert pool.trim(older_than_s=3600) == []
     assert pool.trim(older_than_s=0) == [name]
-    assert not pool.is_live(name) and ours() == [] and pool.total_bytes == 0
+    assert not pool.is_live(name) and held() == [] and pool.total_bytes == 0
 
 
 def test_close_unlinks_in_use_regions():
     p = ShmPool()
     p.lease(100_000)
     p.lease(100_000)
-    assert len(ours()) == 2
+    assert len(held()) == 2 and ours() == []
     p.close()
-    assert ours() == []
+    assert held() == []
     with pytest.raises(InferdError):
         p.lease(10)
 
@@ -98,14 +113,15 @@ def test_close_unlinks_in_use_regions():
 def test_sweep_stale_removes_dead_owners_only():
     dead = subprocess.Popen(["true"])
     dead.wait()
-    name = shm.make_name(dead.pid, "0")
-    shm.create(name, 4096).close()
+    name = shm.make_name(dead.pid, "0")  # as a kill -9 between create and unlink leaves it
+    with open("/dev/shm/" + name, "xb") as f:
+        f.write(bytes(4096))
     mine = ShmPool()
     lease = mine.lease(100_000)
     try:
         removed = ShmPool.sweep_stale()
         assert name in removed and ours(dead.pid) == []
-        assert mine.is_live(lease.name) and ours() == [lease.name]
+        assert mine.is_live(lease.name) and held() == [lease.name]
     finally:
         shm.unlink(name)
         mine.close()

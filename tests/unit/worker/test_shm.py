@@ -22,16 +22,27 @@ def name():
     shm.unlink(n)
 
 
+def _leftover(name: str, size: int = 16) -> None:
+    """A plain file under /dev/shm, as a process killed between create and unlink leaves one."""
+    with open("/dev/shm/" + name, "xb") as f:
+        f.write(b"\0" * size)
+
+
 def test_create_attach_roundtrip(name):
     region = shm.create(name, 4096)
-    assert region.size == 4096 and os.stat("/dev/shm/" + name).st_size == 4096
-    assert oct(os.stat("/dev/shm/" + name).st_mode & 0o777) == "0o600"
+    # the name is a handle to an unlinked file: nothing under /dev/shm, reachable through our fd
+    assert region.name.startswith(name + ".") and shm.stem(region.name) == name
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(name)]
+    fd, inode = map(int, region.name.rsplit(".", 2)[1:])
+    st = os.stat("/proc/self/fd/%d" % fd)
+    assert st.st_size == 4096 and st.st_ino == inode == region.inode and st.st_nlink == 0
+    assert oct(st.st_mode & 0o777) == "0o600"
     region.buf[:5] = b"hello"
-    other = shm.attach(name, readonly=True)
+    other = shm.attach(region.name, readonly=True)
     assert bytes(other.buf[:5]) == b"hello" and other.readonly and other.inode == region.inode
     with pytest.raises(TypeError):
         other.buf[0] = 1
-    rw = shm.attach(name)
+    rw = shm.attach(region.name)
     rw.buf[0:1] = b"J"
     assert bytes(region.buf[:5]) == b"Jello"
     for r in (region, other, rw):
@@ -40,7 +51,11 @@ def test_create_attach_roundtrip(name):
 
 
 def test_create_is_exclusive_and_validates(name):
-    shm.create(name, 10).close()
+    a, b = shm.create(name, 10), shm.create(name, 10)  # the stem is free again at once: two regions
+    assert a.name != b.name and a.inode != b.inode
+    a.close()
+    b.close()
+    _leftover(name)
     with pytest.raises(FileExistsError):
         shm.create(name, 10)
     with pytest.raises(InferdError) as err:
@@ -97,10 +112,57 @@ def test_close_with_live_views_defers_unmap(name):
 
 
 def test_unlink(name):
-    shm.create(name, 8).close()
+    _leftover(name)
+    assert shm.inode_of(name) == os.stat("/dev/shm/" + name).st_ino
     assert shm.unlink(name) is True
     assert shm.unlink(name) is False
     assert shm.inode_of(name) is None
+
+
+def test_a_closed_region_cannot_be_attached_even_if_its_fd_is_reused(name):
+    region = shm.create(name, 4096)
+    handle, fd = region.name, int(region.name.rsplit(".", 2)[1])
+    assert shm.inode_of(handle) == region.inode
+    region.close()
+    with pytest.raises(InferdError) as err:
+        shm.attach(handle)
+    assert err.value.code == ErrorCode.NOT_FOUND and shm.inode_of(handle) is None
+    other = shm.create(name + "x", 4096)  # very likely takes the same fd number
+    try:
+        assert int(other.name.rsplit(".", 2)[1]) != fd or other.inode != region.inode
+        with pytest.raises(InferdError) as err:
+            shm.attach(handle)
+        assert err.value.code == ErrorCode.NOT_FOUND and shm.inode_of(handle) is None
+    finally:
+        other.close()
+
+
+def test_regions_vanish_with_their_creator_even_on_kill_9():
+    code = textwrap.dedent("""
+        import os, sys
+        from inferd.worker.wire import shm
+        r = shm.create(shm.make_name(os.getpid(), "k"), 1 << 20)
+        r.buf[:2] = b"ok"
+        print(r.name, flush=True)
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        handle = proc.stdout.readline().strip()
+        attached = shm.attach(handle, readonly=True)  # another process attaches by handle
+        assert bytes(attached.buf[:2]) == b"ok"
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith("inferd_%d_" % proc.pid)]
+        proc.kill()
+        proc.wait()
+        assert bytes(attached.buf[:2]) == b"ok"  # a mapping outlives its creator
+        attached.close()
+        with pytest.raises(InferdError) as err:
+            shm.attach(handle)
+        assert err.value.code == ErrorCode.NOT_FOUND
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_enospc_from_fallocate_is_unavailable(name, monkeypatch):
@@ -147,7 +209,7 @@ def test_enospc_on_a_real_small_tmpfs():
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("UNAVAILABLE shared memory exhausted"), proc.stdout
-    assert lines[1] == "['inferd_1_small']"
+    assert lines[1] == "[]"  # the region still holds its pages, unlinked
 
 
 def _spawn_exited_child() -> int:
@@ -179,7 +241,7 @@ def test_sweep_stale_dead_zombie_alive():
     }
     try:
         for n in names.values():
-            shm.create(n, 16).close()
+            _leftover(n)
         assert shm.pid_state(zombie.pid) == "zombie"
         removed = shm.sweep_stale(prefix)
         assert sorted(removed) == sorted([names["dead"], names["zombie"]])
@@ -198,8 +260,8 @@ def test_sweep_detects_pid_reuse():
     old = "%s%d_old" % (prefix, child.pid)
     new = "%s%d_new" % (prefix, child.pid)
     try:
-        shm.create(old, 16).close()
-        shm.create(new, 16).close()
+        _leftover(old)
+        _leftover(new)
         then = os.path.getmtime("/dev/shm/" + old) - 3600
         os.utime("/dev/shm/" + old, (then, then))  # written an hour before its "owner" started
         assert shm.sweep_stale(prefix) == [old]

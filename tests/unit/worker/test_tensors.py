@@ -71,39 +71,46 @@ def test_shm_inputs_cached_forgotten_and_recreated(cache):
     name = shm.make_name(os.getpid(), "tt" + uuid.uuid4().hex[:10])
     region = shm.create(name, 1024)
     try:
+        handle = region.name
         region.buf[16:32] = np.arange(4, dtype="<f4").tobytes()
-        r = ref("X", "FP32", [4], loc="shm", region=name, offset=16, nbytes=16)
+        r = ref("X", "FP32", [4], loc="shm", region=handle, offset=16, nbytes=16)
         a = tensors.input_array(r, [], cache)
         np.testing.assert_array_equal(a, [0, 1, 2, 3])
-        assert a.flags.writeable and name in cache
+        assert a.flags.writeable and handle in cache
         region.buf[16:20] = np.array([9], dtype="<f4").tobytes()  # shared mapping: visible
         assert tensors.input_array(r, [], cache)[0] == 9
         with pytest.raises(InferdError):
-            tensors.input_array(ref("X", "FP32", [4], loc="shm", region=name, offset=1020, nbytes=16), [], cache)
-        cache.forget([name])
-        assert name not in cache
-        # the supervisor re-creates the name with new content: the stale mapping is not used
-        tensors.input_array(r, [], cache)
+            tensors.input_array(ref("X", "FP32", [4], loc="shm", region=handle, offset=1020, nbytes=16), [], cache)
+        cache.forget([handle])
+        assert handle not in cache
+        # once its creator closed it, a handle reaches nothing (a region is never re-created under a handle)
         region.close()
-        shm.unlink(name)
-        region = shm.create(name, 1024)
-        region.buf[16:32] = np.full(4, 7, dtype="<f4").tobytes()
-        np.testing.assert_array_equal(tensors.input_array(r, [], cache), [7, 7, 7, 7])
+        with pytest.raises(InferdError):
+            tensors.input_array(r, [], cache)
     finally:
         region.close()
-        shm.unlink(name)
+    # a plain /dev/shm name re-created with new content: the stale mapping is not used
+    plain = shm.make_name(os.getpid(), "tp" + uuid.uuid4().hex[:10])
+    r = ref("X", "FP32", [4], loc="shm", region=plain, offset=16, nbytes=16)
+    try:
+        for value in (1, 7):
+            with open("/dev/shm/" + plain, "wb") as f:
+                f.write(bytes(16) + np.full(4, value, dtype="<f4").tobytes())
+            np.testing.assert_array_equal(tensors.input_array(r, [], cache), [value] * 4)
+            shm.unlink(plain)
+    finally:
+        shm.unlink(plain)
 
 
 def test_shm_cache_is_bounded(cache):
-    names = [shm.make_name(os.getpid(), "tb%d%s" % (i, uuid.uuid4().hex[:8])) for i in range(3)]
+    regions = [shm.create(shm.make_name(os.getpid(), "tb%d%s" % (i, uuid.uuid4().hex[:8])), 64) for i in range(3)]
     try:
-        for n in names:
-            shm.create(n, 64).close()
-            tensors.input_array(ref("X", "UINT8", [4], loc="shm", region=n, nbytes=4), [], cache)
-        assert len(cache) == 2 and names[0] not in cache
+        for region in regions:
+            tensors.input_array(ref("X", "UINT8", [4], loc="shm", region=region.name, nbytes=4), [], cache)
+        assert len(cache) == 2 and regions[0].name not in cache
     finally:
-        for n in names:
-            shm.unlink(n)
+        for region in regions:
+            region.close()
 
 
 def test_missing_region(cache):

@@ -177,9 +177,9 @@ def run_main_scenario(sup: FakeSupervisor, tmp_path: Path) -> None:
     assert set(record) - {"supervisor", "model_dir", "helpers"} == triton_keys
 
     # Execute: inline frame inputs (FP32 + BYTES) and an shm input, two requests in one batch
-    region_name = shm.make_name(os.getpid(), "wt%d" % proc.pid)
     big = np.arange(100_000, dtype="<f4")
-    region = shm.create(region_name, big.nbytes + 64)
+    region = shm.create(shm.make_name(os.getpid(), "wt%d" % proc.pid), big.nbytes + 64)
+    region_name = region.name  # a handle: the worker attaches it through /proc/<our pid>/fd
     try:
         region.buf[64 : 64 + big.nbytes] = big.tobytes()
         ref0, data0 = fp32_frame("INPUT0", np.array([1, 2, 3]), 0)
@@ -211,7 +211,6 @@ def run_main_scenario(sup: FakeSupervisor, tmp_path: Path) -> None:
         np.testing.assert_array_equal(output(frames, result.responses[0], "OUTPUT0"), big * 2)
     finally:
         region.close()
-        shm.unlink(region_name)
 
     # an exception in execute fails the whole batch with Triton's text; the worker survives
     ref0, data0 = fp32_frame("INPUT0", np.array([1.0]), 0)
