@@ -20,7 +20,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
 WIRE_VERSION = 4  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
-# 4: TensorRef loc "cuda" (device, owner)
+# 4: TensorRef loc "cuda" (device, owner), RequestItem.device_outputs, ReleaseOutputs.device
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -68,6 +68,7 @@ class RequestItem:
     correlation_id: Any = 0  # int or str
     flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START=1, _END=2
     timeout_us: int = 0
+    device_outputs: bool = False  # another worker consumes the outputs: device outputs may stay on the GPU
 
 
 @dataclass
@@ -217,9 +218,11 @@ class Cancel:
 
 @dataclass
 class ReleaseOutputs:
-    """Output regions of this worker (TensorRef loc "shm" in results) the supervisor no longer uses."""
+    """Output regions of this worker (TensorRef loc "shm" in results) the supervisor no longer uses,
+    and device outputs (loc "cuda", by key "<region>:<offset>") every holder has released."""
 
     regions: list[str]
+    device: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -599,6 +602,14 @@ def output_shm_ref_json(name: str, datatype: str, shape: Sequence[int], region: 
     """A TensorRef for an output the worker wrote into its own region (loc "shm", offset 0)."""
     return '{"name":%s,"datatype":%s,"shape":[%s],"loc":"shm","region":%s,"offset":0,"nbytes":%d}' % (
         _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(region), nbytes)
+
+
+def device_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, offset: int, nbytes: int,
+                    device: int, owner: str) -> str:
+    """A TensorRef for a device output passed on by CUDA IPC handle (loc "cuda")."""
+    return ('{"name":%s,"datatype":%s,"shape":[%s],"loc":"cuda","region":%s,"offset":%d,"nbytes":%d,'
+            '"device":%d,"owner":%s}' % (_json_str(name), _json_str(datatype), ",".join(map(str, shape)),
+                                         _json_str(region), offset, nbytes, device, _json_str(owner)))
 
 
 def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
