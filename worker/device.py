@@ -69,6 +69,16 @@ class DeviceArray:
             raise ValueError("cannot reshape %s into %s" % (list(self.shape), list(target)))
         return DeviceArray(self.ptr, self.nbytes, target, self.datatype, self.device, self._keep, self.ref)
 
+    def __getitem__(self, index: Any) -> DeviceArray:
+        """Rows `start:stop` (dim 0, step 1): what splitting a batch back into requests needs."""
+        if not isinstance(index, slice) or index.step not in (None, 1) or not self.shape:
+            raise TypeError("a DeviceArray takes only a row slice [start:stop]")
+        start, stop, _ = index.indices(self.shape[0])
+        stop = max(start, stop)
+        row = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return DeviceArray(self.ptr + start * row, (stop - start) * row, (stop - start,) + self.shape[1:],
+                           self.datatype, self.device, self._keep, None if start else self.ref)
+
     # ---- to frameworks ----
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
