@@ -151,8 +151,11 @@ def python_model(repo: Path, name: str, source: str, inputs: list[tuple[str, str
                                               + io("output", outputs) + GPU_GROUP + extra)
 
 
+Step = tuple[str, dict[str, str], dict[str, str]]
+
+
 def ensemble(repo: Path, name: str, inputs: list[tuple[str, str, list[int]]],
-             outputs: list[tuple[str, str, list[int]]], steps: list[tuple[str, dict[str, str], dict[str, str]]]) -> None:
+             outputs: list[tuple[str, str, list[int]]], steps: list[Step]) -> None:
     """`steps`: (model, {model input: tensor}, {model output: tensor})."""
     text = []
     for model, input_map, output_map in steps:
