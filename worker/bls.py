@@ -23,6 +23,7 @@ import concurrent.futures
 import itertools
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -58,12 +59,13 @@ def _link_lost(exc: LinkClosed) -> InferdError:
 
 
 class _Call:
-    __slots__ = ("future", "stream", "regions", "done")
+    __slots__ = ("future", "stream", "regions", "device", "done")
 
     def __init__(self, stream: bool) -> None:
         self.future: Optional[concurrent.futures.Future[Any]] = None if stream else concurrent.futures.Future()
         self.stream: Optional[queue.Queue[Any]] = queue.Queue() if stream else None
         self.regions: list[shm.Region] = []
+        self.device: list[Any] = []  # device inputs passed by IPC handle: kept alive until the call ends
         self.done = False
 
 
@@ -92,6 +94,9 @@ class BlsClient:
         self._lock = threading.RLock()
         self._arena = Arena("b", MAX_ARENA_BYTES)
         self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs (under _lock)
+        # device inputs of calls in flight, by (handle, offset): a callee that hands one back (an identity
+        # model) gives this process its own memory, which it cannot open by IPC handle
+        self._own_device: weakref.WeakValueDictionary[tuple[str, int], Any] = weakref.WeakValueDictionary()
         self._local = threading.local()  # per-thread DEALER for synchronous calls (`direct`)
         self._socket_ids = itertools.count(1)
         self._thread_sockets: list[DealerSocket] = []
@@ -114,6 +119,10 @@ class BlsClient:
         frames: list[Any] = []
         try:
             for name, datatype, array in inputs:
+                if type(array) is not np.ndarray and hasattr(array, "ptr"):  # a device.DeviceArray
+                    refs.append(self._device_input(name, array))
+                    call.device.append(array)
+                    continue
                 data = _wire_bytes(datatype, array)
                 if data.nbytes <= INLINE_MAX_BYTES:
                     refs.append(TensorRef(name, datatype, [int(d) for d in array.shape], "frame", len(frames),
@@ -131,7 +140,8 @@ class BlsClient:
             call_id = next(self._ids)
             self._calls[call_id] = call
         message = BlsRequest(call_id, model_name, model_version, request_id, refs, list(requested_outputs),
-                             correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled))
+                             correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled),
+                             _takes_device_tensors())
         if direct:
             try:
                 self._thread_socket().send_multipart([encode_header(message), *frames])
@@ -141,6 +151,25 @@ class BlsClient:
         else:
             self._post([encode_header(message), *frames])
         return call_id, call
+
+    def _device_input(self, name: str, array: Any) -> TensorRef:
+        """A device input goes by CUDA IPC handle (the callee opens it in place); this worker keeps the
+        memory until the call ends. Memory it got from another worker goes on under that owner."""
+        from . import device
+        from .wire.cuda_ipc import CudaIpcError
+
+        source = array.ref
+        if source is not None:
+            region, offset, owner = source.region, source.offset, source.owner
+        else:
+            try:
+                region, offset = device.export(array)
+            except CudaIpcError as exc:
+                raise InferdError(ErrorCode.INTERNAL, "BLS input '%s': %s" % (name, exc)) from None
+            owner = ""  # the caller itself: the supervisor knows who that is
+            self._own_device[(region, offset)] = array
+        return TensorRef(name, array.datatype, list(array.shape), "cuda", -1, region, offset, array.nbytes,
+                         array.device, owner)
 
     def wait_direct(self, call_id: int, timeout_s: Optional[float]) -> BlsReply:
         """The reply of a call sent with `direct=True`, read on this thread's socket: no hand-off to
@@ -214,6 +243,7 @@ class BlsClient:
         if call is not None and not call.done:
             call.done = True
             self._arena.give_back(call.regions)
+            call.device.clear()
 
     def close(self) -> None:
         self._closed = True
@@ -309,8 +339,24 @@ class BlsClient:
             outputs.append((ref.name, ref.datatype, self._array(ref, data, lease)))
         return BlsReply(outputs, error, message.parameters or {}, bool(message.final))
 
-    def _array(self, ref: TensorRef, data: Sequence[Any], lease: int) -> np.ndarray:
+    def _array(self, ref: TensorRef, data: Sequence[Any], lease: int) -> Any:
         shape = tuple(int(d) for d in ref.shape)
+        if ref.loc == "cuda":  # a device output: opened in place; the lease returns when the last view goes
+            from . import device
+            from .wire.cuda_ipc import CudaIpcError
+
+            own = self._own_device.get((ref.region, ref.offset))
+            if own is not None and own.nbytes == ref.nbytes:
+                if lease:
+                    self._release_later(lease)
+                return own.reshape(shape)
+            try:
+                return device.open_ref(ref, (lambda: self._release_later(lease)) if lease else None)
+            except (CudaIpcError, device.DeviceTensorError) as exc:
+                if lease:
+                    self._release_later(lease)
+                raise InferdError(ErrorCode.INTERNAL, "BLS output '%s' (device memory of instance '%s'): %s"
+                                  % (ref.name, ref.owner, exc)) from None
         if ref.loc == "frame":
             buf = data[ref.frame].buffer if hasattr(data[ref.frame], "buffer") else memoryview(data[ref.frame])
         else:
@@ -383,6 +429,27 @@ def shutdown() -> None:
     """Worker exit: close the socket (before the ZeroMQ context ends) and unlink our regions."""
     if _client is not None:
         _client.close()
+
+
+_device_capable: Optional[bool] = None
+
+
+def _takes_device_tensors() -> bool:
+    """Whether this worker could open a device output (a GPU and a CUDA library to reach it), decided
+    without importing the library: a CPU-only environment gets BLS outputs in host memory."""
+    global _device_capable
+    if _device_capable is None:
+        import importlib.util
+
+        def findable(name: str) -> bool:
+            try:
+                return importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):
+                return False
+
+        _device_capable = os.path.exists("/dev/nvidiactl") and any(
+            name in sys.modules or findable(name) for name in ("cuda.bindings", "cuda", "cupy", "torch"))
+    return _device_capable
 
 
 def _wire_bytes(datatype: str, array: np.ndarray) -> memoryview:

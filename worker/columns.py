@@ -92,7 +92,7 @@ def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str,
              check: Callable[..., np.ndarray]) -> Optional[tuple[str, str, tuple[int, ...], Any]]:
     """(name, datatype, shape, buffer) of one checked output that may go by columns (numeric, small)."""
     name, datatype = out.name, out.datatype
-    if datatype == "BYTES":
+    if datatype == "BYTES" or type(out.array) is not np.ndarray:  # device outputs go one by one
         return None
     array = check(specs.get(name), name, datatype, out.array, model)
     shape, data, nbytes = output_data(datatype, array)

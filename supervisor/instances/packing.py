@@ -85,6 +85,13 @@ class InputPacker:
                 else:
                     req_leases = out.leases
                 for t in req.inputs:
+                    device = t.device_ref
+                    if device is not None:  # stays on its GPU: the worker opens it by IPC handle
+                        device.share.check()
+                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, device.region,
+                                                     device.offset, device.nbytes, device.device,
+                                                     device.share.label))
+                        continue
                     data = t.data
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
                     if nbytes <= m.INLINE_MAX_BYTES:
@@ -139,7 +146,7 @@ class InputPacker:
         layout = []
         for t in first.inputs:
             dt = BY_NAME.get(t.datatype)
-            if dt is None or dt.itemsize == 0 or t.shm_ref is not None:
+            if dt is None or dt.itemsize == 0 or t.shm_ref is not None or t.device_ref is not None:
                 return None
             nbytes = element_count(t.shape) * dt.itemsize
             if nbytes >= m.ZERO_COPY_MIN_BYTES:
@@ -149,7 +156,7 @@ class InputPacker:
         columns: list[list[Any]] = [[] for _ in layout]
         ids = []
         for req in requests:
-            if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us
+            if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us or req.device_outputs
                     or not (type(req.correlation_id) is int and req.correlation_id == 0)
                     or len(req.inputs) != len(layout) or len(req.outputs) != len(wanted)):
                 return None
