@@ -238,6 +238,7 @@ def test_runtime_encodes_device_outputs_by_handle_or_host_copy(fake_cuda: HostBa
     runtime._output_names = ["Y"]
     runtime._device_exports = {}
     runtime._device_lock = __import__("threading").Lock()
+    runtime._check_output = tensors.output_as_returned  # a Python model: outputs go as returned
     runtime._log = lambda message: None
     runtime._out_arena = type("NoArena", (), {"give_back_names": lambda self, names: None})()
     result = Response([Tensor("Y", "FP32", device.from_object(FakeDeviceArray(memory), "Y"))])
