@@ -13,6 +13,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..cache import ResponseCache, request_key
+from ..memory.cuda_regions import CudaSpan
 from . import classification, loader
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane
@@ -56,6 +57,9 @@ class ServerDataPlane(DataPlane):
         self.stats_registry = stats_registry
         self.metrics_renderer = metrics_renderer
         self.shm = shm
+        # the one capability behind the cuda_shared_memory extension (see memory.cuda_device.probe)
+        self.cuda_shm_available = bool(shm is not None and getattr(shm, "cuda_available", False))
+        self._extensions = [e for e in EXTENSIONS if e != "cuda_shared_memory" or self.cuda_shm_available]
         self.started = False  # set once start-up loading is done
         self.draining = False
         self._log_settings: dict[str, Any] = {
@@ -78,7 +82,7 @@ class ServerDataPlane(DataPlane):
         return self.manager.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": EXTENSIONS}
+        return {"name": self.server_id, "version": SERVER_VERSION, "extensions": self._extensions}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.manager.resolve_ready(name, version)
@@ -118,6 +122,8 @@ class ServerDataPlane(DataPlane):
             raise InferdError(ErrorCode.UNSUPPORTED,
                               "ModelInfer RPC doesn't support models with decoupled transaction policy")
         try:
+            if self.shm is not None and (not mv.device_inputs or mv.host_only_inputs):
+                self._inputs_to_host(request, mv)
             validate_request(mv.io, request)
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
@@ -171,6 +177,8 @@ class ServerDataPlane(DataPlane):
         if self.busy_poll is not None:
             self.busy_poll.poke()
         try:
+            if self.shm is not None:
+                self._inputs_to_host(request, mv)
             validate_request(mv.io, request)
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
@@ -312,8 +320,15 @@ class ServerDataPlane(DataPlane):
             return
         self.shm.unregister(kind, name)
 
-    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
-        return self._client_shm().read(region, offset, byte_size)
+    def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
+        return self._client_shm().read(region, offset, byte_size, device_ok)
+
+    def _inputs_to_host(self, request: InferRequest, mv: ModelVersion) -> None:
+        """Inputs still in a client's CUDA region copied to the host, for a model that cannot take them
+        on the device (see models.ModelVersion.device_inputs); the others go to the worker as CUDA refs."""
+        for t in request.inputs:
+            if type(t.data) is CudaSpan and not (mv.device_inputs and t.name not in mv.host_only_inputs):
+                t.data = self.shm.to_host(t.data)
 
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         self._client_shm().write(region, offset, data)

@@ -13,6 +13,7 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
+from ..memory.cuda_regions import CudaSpan
 from .tensors import check_bytes_framing
 from .types import InferRequest
 
@@ -135,10 +136,11 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         else:
             expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
             data = tensor.data
-            got = len(data) if type(data) is bytes else len(memoryview(data).cast("B"))
+            got = (len(data) if type(data) is bytes else data.nbytes if type(data) is CudaSpan
+                   else len(memoryview(data).cast("B")))
             if got != expected_bytes:
                 raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
-                                  % (name, model, expected_bytes, memoryview(data).nbytes))
+                                  % (name, model, expected_bytes, got))
     if batch_size is not None and batch_size > max_batch:
         raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (max_batch, model))
     outputs = request.outputs

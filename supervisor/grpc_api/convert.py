@@ -259,7 +259,7 @@ def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) 
             f"input '{t.name}': shared memory byte size {byte_size} does not match "
             f"{count} elements of {t.datatype} ({count * itemsize} bytes)"
         )
-    return dataplane.shm_read(region, offset, byte_size)
+    return dataplane.shm_read(region, offset, byte_size, bool(itemsize))  # BYTES: host bytes
 
 
 def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, ShmOutputs | None]:

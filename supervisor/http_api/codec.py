@@ -199,7 +199,7 @@ class InferCodec:
             else:
                 region, offset, size = _shm_params(params, name)
                 self._check_size(name, datatype, shape, nbytes, size, model)
-                data = self.dp.shm_read(region, offset, size)
+                data = self.dp.shm_read(region, offset, size, nbytes is not None)  # BYTES: host bytes
                 if nbytes is None:
                     tensors.check_bytes_framing(data, count, name)
             req.inputs.append(Tensor(name, datatype, shape, data, extra))

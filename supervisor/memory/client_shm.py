@@ -2,6 +2,7 @@
 
 Regions are opened under /dev/shm by key, never through a symlink, only regular files, with offset and
 size checked against the file; reads and writes are bounds-checked against the registered window.
+CUDA regions (kind "cuda") are kept by memory.cuda_regions, built on the first CUDA call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from .cuda_device import IpcDevice, probe
+from .cuda_regions import CudaRegions, CudaSpan
 
 RESERVED_PREFIX = "triton_python_backend_shm_region_"
 _KEY = re.compile(r"^/?[A-Za-z0-9_.\-]{1,255}$")
@@ -34,14 +38,16 @@ def _bad(message: str) -> InferdError:
 
 
 class ClientShm:
-    def __init__(self) -> None:
+    def __init__(self, cuda: CudaRegions | None = None, cuda_probe: bool | None = None) -> None:
         self.system: dict[str, SystemRegion] = {}
+        self.cuda = cuda if cuda is not None else CudaRegions(IpcDevice)
+        # whether CUDA shared memory can work here (the cuda_shared_memory extension), judged at start
+        # without importing a CUDA library
+        self.cuda_available = probe() if cuda_probe is None else cuda_probe
 
     def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         if kind == "cuda":
-            if name:
-                raise _bad("Unable to find cuda shared memory region: '%s'" % name)
-            return []
+            return self.cuda.status(name)
         regions = [self.system[name]] if name else list(self.system.values())
         if name and name not in self.system:
             raise _bad("Unable to find system shared memory region: '%s'" % name)
@@ -49,7 +55,13 @@ class ClientShm:
 
     def register(self, kind: str, name: str, **fields: Any) -> None:
         if kind == "cuda":
-            raise InferdError(ErrorCode.UNSUPPORTED, "CUDA shared memory is not available: no GPU on this server")
+            self.cuda.device()  # without CUDA, every registration gets Triton's one answer
+            if name in self.system:
+                raise InferdError(ErrorCode.ALREADY_EXISTS, "shared memory region '%s' already in manager" % name)
+            self.cuda.register(name, fields.get("raw_handle"), fields.get("device_id"), fields.get("byte_size"))
+            return
+        if name in self.cuda.regions:
+            raise InferdError(ErrorCode.ALREADY_EXISTS, "shared memory region '%s' already in manager" % name)
         if not name:
             raise _bad("shared memory region name must not be empty")
         if name.startswith(RESERVED_PREFIX):
@@ -90,6 +102,7 @@ class ClientShm:
 
     def unregister(self, kind: str, name: str = "") -> None:
         if kind == "cuda":
+            self.cuda.unregister(name)
             return
         if not name:
             self.system.clear()
@@ -105,12 +118,24 @@ class ClientShm:
                        % (region, offset, byte_size, r.byte_size))
         return r, r.offset + offset
 
-    def read(self, region: str, offset: int, byte_size: int) -> memoryview:
+    def read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
+        """An input's bytes: a host copy, or for a CUDA region with `device_ok` a pinned CudaSpan."""
+        if region in self.cuda.regions:
+            span = self.cuda.span(region, offset, byte_size)
+            return span if device_ok else self.cuda.to_host(span)
         r, start = self._window(region, offset, byte_size)
         # a copy: the client may rewrite or unregister the region while the request is queued
         return memoryview(bytes(memoryview(r.mapping)[start : start + byte_size]))
 
+    def to_host(self, span: CudaSpan) -> memoryview:
+        return self.cuda.to_host(span)
+
     def write(self, region: str, offset: int, data: Any) -> None:
+        if region in self.cuda.regions:
+            self.cuda.write(region, offset, data)
+            return
+        if isinstance(data, CudaSpan):  # a device input echoed to a host region
+            data = self.cuda.to_host(data)
         view = memoryview(data).cast("B")
         r, start = self._window(region, offset, view.nbytes)
         memoryview(r.mapping)[start : start + view.nbytes] = view
