@@ -88,6 +88,7 @@ class CudaRegions:
     _device: CudaDevice | None = None
     _device_error: str = ""
     _opened: dict[bytes, int] = field(default_factory=dict)  # handle -> regions (live or draining) using it
+    _ptrs: dict[bytes, int] = field(default_factory=dict)  # handle -> its mapping's base pointer
 
     def device(self) -> CudaDevice:
         if self._device is None:
@@ -124,7 +125,7 @@ class CudaRegions:
         handle = bytes(raw_handle)
         opened_here = handle not in self._opened
         try:
-            ptr = device.open(handle, device_id)
+            ptr = device.open(handle, device_id) if opened_here else self._ptrs[handle]
         except CudaDeviceError as exc:
             raise _bad("%s: cannot open the CUDA IPC handle on device %d (%s)" % (TRITON_INVALID, device_id, exc)) \
                 from None
@@ -135,6 +136,7 @@ class CudaRegions:
             raise _bad("failed to register shared memory region '%s': invalid args: byte_size %d exceeds the "
                        "allocation's %d bytes" % (name, byte_size, extent))
         self._opened[handle] = self._opened.get(handle, 0) + 1
+        self._ptrs[handle] = ptr
         self.regions[name] = CudaRegion(name, handle, device_id, byte_size, ptr)
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
@@ -224,6 +226,7 @@ class CudaRegions:
             self._opened[r.handle] = left
             return
         self._opened.pop(r.handle, None)
+        self._ptrs.pop(r.handle, None)
         self._close_handle(r.handle)
 
     def _close_handle(self, handle: bytes) -> None:
