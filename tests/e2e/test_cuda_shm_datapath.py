@@ -8,13 +8,13 @@ answers, and the server keeps serving. The same paths on a real GPU: tests/gpu/t
 from __future__ import annotations
 
 import base64
-import json
 import os
 import stat
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import conftest
@@ -239,7 +239,6 @@ def test_unregister_while_a_request_uses_the_region(http, server, allocs, tmp_pa
     t.start()
     try:
         deadline = 60.0
-        import time
         start = time.monotonic()
         while not marker.exists():  # the request is inside the model
             assert time.monotonic() - start < deadline, "the request never reached the model"

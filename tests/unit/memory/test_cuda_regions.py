@@ -185,4 +185,4 @@ def test_cpu_worker_gets_host_bytes(shm: ClientShm, dev: FakeDevice) -> None:
     packed = InputPacker(pool=None, device=None).pack([_request(shm.read("small", 0, 64, device_ok=True))])
     (ref,) = packed.items[0]["inputs"]
     assert ref.get("loc", "frame") == "frame" and ref["nbytes"] == 64
-    assert 64 < m.INLINE_MAX_BYTES and bytes(packed.frames[ref["frame"]]) == bytes(range(64))
+    assert m.INLINE_MAX_BYTES > 64 and bytes(packed.frames[ref["frame"]]) == bytes(range(64))
