@@ -89,7 +89,7 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
 def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str) -> Optional[tuple[str, str, tuple[int, ...], Any]]:
     """(name, datatype, shape, buffer) of one checked output that may go by columns (numeric, small)."""
     name, datatype = out.name, out.datatype
-    if datatype == "BYTES":
+    if datatype == "BYTES" or type(out.array) is not np.ndarray:  # device outputs go one by one
         return None
     array = check_output(specs.get(name), name, datatype, out.array, model)
     shape, data, nbytes = output_data(datatype, array)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
+import numpy as np
 import zmq
 
 from . import backends, columns, tensors
@@ -43,6 +44,7 @@ from .wire.messages import (
     ReleaseOutputs,
     Shutdown,
     WireError,
+    device_ref_json,
     execute_result_columns_header,
     execute_result_header,
     output_ref_json,
@@ -96,6 +98,10 @@ class Runtime:
         self._log = log or (lambda message: None)
         self._cache = tensors.ShmCache()
         self._out_arena = Arena("o")  # large outputs (worker/arena.py), released by the supervisor
+        # device outputs handed out by CUDA IPC handle, kept alive until the supervisor releases them:
+        # key "<handle hex>:<offset>" -> the arrays (one per hand-out)
+        self._device_exports: dict[str, list[Any]] = {}
+        self._device_lock = threading.Lock()  # decoupled models export from their own threads
         self._backend: Optional[Backend] = None
         self._spec: Optional[ModelSpec] = None
         self._outputs: dict[str, tensors.OutputSpec] = {}
@@ -205,6 +211,7 @@ class Runtime:
             self._channel.send(LoadResult(error=wire_error(exc)))
             return
         self._backend, self._spec = backend, spec
+        self._cache.device_inputs = bool(getattr(backend, "device_inputs", False))
         self._outputs = tensors.output_specs(spec.config)
         self._output_names = list(self._outputs)
         self._reshapes = tensors.input_reshapes(spec.config)
@@ -262,6 +269,8 @@ class Runtime:
                 item.request_id, item.id, inputs, item.requested_outputs, item.parameters,
                 item.correlation_id, item.flags, item.timeout_us, probe,
             )
+            if item.device_outputs:
+                request.device_outputs = True
             entries.append(request)
             runnable.append(request)
         last = message.requests[-1].request_id if message.requests else None
@@ -430,6 +439,30 @@ class Runtime:
 
     def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
         self._out_arena.give_back_names(message.regions)
+        if message.device:
+            with self._device_lock:
+                for key in message.device:
+                    held = self._device_exports.get(key)
+                    if held:
+                        held.pop()
+                        if not held:
+                            del self._device_exports[key]
+
+    def _device_ref(self, name: str, array: Any) -> str:
+        """A device output passed on by CUDA IPC handle (the consumer is another worker). An input
+        that came from another worker's memory goes on under its owner's reference (memory opened by
+        IPC cannot be exported again)."""
+        from . import device
+
+        source = array.ref
+        if source is not None:
+            region, offset, owner = source.region, source.offset, source.owner
+        else:
+            region, offset = device.export(array)
+            owner = self._spec.instance_name if self._spec else ""
+            with self._device_lock:
+                self._device_exports.setdefault(device.ref_key(region, offset), []).append(array)
+        return device_ref_json(name, array.datatype, array.shape, region, offset, array.nbytes, array.device, owner)
 
     def _encode(self, request: Request, result: Response, packer: FramePacker,
                 failed: Optional[list[int]] = None) -> str:
@@ -448,11 +481,26 @@ class Runtime:
                     continue
                 datatype = out.datatype
                 array = _check_output(specs.get(name), name, datatype, out.array, model)
+                if type(array) is not np.ndarray and hasattr(array, "ptr"):  # a device.DeviceArray
+                    outputs.append(self._device_output(request, name, datatype, array))
+                    continue
                 outputs.append((name, datatype) + _output_data(datatype, array))
         except Exception as exc:
             return self._error_item(request.request_id, wire_error(exc), failed, params)
         add = packer.add  # only once every output is checked: a failed request adds no frames
         refs = [self._shm_ref(name, datatype, shape, data, nbytes, add) if nbytes >= OUTPUT_SHM_MIN_BYTES
                 and datatype != "BYTES" else _ref_json(name, datatype, shape, *add(data, nbytes), nbytes)
-                for name, datatype, shape, data, nbytes in outputs]
+                if nbytes >= 0 else data for name, datatype, shape, data, nbytes in outputs]
         return response_item_json(request.request_id, refs, None, params)
+
+    def _device_output(self, request: Request, name: str, datatype: str, array: Any) -> tuple[Any, ...]:
+        """A device output as an `outputs` entry of `_encode`: (name, datatype, shape, ref JSON, -1)
+        when it may stay on the GPU, else the host copy's (name, datatype, shape, buffer, nbytes)."""
+        from .wire.cuda_ipc import CudaIpcError
+
+        if request.device_outputs:
+            try:
+                return name, datatype, array.shape, self._device_ref(name, array), -1
+            except CudaIpcError as exc:  # e.g. memory this process cannot export: copy it out instead
+                self._log("device output '%s' goes through host memory: %s" % (name, exc))
+        return (name, datatype) + _output_data(datatype, array.to_numpy())

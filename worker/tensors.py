@@ -43,6 +43,9 @@ class ShmCache:
 
     def __init__(self, max_regions: int = 64) -> None:
         self._max = max_regions
+        # the backend takes device inputs (FORCE_CPU_ONLY_INPUT_TENSORS "no", a framework on KIND_GPU):
+        # a loc "cuda" input stays on the GPU; otherwise it is copied to the host here
+        self.device_inputs = False
         self._regions: collections.OrderedDict[str, shm.Region] = collections.OrderedDict()
 
     def __len__(self) -> int:
@@ -124,9 +127,12 @@ def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
     raise internal("tensor '%s' has an unknown location '%s'" % (ref.name, loc))
 
 
-def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.ndarray:
-    """The numpy view of one input tensor (see the module docstring)."""
+def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
+    """The numpy view of one input tensor (see the module docstring); a `DeviceArray` for a device
+    input when the backend takes them."""
     name = ref.name
+    if ref.loc == "cuda":
+        return _device_input(ref, cache.device_inputs)
     dt = dtypes.BY_NAME.get(ref.datatype)
     if dt is None:
         raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (ref.datatype, name))
@@ -147,6 +153,19 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> np.nd
             % (name, count * dt.itemsize, list(shape), dt.name, nbytes)
         )
     return np.ndarray(shape, numpy_dtype, buf)  # one call: about half of np.frombuffer + reshape
+
+
+def _device_input(ref: TensorRef, keep_on_device: bool) -> Any:
+    """Another worker's device output: opened in place by its IPC handle (cached per process); the
+    supervisor holds the producer's allocation until this request is answered."""
+    from . import device  # CUDA is touched only when a device tensor arrives
+    from .wire.cuda_ipc import CudaIpcError
+
+    try:
+        array = device.open_ref(ref)
+        return array if keep_on_device else array.to_numpy()
+    except (CudaIpcError, device.DeviceTensorError) as exc:
+        raise internal("device input '%s' (from instance '%s'): %s" % (ref.name, ref.owner, exc)) from None
 
 
 def input_reshapes(config: dict[str, Any]) -> dict[str, tuple[bool, list[int]]]:

@@ -63,7 +63,8 @@ class ModelSpec:
 
 class Tensor:
     """A named tensor: `datatype` is the protocol name ("FP32", "BYTES", "BF16"...); `array` a numpy
-    array (object array of bytes for BYTES, raw uint16 for BF16)."""
+    array (object array of bytes for BYTES, raw uint16 for BF16), or a `device.DeviceArray` for a
+    tensor in GPU memory."""
 
     __slots__ = ("name", "datatype", "array")
 
@@ -76,7 +77,7 @@ class Tensor:
 class Request:
     __slots__ = (
         "request_id", "id", "inputs", "requested_outputs", "parameters", "correlation_id", "flags",
-        "timeout_us", "_cancelled",
+        "timeout_us", "_cancelled", "device_outputs",
     )
 
     def __init__(
@@ -100,6 +101,9 @@ class Request:
         self.flags = flags
         self.timeout_us = timeout_us
         self._cancelled = cancelled
+        # set when the consumer of this request's outputs is another worker (BLS, an ensemble step):
+        # device outputs may then stay on the GPU and go by CUDA IPC handle
+        self.device_outputs = False
 
     def is_cancelled(self) -> bool:
         return bool(self._cancelled and self._cancelled(self.request_id))

@@ -45,10 +45,29 @@ def _type_str(obj: Any) -> str:
     return str(type(obj))
 
 
+def force_cpu_only_inputs(config: dict[str, Any]) -> bool:
+    """The model parameter FORCE_CPU_ONLY_INPUT_TENSORS, as Triton reads it: "yes" (the default)
+    copies every input to the CPU; "no" lets an input that a GPU produced arrive on the GPU.
+    Anything else fails the load."""
+    params = config.get("parameters") or {}
+    entry = params.get("FORCE_CPU_ONLY_INPUT_TENSORS") if isinstance(params, dict) else None
+    if entry is None:
+        return True
+    value = entry.get("string_value", "") if isinstance(entry, dict) else entry
+    text = str(value).strip().lower()
+    if text == "yes":
+        return True
+    if text == "no":
+        return False
+    raise InferdError(ErrorCode.INVALID_ARG,
+                      "Expected either 'no' or 'yes' for 'FORCE_CPU_ONLY_INPUT_TENSORS', found '%s'" % value)
+
+
 class PythonBackend:
     name = "python"
     supports_auto_complete = True
     supports_decoupled = True
+    device_inputs = False  # FORCE_CPU_ONLY_INPUT_TENSORS "no": inputs a GPU produced stay on the GPU
 
     def __init__(self) -> None:
         self._pb = load_pb_utils()
@@ -143,6 +162,7 @@ class PythonBackend:
     def load(self, model: ModelSpec, context: WorkerContext) -> None:
         if model.decoupled and context.emit is None:
             raise InferdError(ErrorCode.UNSUPPORTED, "this worker cannot stream responses of decoupled models")
+        self.device_inputs = not force_cpu_only_inputs(model.config)
         module = self._import_model(model, context.log_verbose)
         self._poll = context.poll
         self._emit = context.emit if model.decoupled else None

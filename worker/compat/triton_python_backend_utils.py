@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 from inferd.worker import custom_metrics as _custom
+from inferd.worker import device as _device
 from inferd.worker.wire import bytes_codec, dtypes
 
 # ---- constants ---------------------------------------------------------------------------------
@@ -169,13 +170,18 @@ class _DLPackCapsule:
 
 
 class Tensor:
-    """`Tensor(name, numpy_array)`: a named tensor held in host memory."""
+    """`Tensor(name, numpy_array)`: a named tensor in host memory, or (from `from_dlpack` with a CUDA
+    tensor, or an input that a GPU produced when FORCE_CPU_ONLY_INPUT_TENSORS is "no") in device
+    memory, held as a `DeviceArray` and never copied to the host by pb_utils."""
 
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
         if not isinstance(name, str):
             raise TypeError("Tensor name must be a str, got %s" % type(name))
+        if not isinstance(numpy_array, np.ndarray) and _device.is_device_object(numpy_array):
+            raise TritonModelException(
+                "Tensor '%s': pb_utils.Tensor takes a numpy array; use Tensor.from_dlpack for a GPU tensor" % name)
         array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         datatype = _datatype_of(array)
         if datatype == "BF16":
@@ -185,7 +191,7 @@ class Tensor:
         self._datatype = datatype
 
     @classmethod
-    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
+    def _wrap(cls, name: str, array: Any, datatype: str) -> Tensor:
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
@@ -196,6 +202,9 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if type(self._array) is _device.DeviceArray:
+            raise TritonModelException(
+                "Tensor '%s' is stored in GPU and cannot be converted to NumPy: use to_dlpack()" % self._name)
         if self._datatype == "BF16":
             raise TritonModelException(
                 "Tensor '%s' has datatype BF16, which numpy cannot represent: use to_dlpack()" % self._name
@@ -209,10 +218,10 @@ class Tensor:
         return dtypes.BY_NAME[self._datatype].config_number
 
     def is_cpu(self) -> bool:
-        return True
+        return type(self._array) is not _device.DeviceArray
 
     def memory_type(self) -> int:
-        return TRITONSERVER_MEMORY_CPU
+        return TRITONSERVER_MEMORY_CPU if self.is_cpu() else TRITONSERVER_MEMORY_GPU
 
     def to_dlpack(self) -> Any:
         return self.__dlpack__()
@@ -220,7 +229,12 @@ class Tensor:
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._datatype == "BYTES":
             raise TritonModelException("DLPack does not support BYTES tensors ('%s')" % self._name)
-        array = self._array
+        array: Any = self._array
+        if type(array) is _device.DeviceArray:
+            try:
+                return array.to_dlpack()
+            except (_device.DeviceTensorError, ImportError) as exc:
+                raise TritonModelException("Tensor '%s': %s" % (self._name, exc)) from None
         if not array.flags.writeable:
             # numpy refuses to export read-only views (inputs are shared, zero-copy): hand out a copy
             array = array.copy()
@@ -230,24 +244,36 @@ class Tensor:
         return capsule
 
     def __dlpack_device__(self) -> tuple:
+        if type(self._array) is _device.DeviceArray:
+            return (_device.KDL_CUDA, self._array.device)
         return (1, 0)  # kDLCPU, device 0
 
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
-        """A Tensor from a DLPack capsule or an object with `__dlpack__` (C-contiguous, host memory).
-        bfloat16 tensors (e.g. torch.bfloat16) become BF16 tensors. Device (GPU) tensors are
-        refused: not supported yet."""
+        """A Tensor from a DLPack capsule or an object with `__dlpack__` (C-contiguous). A CUDA tensor
+        (torch, cupy, any CUDA DLPack producer) stays on its device, shared, not copied; bfloat16
+        tensors (e.g. torch.bfloat16) become BF16 tensors."""
         obj = dlpack_tensor
         if isinstance(obj, Tensor):
             return Tensor._wrap(name, obj._array, obj._datatype)
         if isinstance(obj, np.ndarray):
             return Tensor(name, obj)
+        if _device.is_device_object(obj):
+            try:
+                array = _device.from_object(obj, name)
+            except _device.DeviceTensorError as exc:
+                raise TritonModelException(str(exc)) from None
+            return Tensor._wrap(name, array, array.datatype)
         if hasattr(obj, "__dlpack__"):
             if hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] not in (1, 3):
-                raise _not_supported("Tensor.from_dlpack on a device (GPU) tensor")
+                raise _not_supported("Tensor.from_dlpack on a tensor of DLPack device type %d"
+                                     % obj.__dlpack_device__()[0])
             capsule = obj.__dlpack__()
         else:
             capsule = obj
+        device = _device.capsule_device(capsule)
+        if device is not None and device[0] not in (1, 3):
+            raise _not_supported("Tensor.from_dlpack on a tensor of DLPack device type %d" % device[0])
         bf16 = _relabel_capsule(capsule, _DL_BFLOAT, _DL_UINT)
         from_dlpack = getattr(np, "from_dlpack", None) or vars(np).get("_from_dlpack")
         if from_dlpack is None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
-WIRE_VERSION = 3  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns
+WIRE_VERSION = 4  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
+# 4: TensorRef loc "cuda" (device, owner), RequestItem.device_outputs, ReleaseOutputs.device
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -32,7 +33,10 @@ ZERO_COPY_MIN_BYTES = 64 * 1024
 
 @dataclass
 class TensorRef:
-    """Where a tensor's bytes are: `loc` is "frame" (index into the message frames) or "shm"."""
+    """Where a tensor's bytes are: `loc` is "frame" (index into the message frames), "shm" (POSIX
+    shared memory `region`) or "cuda": device memory on GPU `device`, inside the allocation exported
+    by the cudaIpcMemHandle hex-encoded in `region`, at `offset`, `nbytes` long, kept alive by `owner`
+    (a producer worker's instance name, or "client:<region name>" for a client's CUDA shm region)."""
 
     name: str
     datatype: str
@@ -42,6 +46,8 @@ class TensorRef:
     region: str = ""
     offset: int = 0
     nbytes: int = 0
+    device: int = 0
+    owner: str = ""
 
 
 @dataclass
@@ -62,6 +68,7 @@ class RequestItem:
     correlation_id: Any = 0  # int or str
     flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START=1, _END=2
     timeout_us: int = 0
+    device_outputs: bool = False  # another worker consumes the outputs: device outputs may stay on the GPU
 
 
 @dataclass
@@ -211,9 +218,11 @@ class Cancel:
 
 @dataclass
 class ReleaseOutputs:
-    """Output regions of this worker (TensorRef loc "shm" in results) the supervisor no longer uses."""
+    """Output regions of this worker (TensorRef loc "shm" in results) the supervisor no longer uses,
+    and device outputs (loc "cuda", by key "<region>:<offset>") every holder has released."""
 
     regions: list[str]
+    device: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -595,6 +604,14 @@ def output_shm_ref_json(name: str, datatype: str, shape: Sequence[int], region: 
         _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(region), nbytes)
 
 
+def device_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, offset: int, nbytes: int,
+                    device: int, owner: str) -> str:
+    """A TensorRef for a device output passed on by CUDA IPC handle (loc "cuda")."""
+    return ('{"name":%s,"datatype":%s,"shape":[%s],"loc":"cuda","region":%s,"offset":%d,"nbytes":%d,'
+            '"device":%d,"owner":%s}' % (_json_str(name), _json_str(datatype), ",".join(map(str, shape)),
+                                         _json_str(region), offset, nbytes, device, _json_str(owner)))
+
+
 def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
                        parameters: Optional[dict[str, Any]] = None) -> str:
     """A ResponseItem as compact JSON; `refs` from `output_ref_json`."""
@@ -653,14 +670,16 @@ def _execute_result_json(message: ExecuteResult) -> Optional[str]:
                 return None
             name, datatype, shape, loc, region = ref.name, ref.datatype, ref.shape, ref.loc, ref.region
             frame, offset, nbytes = ref.frame, ref.offset, ref.nbytes
+            device, owner = ref.device, ref.owner
             if not (type(name) is str and type(datatype) is str and type(loc) is str and type(region) is str
                     and type(frame) is int and type(offset) is int and type(nbytes) is int
+                    and type(device) is int and type(owner) is str
                     and type(shape) in (list, tuple) and all(type(s) is int for s in shape)):
                 return None
             refs.append('{"name":%s,"datatype":%s,"shape":[%s],"loc":%s,"frame":%d,"region":%s,'
-                        '"offset":%d,"nbytes":%d}' % (
+                        '"offset":%d,"nbytes":%d,"device":%d,"owner":%s}' % (
                             _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(loc),
-                            frame, _json_str(region), offset, nbytes))
+                            frame, _json_str(region), offset, nbytes, device, _json_str(owner)))
         if error is None:
             error_json = "null"
         elif type(error) is WireError and type(error.code) is int and type(error.message) is str:
