@@ -34,6 +34,15 @@ def _worker_owned(name: str) -> bool:
     return len(tail) > 1 and tail[0].isalpha() and tail[1:].isdigit()
 
 
+def _close_client_handle(hex_handle: str) -> None:
+    from .wire import cuda_ipc  # stdlib only at import; nothing is loaded unless the handle was opened
+
+    try:
+        cuda_ipc.close_handle(bytes.fromhex(hex_handle))
+    except (ValueError, cuda_ipc.CudaIpcError):
+        pass  # not a handle, or already gone: nothing to unmap
+
+
 class ShmCache:
     """Mappings of supervisor-created regions, kept between Executes (LRU, bounded).
 
@@ -78,6 +87,9 @@ class ShmCache:
 
     def forget(self, names: Sequence[str]) -> None:
         for name in names:
+            if name.startswith("cuda:"):  # a client's CUDA shm region was unregistered: unmap its handle
+                _close_client_handle(name[5:])
+                continue
             self._drop(name)
 
     def _drop(self, name: str) -> None:

@@ -33,13 +33,6 @@ def tensor_ref(name: str, datatype: str, shape: Sequence[int], loc: str, frame: 
             "region": region, "offset": offset, "nbytes": nbytes}
 
 
-def cuda_ref(name: str, datatype: str, shape: Sequence[int], span: Any) -> dict[str, Any]:
-    """A TensorRef with loc="cuda": bytes in a CUDA allocation the worker opens by its IPC handle (hex)."""
-    return {"name": name, "datatype": datatype, "shape": list(shape), "loc": "cuda", "frame": -1,
-            "region": span.handle.hex(), "offset": span.offset, "nbytes": span.nbytes, "device": span.device,
-            "owner": span.owner}
-
-
 def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     item = {"request_id": request_id, "id": req.id, "inputs": inputs,
             "requested_outputs": [o.name for o in req.outputs]}

@@ -48,6 +48,13 @@ class Packed:
     columns: dict[str, Any] | None = None  # an ExecuteColumns' fields instead of `items` (codec.execute_columns_header)
 
 
+def _client_cuda_ref(name: str, datatype: str, shape: list[int], span: CudaSpan) -> dict[str, Any]:
+    """A TensorRef loc="cuda" for an input in a client's CUDA region: the worker opens the handle itself."""
+    return {"name": name, "datatype": datatype, "shape": list(shape), "loc": "cuda", "frame": -1,
+            "region": span.handle.hex(), "offset": span.offset, "nbytes": span.nbytes, "device": span.device,
+            "owner": span.owner}
+
+
 def release_leases(leases: list[Any]) -> None:
     for lease in leases:
         lease.release()
@@ -92,7 +99,7 @@ class InputPacker:
                     if type(data) is CudaSpan:  # in a client's CUDA region
                         if self._device is not None:  # a GPU worker opens the handle itself: no host copy
                             self._cuda_seen[data.handle] = data.table
-                            refs.append(codec.cuda_ref(t.name, t.datatype, t.shape, data))
+                            refs.append(_client_cuda_ref(t.name, t.datatype, t.shape, data))
                             continue
                         data = data.to_host()
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
