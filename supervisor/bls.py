@@ -26,6 +26,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from .core.dataplane import DataPlane
 from .core.server import FINAL_FLAG
 from .core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from .memory.device_refs import TABLE, DeviceRef, device_key
 
 log = logging.getLogger("inferd.bls")
 
@@ -77,7 +78,7 @@ class BlsService:
         kind = type(message)
         if kind is m.BlsRequest:
             call_id = message.call_id
-            task = asyncio.get_running_loop().create_task(self._serve(identity, caller, message, data))
+            task = asyncio.get_running_loop().create_task(self._serve(identity, caller, message, data, worker))
             caller.tasks[call_id] = task
             task.add_done_callback(lambda _t: caller.tasks.pop(call_id, None))
         elif kind is m.BlsCancel:
@@ -107,10 +108,11 @@ class BlsService:
             pass  # the caller is gone; _on_gone cleans up
 
     # ---- inference ----
-    async def _serve(self, identity: str, caller: _Caller, msg: m.BlsRequest, data: Sequence[Any]) -> None:
+    async def _serve(self, identity: str, caller: _Caller, msg: m.BlsRequest, data: Sequence[Any],
+                     worker: str = "") -> None:
         caller.waiting += 1
         try:
-            request = self._request(caller, msg, data)
+            request = self._request(caller, msg, data, worker)
             self._check_deadlock(identity, request)
             if msg.decoupled:
                 await self._stream(identity, caller, msg, request)
@@ -157,9 +159,12 @@ class BlsService:
         except asyncio.TimeoutError:
             raise InferdError(ErrorCode.UNAVAILABLE, "Request timeout expired") from None
 
-    def _request(self, caller: _Caller, msg: m.BlsRequest, data: Sequence[Any]) -> InferRequest:
+    def _request(self, caller: _Caller, msg: m.BlsRequest, data: Sequence[Any], worker: str = "") -> InferRequest:
         inputs = []
         for ref in msg.inputs:
+            if ref.loc == "cuda":
+                inputs.append(self._device_input(ref, worker))
+                continue
             if ref.loc == "frame":
                 if not 0 <= ref.frame < len(data):
                     raise InferdError(ErrorCode.INVALID_ARG, "BLS input '%s' refers to a missing frame" % ref.name)
@@ -178,7 +183,25 @@ class BlsService:
             model_name=msg.model_name, model_version=msg.model_version, id=msg.request_id, inputs=inputs,
             outputs=[RequestedOutput(name) for name in msg.requested_outputs],
             parameters=params if isinstance(params, dict) else {}, correlation_id=msg.correlation_id,
-            flags=msg.flags, timeout_us=msg.timeout_us)
+            flags=msg.flags, timeout_us=msg.timeout_us, device_outputs=True)  # the caller opens device outputs
+
+    @staticmethod
+    def _device_input(ref: m.TensorRef, worker: str) -> Tensor:
+        """A BLS input in device memory: the caller's own (it holds it until the call ends; the
+        supervisor only lends the callee a share) or a device tensor it was given (a live share)."""
+        if not (type(ref.region) is str and len(ref.region) == 128 and type(ref.offset) is int and ref.offset >= 0
+                and type(ref.nbytes) is int and ref.nbytes >= 0 and type(ref.device) is int and ref.device >= 0):
+            raise InferdError(ErrorCode.INVALID_ARG, "BLS input '%s' has a bad device reference" % ref.name)
+        key = device_key(ref.region, ref.offset)
+        if ref.owner:
+            share = TABLE.find(ref.owner, key)
+            if share is None:
+                raise InferdError(ErrorCode.UNAVAILABLE, "BLS input '%s' refers to device memory of instance '%s' "
+                                  "that is no longer held" % (ref.name, ref.owner))
+        else:
+            share = TABLE.register(worker, key, "BLS caller %s" % worker, notify=False)
+        return Tensor(ref.name, ref.datatype, list(ref.shape), b"",
+                      device_ref=DeviceRef(share, ref.region, ref.offset, ref.nbytes, ref.device))
 
     def _map(self, caller: _Caller, ref: m.TensorRef) -> memoryview:
         if not shm.valid_name(ref.region):
@@ -216,6 +239,15 @@ class BlsService:
         frames: list[Any] = []
         try:
             for t in item.outputs:
+                if t.device_ref is not None:  # stays on its GPU: the caller opens it by IPC handle
+                    device = t.device_ref
+                    share = device.share.share()  # raises (naming the producer) if its memory is gone
+                    lease_id = next(self._lease_ids)
+                    caller.leases[lease_id] = share
+                    refs.append(m.TensorRef(t.name, t.datatype, list(t.shape), "cuda", -1, device.region,
+                                            device.offset, device.nbytes, device.device, share.label))
+                    leases.append(lease_id)
+                    continue
                 view = t.data if isinstance(t.data, memoryview) else memoryview(t.data)
                 nbytes = view.nbytes
                 if nbytes <= m.INLINE_MAX_BYTES:

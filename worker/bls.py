@@ -58,12 +58,13 @@ def _link_lost(exc: LinkClosed) -> InferdError:
 
 
 class _Call:
-    __slots__ = ("future", "stream", "regions", "done")
+    __slots__ = ("future", "stream", "regions", "device", "done")
 
     def __init__(self, stream: bool) -> None:
         self.future: Optional[concurrent.futures.Future[Any]] = None if stream else concurrent.futures.Future()
         self.stream: Optional[queue.Queue[Any]] = queue.Queue() if stream else None
         self.regions: list[shm.Region] = []
+        self.device: list[Any] = []  # device inputs passed by IPC handle: kept alive until the call ends
         self.done = False
 
 
@@ -92,6 +93,9 @@ class BlsClient:
         self._lock = threading.RLock()
         self._arena = Arena("b", MAX_ARENA_BYTES)
         self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs (under _lock)
+        # device inputs of calls in flight, by (handle, offset): a callee that hands one back (an identity
+        # model) gives this process its own memory, which it cannot open by IPC handle
+        self._own_device: weakref.WeakValueDictionary[tuple[str, int], Any] = weakref.WeakValueDictionary()
         self._local = threading.local()  # per-thread DEALER for synchronous calls (`direct`)
         self._socket_ids = itertools.count(1)
         self._thread_sockets: list[DealerSocket] = []
@@ -114,6 +118,10 @@ class BlsClient:
         frames: list[Any] = []
         try:
             for name, datatype, array in inputs:
+                if type(array) is not np.ndarray and hasattr(array, "ptr"):  # a device.DeviceArray
+                    refs.append(self._device_input(name, array))
+                    call.device.append(array)
+                    continue
                 data = _wire_bytes(datatype, array)
                 if data.nbytes <= INLINE_MAX_BYTES:
                     refs.append(TensorRef(name, datatype, [int(d) for d in array.shape], "frame", len(frames),
@@ -141,6 +149,25 @@ class BlsClient:
         else:
             self._post([encode_header(message), *frames])
         return call_id, call
+
+    def _device_input(self, name: str, array: Any) -> TensorRef:
+        """A device input goes by CUDA IPC handle (the callee opens it in place); this worker keeps the
+        memory until the call ends. Memory it got from another worker goes on under that owner."""
+        from . import device
+        from .wire.cuda_ipc import CudaIpcError
+
+        source = array.ref
+        if source is not None:
+            region, offset, owner = source.region, source.offset, source.owner
+        else:
+            try:
+                region, offset = device.export(array)
+            except CudaIpcError as exc:
+                raise InferdError(ErrorCode.INTERNAL, "BLS input '%s': %s" % (name, exc)) from None
+            owner = ""  # the caller itself: the supervisor knows who that is
+            self._own_device[(region, offset)] = array
+        return TensorRef(name, array.datatype, list(array.shape), "cuda", -1, region, offset, array.nbytes,
+                         array.device, owner)
 
     def wait_direct(self, call_id: int, timeout_s: Optional[float]) -> BlsReply:
         """The reply of a call sent with `direct=True`, read on this thread's socket: no hand-off to
@@ -214,6 +241,7 @@ class BlsClient:
         if call is not None and not call.done:
             call.done = True
             self._arena.give_back(call.regions)
+            call.device.clear()
 
     def close(self) -> None:
         self._closed = True
@@ -309,8 +337,24 @@ class BlsClient:
             outputs.append((ref.name, ref.datatype, self._array(ref, data, lease)))
         return BlsReply(outputs, error, message.parameters or {}, bool(message.final))
 
-    def _array(self, ref: TensorRef, data: Sequence[Any], lease: int) -> np.ndarray:
+    def _array(self, ref: TensorRef, data: Sequence[Any], lease: int) -> Any:
         shape = tuple(int(d) for d in ref.shape)
+        if ref.loc == "cuda":  # a device output: opened in place; the lease returns when the last view goes
+            from . import device
+            from .wire.cuda_ipc import CudaIpcError
+
+            own = self._own_device.get((ref.region, ref.offset))
+            if own is not None and own.nbytes == ref.nbytes:
+                if lease:
+                    self._release_later(lease)
+                return own.reshape(shape)
+            try:
+                return device.open_ref(ref, (lambda: self._release_later(lease)) if lease else None)
+            except (CudaIpcError, device.DeviceTensorError) as exc:
+                if lease:
+                    self._release_later(lease)
+                raise InferdError(ErrorCode.INTERNAL, "BLS output '%s' (device memory of instance '%s'): %s"
+                                  % (ref.name, ref.owner, exc)) from None
         if ref.loc == "frame":
             buf = data[ref.frame].buffer if hasattr(data[ref.frame], "buffer") else memoryview(data[ref.frame])
         else:

@@ -142,7 +142,8 @@ class ServerDataPlane(DataPlane):
         """A hit never reaches the scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
         start = time.monotonic_ns()
         key = request_key(mv.cache_generation, request)
-        if key is None:  # a sequence request
+        if key is None or request.device_outputs or any(t.device_ref is not None for t in request.inputs):
+            # a sequence request, or device tensors (their bytes are not here to key or keep)
             return await mv.scheduler.submit(request)
         response = cache.lookup(key, mv.name, str(mv.version), request.id)
         lookup_ns = time.monotonic_ns() - start

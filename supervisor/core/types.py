@@ -24,6 +24,9 @@ class Tensor:
     # (region, offset) when `data` is a view of a shared-memory region a worker owns (a BLS input):
     # the next worker is handed that region by name instead of a copy
     shm_ref: tuple[str, int] | None = None
+    # a device tensor (memory/device_refs.DeviceRef) that a worker keeps on its GPU: passed to the next
+    # worker by CUDA IPC handle; `data` is then empty (device tensors never reach a frontend)
+    device_ref: Any = None
 
 
 @dataclass(slots=True)
@@ -48,6 +51,9 @@ class InferRequest:
     # decoupled models: where the worker process delivers this request's responses as they come
     # (a core.streaming.ResponseStream); None for one response per request
     response_sink: Any = None
+    # the outputs go to another worker (a BLS caller, a later ensemble step), not to a client: device
+    # outputs may stay on the GPU and travel by CUDA IPC handle
+    device_outputs: bool = False
 
 
 @dataclass(slots=True)

@@ -136,8 +136,9 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         else:
             expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
             data = tensor.data
-            got = (len(data) if type(data) is bytes else data.nbytes if type(data) is CudaSpan
-                   else len(memoryview(data).cast("B")))
+            device = tensor.device_ref  # device memory: its size is what the producer declared
+            got = (device.nbytes if device is not None else len(data) if type(data) is bytes
+                   else data.nbytes if type(data) is CudaSpan else len(memoryview(data).cast("B")))
             if got != expected_bytes:
                 raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
                                   % (name, model, expected_bytes, got))

@@ -212,7 +212,7 @@ class EnsembleScheduler:
             if out is None:
                 raise InferdError(ErrorCode.INTERNAL, "in ensemble '%s', step %d (%s) returned no output '%s'"
                                   % (self.plan.name, step.index, step.model_name, model_output))
-            tensors[tensor_name] = Tensor(tensor_name, out.datatype, out.shape, out.data)
+            tensors[tensor_name] = Tensor(tensor_name, out.datatype, out.shape, out.data, device_ref=out.device_ref)
 
     def _response(self, request: InferRequest, tensors: dict[str, Tensor]) -> InferResponse:
         wanted = [o.name for o in request.outputs] or list(self.plan.outputs)
@@ -226,13 +226,17 @@ class EnsembleScheduler:
         return InferResponse(self.plan.name, self.version, request.id, outputs)
 
     def _step_request(self, request: InferRequest, step: Step, tensors: dict[str, Tensor]) -> InferRequest:
-        inputs = [Tensor(model_input, tensors[name].datatype, tensors[name].shape, tensors[name].data)
+        inputs = [Tensor(model_input, tensors[name].datatype, tensors[name].shape, tensors[name].data,
+                         device_ref=tensors[name].device_ref)
                   for model_input, name in step.input_map.items()]
+        # a step's device outputs may stay on the GPU (for the next step's worker, by CUDA IPC handle)
+        # unless one of them is an output of the ensemble going to a client: those leave as host bytes
+        internal = request.device_outputs or not any(t in self.plan.outputs for t in step.output_map.values())
         return InferRequest(
             model_name=step.model_name, model_version=step.version_str, id=request.id, inputs=inputs,
             outputs=[RequestedOutput(name) for name in step.output_map],
             parameters=request.parameters, correlation_id=request.correlation_id, flags=request.flags,
-            priority=request.priority, timeout_us=request.timeout_us)
+            priority=request.priority, timeout_us=request.timeout_us, device_outputs=internal)
 
     def _batch_items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:

@@ -25,12 +25,16 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
 def tensor_ref(name: str, datatype: str, shape: Sequence[int], loc: str, frame: int, region: str,
-               offset: int, nbytes: int) -> dict[str, Any]:
+               offset: int, nbytes: int, device: int = 0, owner: str = "") -> dict[str, Any]:
     if loc == "frame":  # loc "frame" and region "" are TensorRef's defaults: left out, less for the worker to parse
         return {"name": name, "datatype": datatype, "shape": list(shape), "frame": frame, "offset": offset,
                 "nbytes": nbytes}
-    return {"name": name, "datatype": datatype, "shape": list(shape), "loc": loc, "frame": frame,
-            "region": region, "offset": offset, "nbytes": nbytes}
+    ref = {"name": name, "datatype": datatype, "shape": list(shape), "loc": loc, "frame": frame,
+           "region": region, "offset": offset, "nbytes": nbytes}
+    if loc == "cuda":  # device and owner matter only for device memory (defaults 0 and "" otherwise)
+        ref["device"] = device
+        ref["owner"] = owner
+    return ref
 
 
 def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -46,6 +50,8 @@ def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]
         item["flags"] = req.flags
     if req.timeout_us:
         item["timeout_us"] = req.timeout_us
+    if req.device_outputs:
+        item["device_outputs"] = True
     return item
 
 
@@ -107,6 +113,23 @@ def shm_output(name: str, datatype: str, shape: list[int], region: Any, offset: 
     return Tensor(name, datatype, shape, outputs.view(region, offset, nbytes), shm_ref=(region, offset))
 
 
+def device_output(req: InferRequest, ref: m.TensorRef, outputs: Any) -> Tensor:
+    """A device output kept on the worker's GPU, as a Tensor holding a share of it (no bytes here)."""
+    if outputs is None:
+        raise ValueError(f"output '{ref.name}' has a bad reference")
+    return Tensor(ref.name, ref.datatype, list(ref.shape), b"", device_ref=outputs.device(ref.name, ref, req.inputs))
+
+
+def _dead_device_input(req: InferRequest) -> InferdError | None:
+    for t in req.inputs:
+        if t.device_ref is not None and not t.device_ref.share.alive:
+            try:
+                t.device_ref.share.check()
+            except InferdError as exc:
+                return exc
+    return None
+
+
 def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict[str, Any], data: Sequence[Any],
                  version: str, outputs_in_shm: Any = None) -> BatchResult:
     """An ExecuteResult header (as `parse` returns it) and its data frames as core responses; output
@@ -137,10 +160,17 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: dict
                 outputs.append(shm_output(name, ref["datatype"], ref["shape"], ref.get("region"),
                                           ref.get("offset", 0), ref.get("nbytes", 0), outputs_in_shm))
                 continue
+            if loc == "cuda":
+                outputs.append(device_output(req, m.TensorRef(**ref), outputs_in_shm))
+                continue
             if loc != "frame":
                 raise ValueError(f"output '{name}' has a bad reference")
             buf = output_buffer(name, ref.get("frame", -1), ref.get("offset", 0), ref.get("nbytes", 0), buffers)
             outputs.append(Tensor(name, ref["datatype"], ref["shape"], buf))
+        gone = _dead_device_input(req)
+        if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
+            out.append(gone)  # (its own device outputs are released as `outputs` is dropped)
+            continue
         out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs,
                                  item.get("parameters") or {}))
     return BatchResult(out, int(msg.get("compute_input_ns", 0)), int(msg.get("compute_infer_ns", 0)),
@@ -198,9 +228,15 @@ def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any
             outputs.append(shm_output(ref.name, ref.datatype, list(ref.shape), ref.region, ref.offset, ref.nbytes,
                                       outputs_in_shm))
             continue
+        if ref.loc == "cuda":
+            outputs.append(device_output(req, ref, outputs_in_shm))
+            continue
         if ref.loc != "frame":
             raise ValueError(f"output '{ref.name}' has a bad reference")
         buf = output_buffer(ref.name, ref.frame, ref.offset, ref.nbytes, buffers)
         outputs.append(Tensor(ref.name, ref.datatype, list(ref.shape), buf))
+    gone = _dead_device_input(req)
+    if gone is not None:
+        return gone
     params = item.parameters if isinstance(item.parameters, dict) else {}
     return InferResponse(req.model_name, version or req.model_version, req.id, outputs, dict(params))

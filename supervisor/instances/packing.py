@@ -48,13 +48,6 @@ class Packed:
     columns: dict[str, Any] | None = None  # an ExecuteColumns' fields instead of `items` (codec.execute_columns_header)
 
 
-def _client_cuda_ref(name: str, datatype: str, shape: list[int], span: CudaSpan) -> dict[str, Any]:
-    """A TensorRef loc="cuda" for an input in a client's CUDA region: the worker opens the handle itself."""
-    return {"name": name, "datatype": datatype, "shape": list(shape), "loc": "cuda", "frame": -1,
-            "region": span.handle.hex(), "offset": span.offset, "nbytes": span.nbytes, "device": span.device,
-            "owner": span.owner}
-
-
 def release_leases(leases: list[Any]) -> None:
     for lease in leases:
         lease.release()
@@ -95,11 +88,19 @@ class InputPacker:
                 else:
                     req_leases = out.leases
                 for t in req.inputs:
+                    device = t.device_ref
+                    if device is not None:  # stays on its GPU: the worker opens it by IPC handle
+                        device.share.check()
+                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, device.region,
+                                                     device.offset, device.nbytes, device.device,
+                                                     device.share.label))
+                        continue
                     data = t.data
                     if type(data) is CudaSpan:  # in a client's CUDA region
                         if self._device is not None:  # a GPU worker opens the handle itself: no host copy
                             self._cuda_seen[data.handle] = data.table
-                            refs.append(_client_cuda_ref(t.name, t.datatype, t.shape, data))
+                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, data.handle.hex(),
+                                                         data.offset, data.nbytes, data.device, data.owner))
                             continue
                         data = data.to_host()
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
@@ -165,7 +166,8 @@ class InputPacker:
         layout = []
         for t in first.inputs:
             dt = BY_NAME.get(t.datatype)
-            if dt is None or dt.itemsize == 0 or t.shm_ref is not None or type(t.data) is CudaSpan:
+            if (dt is None or dt.itemsize == 0 or t.shm_ref is not None or t.device_ref is not None
+                    or type(t.data) is CudaSpan):
                 return None
             nbytes = element_count(t.shape) * dt.itemsize
             if nbytes >= m.ZERO_COPY_MIN_BYTES:
@@ -175,7 +177,7 @@ class InputPacker:
         columns: list[list[Any]] = [[] for _ in layout]
         ids = []
         for req in requests:
-            if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us
+            if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us or req.device_outputs
                     or not (type(req.correlation_id) is int and req.correlation_id == 0)
                     or len(req.inputs) != len(layout) or len(req.outputs) != len(wanted)):
                 return None

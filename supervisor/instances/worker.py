@@ -132,7 +132,8 @@ class WorkerProcess:
         self._batch_ids = itertools.count(1)
         self._packer = InputPacker(pool, device)
         # large outputs the worker wrote into its own regions; their names go back once collected
-        self._outputs = WorkerOutputs(lambda names: self._send_quiet(m.ReleaseOutputs(names)))
+        self._outputs = WorkerOutputs(lambda names: self._send_quiet(m.ReleaseOutputs(names)), self.identity, name,
+                                      lambda keys: self._send_quiet(m.ReleaseOutputs([], keys)))
         self._hb_frames = m.encode(m.Heartbeat(0))
         self._log = logging.getLogger(f"inferd.worker.{name}")
 

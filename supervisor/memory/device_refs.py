@@ -29,11 +29,13 @@ class DeviceAllocator(Protocol):
 
 
 class _Allocation:
-    __slots__ = ("owner", "key", "count", "dead")
+    __slots__ = ("owner", "key", "label", "notify", "count", "dead")
 
-    def __init__(self, owner: str, key: str) -> None:
-        self.owner = owner
+    def __init__(self, owner: str, key: str, label: str, notify: bool) -> None:
+        self.owner = owner  # the producer process (the supervisor's worker identity)
         self.key = key
+        self.label = label or owner  # how errors name the producer (its instance name)
+        self.notify = notify  # tell the producer when the last share goes (False: it keeps the memory anyway)
         self.count = 0
         self.dead = False
 
@@ -58,6 +60,10 @@ class DeviceShare:
         return self._alloc.key
 
     @property
+    def label(self) -> str:
+        return self._alloc.label
+
+    @property
     def alive(self) -> bool:
         return not self._alloc.dead
 
@@ -65,7 +71,7 @@ class DeviceShare:
         """InferdError (UNAVAILABLE) naming the producer when its memory is gone."""
         if self._alloc.dead:
             raise InferdError(ErrorCode.UNAVAILABLE,
-                              "device tensor memory of instance '%s' is gone: the instance died" % self._alloc.owner)
+                              "device tensor memory of instance '%s' is gone: the instance died" % self._alloc.label)
 
     def share(self) -> DeviceShare:
         """Another share of the same allocation (a new holder)."""
@@ -84,13 +90,27 @@ class DeviceRefs:
         self._allocs: dict[tuple[str, str], _Allocation] = {}
         self._lock = threading.Lock()
 
-    def register(self, owner: str, key: str) -> DeviceShare:
-        """A producer's new output (or another reference to one it already shares): the first share."""
+    def register(self, owner: str, key: str, label: str = "", notify: bool = True) -> DeviceShare:
+        """A producer's new output (or another reference to one it already shares): the first share.
+        `notify` False: the producer keeps the memory for its own reasons (a BLS caller's input, held
+        for the call) and is not told when the shares are gone."""
         with self._lock:
             alloc = self._allocs.get((owner, key))
             if alloc is None:
-                alloc = self._allocs[(owner, key)] = _Allocation(owner, key)
+                alloc = self._allocs[(owner, key)] = _Allocation(owner, key, label, notify)
             alloc.count += 1
+        return DeviceShare(self, alloc)
+
+    def find(self, owner_label: str, key: str) -> DeviceShare | None:
+        """A new share of a live allocation known by its producer's label and key (a consumer handing
+        back memory it was given), or None."""
+        with self._lock:
+            for alloc in self._allocs.values():
+                if alloc.key == key and alloc.label == owner_label and not alloc.dead:
+                    alloc.count += 1
+                    break
+            else:
+                return None
         return DeviceShare(self, alloc)
 
     def _new_share(self, alloc: _Allocation) -> DeviceShare:
@@ -104,7 +124,7 @@ class DeviceRefs:
             alloc.count -= 1
             if alloc.count <= 0 and self._allocs.get((alloc.owner, alloc.key)) is alloc:
                 del self._allocs[(alloc.owner, alloc.key)]
-                free = not alloc.dead
+                free = alloc.notify and not alloc.dead
         if free:
             self._allocator.free(alloc.owner, alloc.key)
 
@@ -129,6 +149,27 @@ class DeviceRefs:
             return alloc.count if alloc is not None else 0
 
 
+class DeviceRef:
+    """Where a device tensor the supervisor passes on lives, and the share that keeps it there."""
+
+    __slots__ = ("share", "region", "offset", "nbytes", "device")
+
+    def __init__(self, share: DeviceShare, region: str, offset: int, nbytes: int, device: int) -> None:
+        self.share = share
+        self.region = region  # the hex cudaIpcMemHandle
+        self.offset = offset
+        self.nbytes = nbytes
+        self.device = device
+
+    def key(self) -> str:
+        return device_key(self.region, self.offset)
+
+
+def device_key(region: str, offset: int) -> str:
+    """The producer's name for one handed-out tensor (worker/device.py `ref_key`)."""
+    return "%s:%d" % (region, offset)
+
+
 class WorkerAllocator:
     """The real allocator: each producer worker registers how to send it a release."""
 
@@ -141,7 +182,14 @@ class WorkerAllocator:
     def detach(self, owner: str) -> None:
         self._senders.pop(owner, None)
 
+
     def free(self, owner: str, key: str) -> None:
         send = self._senders.get(owner)
         if send is not None:
             send([key])
+
+
+# The server's one table (a supervisor process serves one repository): workers attach to ALLOCATOR as
+# they start and are declared dead in TABLE when they exit.
+ALLOCATOR = WorkerAllocator()
+TABLE = DeviceRefs(ALLOCATOR)

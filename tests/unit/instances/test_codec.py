@@ -16,17 +16,17 @@ def Frame(data: bytes) -> memoryview:  # noqa: N802 - frames arrive from the cha
 
 def test_execute_header_matches_wire_encoding():
     req = InferRequest("m", id="abc", outputs=[RequestedOutput("OUT")], parameters={"p": 1},
-                       correlation_id="seq-1", flags=3, timeout_us=5)
+                       correlation_id="seq-1", flags=3, timeout_us=5, device_outputs=True)
     refs = [codec.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
-            codec.tensor_ref("BIG", "INT8", [1 << 20], "shm", -1, "inferd_1_0", 0, 1 << 20)]
+            codec.tensor_ref("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")]
     fast = codec.execute_header(7, [codec.request_item(11, req, refs)], ["inferd_1_9"])
     typed = m.Execute(7, [m.RequestItem(
         11, "abc",
         [m.TensorRef("IN", "FP32", [2], "frame", 0, "", 0, 8),
-         m.TensorRef("BIG", "INT8", [1 << 20], "shm", -1, "inferd_1_0", 0, 1 << 20)],
-        ["OUT"], json.dumps({"p": 1}), "seq-1", 3, 5)], ["inferd_1_9"])
+         m.TensorRef("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")],
+        ["OUT"], json.dumps({"p": 1}), "seq-1", 3, 5, True)], ["inferd_1_9"])
     generic = json.loads(m.encode(typed)[0])
-    for key in ("loc", "region"):  # a frame reference leaves its defaults out
+    for key in ("loc", "region", "device", "owner"):  # a frame reference leaves its defaults out
         del generic["requests"][0]["inputs"][0][key]
     assert json.loads(fast) == generic
     decoded, _ = m.decode([Frame(fast)])
