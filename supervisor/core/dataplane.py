@@ -120,6 +120,11 @@ class DataPlane(abc.ABC):
     # True where the cuda_shared_memory extension works (a CUDA runtime, >= 1 GPU, client shm allowed)
     cuda_shm_available: bool = False
 
+    def shm_is_cuda(self, region: str) -> bool:
+        """Whether `region` is a registered CUDA region: a request whose every output goes to one asks
+        its model for device outputs (InferRequest.device_outputs), copied device to device there."""
+        return False
+
     @abc.abstractmethod
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         """Write an output into a registered region (outputs with shared_memory_region)."""

@@ -321,6 +321,9 @@ class ServerDataPlane(DataPlane):
             return
         self.shm.unregister(kind, name)
 
+    def shm_is_cuda(self, region: str) -> bool:
+        return self.shm is not None and region in self.shm.cuda.regions
+
     def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
         return self._client_shm().read(region, offset, byte_size, device_ok)
 

@@ -332,6 +332,8 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
                 else:
                     out.parameters[k] = param_value(p, k)
         req.outputs.append(out)
+    if shm_out and len(shm_out) == len(req.outputs) and all(dataplane.shm_is_cuda(r) for r, _, _ in shm_out.values()):
+        req.device_outputs = True  # every output goes to a CUDA region: a GPU model's go device to device
     return req, shm_out
 
 

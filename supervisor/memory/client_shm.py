@@ -136,6 +136,10 @@ class ClientShm:
             return
         if isinstance(data, CudaSpan):  # a device input echoed to a host region
             data = self.cuda.to_host(data)
+        elif hasattr(data, "share"):  # a device output for a CUDA region unregistered since
+            if region in self.system:
+                raise _bad("shared memory region '%s' is no longer a CUDA shared memory region" % region)
+            raise _bad("Unable to find shared memory region: '%s'" % region)
         view = memoryview(data).cast("B")
         r, start = self._window(region, offset, view.nbytes)
         memoryview(r.mapping)[start : start + view.nbytes] = view

@@ -194,25 +194,38 @@ class CudaRegions:
         return memoryview(out)
 
     def write(self, name: str, offset: int, data: Any) -> None:
-        """An output into region `name`: from host bytes, or device to device from a CudaSpan (or any
-        object with the same handle/device/offset/nbytes fields, such as a worker's device output)."""
+        """An output into region `name`: from host bytes, device to device from a CudaSpan, or device to
+        device from a worker's device output (memory.device_refs.DeviceRef: hex handle in `region`)."""
         device = self.device()
-        if hasattr(data, "handle") and hasattr(data, "device"):
-            nbytes = int(data.nbytes)
-            r = self.window(name, offset, nbytes)
-            try:
-                src = (data.ptr if isinstance(data, CudaSpan) else device.open(bytes(data.handle), int(data.device))
-                       + int(data.offset))
-                device.copy(r.ptr + offset, src, nbytes, r.device_id)
-            except CudaDeviceError as exc:
-                raise _bad("cannot write CUDA shared memory region '%s': %s" % (name, exc)) from None
-            return
-        view = memoryview(data).cast("B")
-        r = self.window(name, offset, view.nbytes)
+        if isinstance(data, CudaSpan):
+            r = self.window(name, offset, data.nbytes)
+            self._copy(name, lambda: device.copy(r.ptr + offset, data.ptr, data.nbytes, r.device_id))
+        elif hasattr(data, "share") and hasattr(data, "region"):
+            data.share.check()  # the producer is alive: its allocation is still there
+            r = self.window(name, offset, int(data.nbytes))
+            self._copy(name, lambda: self._copy_from_producer(device, r.ptr + offset, data, r.device_id))
+        else:
+            view = memoryview(data).cast("B")
+            r = self.window(name, offset, view.nbytes)
+            self._copy(name, lambda: device.from_host(r.ptr + offset, view, r.device_id))
+
+    @staticmethod
+    def _copy(name: str, fn: Callable[[], None]) -> None:
         try:
-            device.from_host(r.ptr + offset, view, r.device_id)
+            fn()
         except CudaDeviceError as exc:
             raise _bad("cannot write CUDA shared memory region '%s': %s" % (name, exc)) from None
+
+    @staticmethod
+    def _copy_from_producer(device: CudaDevice, dst: int, ref: Any, dst_device: int) -> None:
+        # the producer worker's pool segment, mapped here only for this copy: a mapping kept open would
+        # keep a dead worker's GPU memory alive
+        handle = bytes.fromhex(ref.region)
+        base = device.open(handle, int(ref.device))
+        try:
+            device.copy(dst, base + int(ref.offset), int(ref.nbytes), dst_device)
+        finally:
+            device.close(handle)
 
     # ---- internals ----
     def _unpin(self, r: CudaRegion) -> None:

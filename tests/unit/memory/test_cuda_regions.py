@@ -186,3 +186,46 @@ def test_cpu_worker_gets_host_bytes(shm: ClientShm, dev: FakeDevice) -> None:
     (ref,) = packed.items[0]["inputs"]
     assert ref.get("loc", "frame") == "frame" and ref["nbytes"] == 64
     assert m.INLINE_MAX_BYTES > 64 and bytes(packed.frames[ref["frame"]]) == bytes(range(64))
+
+
+class _Allocator:
+    def __init__(self) -> None:
+        self.freed: list[tuple[str, str]] = []
+
+    def free(self, owner: str, key: str) -> None:
+        self.freed.append((owner, key))
+
+
+def test_a_workers_device_output_is_copied_device_to_device(shm: ClientShm, dev: FakeDevice) -> None:
+    from inferd.supervisor.memory.device_refs import DeviceRef, DeviceRefs
+
+    client = dev.allocate(64)
+    producer = dev.allocate(4096)  # a GPU worker's pool segment
+    dev.memory(producer)[1000:1016] = b"device-output-16"
+    shm.register("cuda", "out", raw_handle=client, device_id=0, byte_size=64)
+    table = DeviceRefs(_Allocator())
+    ref = DeviceRef(table.register("ident_gpu_0", "k", label="ident_gpu_0"), producer.hex(), 1000, 16, 0)
+    shm.write("out", 8, ref)
+    assert dev.memory(client)[8:24] == b"device-output-16"
+    assert producer not in dev.opened and producer in dev.closed, "the producer's segment is mapped only to copy"
+    assert _error(shm.write, "out", 56, ref).message == "Invalid offset + byte size for shared memory region: 'out'"
+
+
+def test_an_output_from_a_dead_producer_is_an_error(shm: ClientShm, dev: FakeDevice) -> None:
+    from inferd.supervisor.memory.device_refs import DeviceRef, DeviceRefs
+
+    client = dev.allocate(64)
+    shm.register("cuda", "out", raw_handle=client, device_id=0, byte_size=64)
+    table = DeviceRefs(_Allocator())
+    ref = DeviceRef(table.register("w", "k", label="ident_gpu_0"), dev.allocate(64).hex(), 0, 16, 0)
+    table.producer_died("w")
+    err = _error(shm.write, "out", 0, ref)
+    assert err.code == ErrorCode.UNAVAILABLE and "'ident_gpu_0'" in err.message
+
+
+def test_a_device_output_for_a_region_gone_meanwhile_is_a_clear_error(shm: ClientShm, dev: FakeDevice) -> None:
+    from inferd.supervisor.memory.device_refs import DeviceRef, DeviceRefs
+
+    ref = DeviceRef(DeviceRefs(_Allocator()).register("w", "k"), dev.allocate(64).hex(), 0, 16, 0)
+    err = _error(shm.write, "out", 0, ref)
+    assert (err.code, err.message) == (ErrorCode.INVALID_ARG, "Unable to find shared memory region: 'out'")
