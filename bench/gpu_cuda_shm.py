@@ -102,15 +102,15 @@ def run(args: argparse.Namespace, http: int, grpc: int) -> list[dict[str, Any]]:
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     nbytes = x.nbytes
     c_in = cudashm.create_shared_memory_region("bench_c_in", nbytes, 0)
-    c_out = cudashm.create_shared_memory_region("bench_c_out", nbytes, 0)
+    c_out = cudashm.create_shared_memory_region("bench_c_out", nbytes + 64, 0)
     cudashm.set_shared_memory_region(c_in, [x])
     s_in = sysshm.create_shared_memory_region("bench_s_in", "/inferd_bench_s_in", nbytes)
-    s_out = sysshm.create_shared_memory_region("bench_s_out", "/inferd_bench_s_out", nbytes)
+    s_out = sysshm.create_shared_memory_region("bench_s_out", "/inferd_bench_s_out", nbytes + 64)
     sysshm.set_shared_memory_region(s_in, [x])
     client.register_cuda_shared_memory("c_in", cudashm.get_raw_handle(c_in), 0, nbytes)
-    client.register_cuda_shared_memory("c_out", cudashm.get_raw_handle(c_out), 0, nbytes)
+    client.register_cuda_shared_memory("c_out", cudashm.get_raw_handle(c_out), 0, nbytes + 64)
     client.register_system_shared_memory("s_in", "/inferd_bench_s_in", nbytes)
-    client.register_system_shared_memory("s_out", "/inferd_bench_s_out", nbytes)
+    client.register_system_shared_memory("s_out", "/inferd_bench_s_out", nbytes + 64)
 
     def request(way: str, roundtrip: bool) -> tuple[list[Any], list[Any]]:
         inp = mod.InferInput("INPUT0", [n], "FP32")
@@ -119,24 +119,34 @@ def run(args: argparse.Namespace, http: int, grpc: int) -> list[dict[str, Any]]:
         else:
             inp.set_shared_memory("c_in" if way == "cuda shm" else "s_in", nbytes)
         kw = {} if args.protocol == "grpc" else {"binary_data": True}
-        outs = [mod.InferRequestedOutput("NBYTES"), mod.InferRequestedOutput("ON_GPU")]
-        if roundtrip:
-            out = mod.InferRequestedOutput("OUTPUT0", **kw)
-            if way != "body":
-                out.set_shared_memory("c_out" if way == "cuda shm" else "s_out", nbytes)
-            outs.append(out)
+        names = ["NBYTES", "ON_GPU"] + (["OUTPUT0"] if roundtrip else [])
+        outs = [mod.InferRequestedOutput(name, **kw) for name in names]
+        if roundtrip and way != "body":
+            # every output in the region (then a GPU model's output goes device to device for cuda shm)
+            region = "c_out" if way == "cuda shm" else "s_out"
+            for out, (offset, size) in zip(outs, [(nbytes, 8), (nbytes + 8, 1), (0, nbytes)]):
+                out.set_shared_memory(region, size, offset)
         return [inp], outs
+
+    def probe(way: str) -> bool:
+        """The model got the input on the GPU (and saw all of it)."""
+        inputs, _ = request(way, False)
+        first = client.infer("ident_gpu", inputs, outputs=[mod.InferRequestedOutput("NBYTES"),
+                                                           mod.InferRequestedOutput("ON_GPU")])
+        assert int(first.as_numpy("NBYTES")[0]) == nbytes
+        return bool(first.as_numpy("ON_GPU")[0])
 
     rows = []
     try:
         for shape in ("input", "roundtrip"):
             for way in ("cuda shm", "system shm", "body"):
+                on_gpu = probe(way)
                 inputs, outputs = request(way, shape == "roundtrip")
-                first = client.infer("ident_gpu", inputs, outputs=outputs)
-                assert int(first.as_numpy("NBYTES")[0]) == nbytes
-                on_gpu = bool(first.as_numpy("ON_GPU")[0])
-                for _ in range(2):
+                for _ in range(3):
                     client.infer("ident_gpu", inputs, outputs=outputs)
+                if shape == "roundtrip" and way == "cuda shm":
+                    got = cudashm.get_contents_as_numpy(c_out, np.float32, [n])
+                    assert np.array_equal(got, x), "the identity output in the CUDA region differs"
                 samples = []
                 for _ in range(args.n):
                     t = time.perf_counter()

@@ -99,22 +99,35 @@ def test_advertised(server) -> None:
         client.close()
 
 
+def _flag(cudashm, handle) -> bool:
+    return bool(cudashm.get_contents_as_numpy(handle, np.bool_, [1])[0])
+
+
+# every output goes to a CUDA region: the GPU model's OUTPUT0 is copied device to device into it, ON_GPU
+# (a host array) host to device; the CPU model's outputs both host to device
 @pytest.mark.parametrize("model, on_gpu", [("ident_gpu", True), ("ident_cpu", False)])
 def test_http_64mib_through_cuda_shm(server, regions, model, on_gpu) -> None:
     import tritonclient.http as httpclient
 
     cudashm = _cudashm()
     x = np.random.default_rng(0).standard_normal(N).astype(np.float32)
-    h_in, h_out = regions("h_in", x.nbytes), regions("h_out", x.nbytes)
+    h_in, h_out, h_flag = regions("h_in", x.nbytes), regions("h_out", x.nbytes), regions("h_flag", 64)
     cudashm.set_shared_memory_region(h_in, [x])
     client = server.http_client(network_timeout=120)
     try:
         client.register_cuda_shared_memory("h_in", cudashm.get_raw_handle(h_in), 0, x.nbytes)
         client.register_cuda_shared_memory("h_out", cudashm.get_raw_handle(h_out), 0, x.nbytes)
+        client.register_cuda_shared_memory("h_flag", cudashm.get_raw_handle(h_flag), 0, 64)
         inp = httpclient.InferInput("INPUT0", [N], "FP32")
         inp.set_shared_memory("h_in", x.nbytes)
         out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
         out.set_shared_memory("h_out", x.nbytes)
+        flag = httpclient.InferRequestedOutput("ON_GPU", binary_data=True)
+        flag.set_shared_memory("h_flag", 1)
+        client.infer(model, [inp], outputs=[out, flag])
+        assert _flag(cudashm, h_flag) is on_gpu
+        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(h_out, np.float32, [N]), x)
+        # an output outside CUDA memory too: all outputs come back through the host
         result = client.infer(model, [inp], outputs=[out, httpclient.InferRequestedOutput("ON_GPU")])
         assert bool(result.as_numpy("ON_GPU")[0]) is on_gpu
         np.testing.assert_array_equal(cudashm.get_contents_as_numpy(h_out, np.float32, [N]), x)
@@ -129,20 +142,22 @@ def test_grpc_64mib_through_cuda_shm(server, regions, model, on_gpu) -> None:
 
     cudashm = _cudashm()
     x = np.random.default_rng(1).standard_normal(N).astype(np.float32)
-    h_in, h_out = regions("g_in", x.nbytes), regions("g_out", x.nbytes)
+    h_in, h_out, h_flag = regions("g_in", x.nbytes), regions("g_out", x.nbytes), regions("g_flag", 64)
     cudashm.set_shared_memory_region(h_in, [x])
     client = server.grpc_client()
     try:
         client.register_cuda_shared_memory("g_in", cudashm.get_raw_handle(h_in), 0, x.nbytes)
         client.register_cuda_shared_memory("g_out", cudashm.get_raw_handle(h_out), 0, x.nbytes)
-        assert set(client.get_cuda_shared_memory_status().regions) == {"g_in", "g_out"}
+        client.register_cuda_shared_memory("g_flag", cudashm.get_raw_handle(h_flag), 0, 64)
+        assert set(client.get_cuda_shared_memory_status().regions) == {"g_in", "g_out", "g_flag"}
         inp = grpcclient.InferInput("INPUT0", [N], "FP32")
         inp.set_shared_memory("g_in", x.nbytes)
         out = grpcclient.InferRequestedOutput("OUTPUT0")
         out.set_shared_memory("g_out", x.nbytes)
-        result = client.infer(model, [inp], outputs=[out, grpcclient.InferRequestedOutput("ON_GPU")],
-                              client_timeout=120)
-        assert bool(result.as_numpy("ON_GPU")[0]) is on_gpu
+        flag = grpcclient.InferRequestedOutput("ON_GPU")
+        flag.set_shared_memory("g_flag", 1)
+        client.infer(model, [inp], outputs=[out, flag], client_timeout=120)
+        assert _flag(cudashm, h_flag) is on_gpu
         np.testing.assert_array_equal(cudashm.get_contents_as_numpy(h_out, np.float32, [N]), x)
     finally:
         client.unregister_cuda_shared_memory()
