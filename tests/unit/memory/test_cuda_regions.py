@@ -229,3 +229,20 @@ def test_a_device_output_for_a_region_gone_meanwhile_is_a_clear_error(shm: Clien
     ref = DeviceRef(DeviceRefs(_Allocator()).register("w", "k"), dev.allocate(64).hex(), 0, 16, 0)
     err = _error(shm.write, "out", 0, ref)
     assert (err.code, err.message) == (ErrorCode.INVALID_ARG, "Unable to find shared memory region: 'out'")
+
+
+def test_which_models_take_client_inputs_on_the_device() -> None:
+    from inferd.supervisor.core.models import ModelVersion
+
+    def mv(**cfg) -> ModelVersion:
+        return ModelVersion("m", 1, cfg, "", None, [], None, None)  # type: ignore[arg-type]
+
+    gpu = [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}]
+    assert mv(instance_group=gpu).device_inputs
+    assert not mv(instance_group=[{"kind": "KIND_CPU", "count": 1}]).device_inputs
+    assert not mv(instance_group=gpu, sequence_batching={}).device_inputs
+    cached = mv(instance_group=gpu)
+    cached.cache_generation = 3
+    assert not cached.device_inputs
+    shaped = mv(instance_group=gpu, input=[{"name": "S", "is_shape_tensor": True}, {"name": "X"}])
+    assert shaped.device_inputs and shaped.host_only_inputs == frozenset({"S"})
