@@ -97,7 +97,7 @@ class InputPacker:
                         continue
                     data = t.data
                     if type(data) is CudaSpan:  # in a client's CUDA region
-                        if self._device is not None:  # a GPU worker opens the handle itself: no host copy
+                        if self._device == data.device:  # a worker on that GPU opens the handle: no host copy
                             self._cuda_seen[data.handle] = data.table
                             refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, data.handle.hex(),
                                                          data.offset, data.nbytes, data.device, data.owner))

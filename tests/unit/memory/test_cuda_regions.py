@@ -178,11 +178,12 @@ def test_gpu_worker_gets_a_cuda_ref_and_later_forgets_the_handle(shm: ClientShm,
     assert packer.pack([InferRequest("m")]).forget == []
 
 
-def test_cpu_worker_gets_host_bytes(shm: ClientShm, dev: FakeDevice) -> None:
+@pytest.mark.parametrize("worker_device", [None, 1])  # a CPU instance, an instance on another GPU
+def test_other_workers_get_host_bytes(shm: ClientShm, dev: FakeDevice, worker_device: int | None) -> None:
     h = dev.allocate(64)
     shm.register("cuda", "small", raw_handle=h, device_id=0, byte_size=64)
     dev.memory(h)[:] = bytes(range(64))
-    packed = InputPacker(pool=None, device=None).pack([_request(shm.read("small", 0, 64, device_ok=True))])
+    packed = InputPacker(pool=None, device=worker_device).pack([_request(shm.read("small", 0, 64, device_ok=True))])
     (ref,) = packed.items[0]["inputs"]
     assert ref.get("loc", "frame") == "frame" and ref["nbytes"] == 64
     assert m.INLINE_MAX_BYTES > 64 and bytes(packed.frames[ref["frame"]]) == bytes(range(64))
@@ -238,11 +239,15 @@ def test_which_models_take_client_inputs_on_the_device() -> None:
         return ModelVersion("m", 1, cfg, "", None, [], None, None)  # type: ignore[arg-type]
 
     gpu = [{"kind": "KIND_GPU", "count": 1, "gpus": [0]}]
-    assert mv(instance_group=gpu).device_inputs
-    assert not mv(instance_group=[{"kind": "KIND_CPU", "count": 1}]).device_inputs
-    assert not mv(instance_group=gpu, sequence_batching={}).device_inputs
-    cached = mv(instance_group=gpu)
+    on_device = {"FORCE_CPU_ONLY_INPUT_TENSORS": {"string_value": "no"}}
+    assert mv(backend="python", parameters=on_device, instance_group=gpu).device_inputs
+    assert mv(backend="pytorch", instance_group=gpu).device_inputs
+    assert not mv(backend="python", instance_group=gpu).device_inputs  # the default "yes": host tensors
+    assert not mv(backend="onnxruntime", instance_group=gpu).device_inputs
+    assert not mv(backend="pytorch", instance_group=[{"kind": "KIND_CPU", "count": 1}]).device_inputs
+    assert not mv(backend="pytorch", instance_group=gpu, sequence_batching={}).device_inputs
+    cached = mv(backend="pytorch", instance_group=gpu)
     cached.cache_generation = 3
     assert not cached.device_inputs
-    shaped = mv(instance_group=gpu, input=[{"name": "S", "is_shape_tensor": True}, {"name": "X"}])
+    shaped = mv(backend="pytorch", instance_group=gpu, input=[{"name": "S", "is_shape_tensor": True}, {"name": "X"}])
     assert shaped.device_inputs and shaped.host_only_inputs == frozenset({"S"})
