@@ -118,7 +118,7 @@ class DataPlane(abc.ABC):
         memory.cuda_regions.CudaSpan, which the core copies to the host for a model that needs it."""
 
     # True where the cuda_shared_memory extension works (a CUDA runtime, >= 1 GPU, client shm allowed)
-    cuda_shm_available: bool = False
+    cuda_shared_memory_supported: bool = False
 
     def shm_is_cuda(self, region: str) -> bool:
         """Whether `region` is a registered CUDA region: a request whose every output goes to one asks

@@ -47,7 +47,7 @@ class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
-                 busy_poll: BusyPoll | None = None) -> None:
+                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool | None = None) -> None:
         self.manager = manager
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
@@ -57,9 +57,12 @@ class ServerDataPlane(DataPlane):
         self.stats_registry = stats_registry
         self.metrics_renderer = metrics_renderer
         self.shm = shm
-        # the one capability behind the cuda_shared_memory extension (see memory.cuda_device.probe)
-        self.cuda_shm_available = bool(shm is not None and getattr(shm, "cuda_available", False))
-        self._extensions = [e for e in EXTENSIONS if e != "cuda_shared_memory" or self.cuda_shm_available]
+        # the one capability behind the cuda_shared_memory extension: by default client shm allowed and
+        # memory.cuda_device.probe's start-up answer (a GPU device node, a CUDA binding installed)
+        if cuda_shared_memory_supported is None:
+            cuda_shared_memory_supported = bool(shm is not None and getattr(shm, "cuda_available", False))
+        self.cuda_shared_memory_supported = cuda_shared_memory_supported
+        self._extensions = [e for e in EXTENSIONS if e != "cuda_shared_memory" or cuda_shared_memory_supported]
         self.started = False  # set once start-up loading is done
         self.draining = False
         self._log_settings: dict[str, Any] = {
