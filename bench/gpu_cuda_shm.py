@@ -9,7 +9,7 @@ Two shapes: `input` (the model answers 8 bytes: the input's size, so only the in
 `roundtrip` (the identity output goes back the same way: into a CUDA region, a system region, the body).
 Each point: warm-up, then --n requests one after another; median and mean milliseconds, GB/s of the input.
 
-    .venv/bin/python bench/gpu_cuda_shm.py [--protocol http|grpc] [--n 20] [--mib 64] [--json out.json]
+    .venv/bin/python bench/gpu_cuda_shm.py [--protocol http|grpc] [--n 10] [--mib 64] [--json]
 
 Needs an NVIDIA GPU, cuda-python (tritonclient's cuda_shared_memory) and the server's venv.
 """
@@ -59,6 +59,15 @@ CONFIG = textwrap.dedent('''
     instance_group [ { count: 1 kind: KIND_GPU gpus: [ 0 ] } ]
     parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: { string_value: "no" } }
 ''')
+
+
+def gpu_name() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip() or "unknown GPU"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown GPU"
 
 
 def free_port() -> int:
@@ -170,9 +179,9 @@ def run(args: argparse.Namespace, http: int, grpc: int) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--protocol", default="http", choices=["http", "grpc"])
-    ap.add_argument("--n", type=int, default=20, help="timed requests per point")
+    ap.add_argument("--n", type=int, default=10, help="timed requests per point")
     ap.add_argument("--mib", type=int, default=64, help="input size in MiB")
-    ap.add_argument("--json", help="write the rows here as JSON")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args()
     repo = Path(tempfile.mkdtemp(prefix="inferd-cudashm-bench-")) / "models"
     (repo / "ident_gpu" / "1").mkdir(parents=True)
@@ -187,13 +196,17 @@ def main() -> None:
             server.wait(30)
         except subprocess.TimeoutExpired:
             server.kill()
-    print(f"{args.mib} MiB FP32 input, Python identity model on GPU 0, {args.protocol}, {args.n} requests per point")
+    gpu = gpu_name()
+    if args.json:
+        print(json.dumps({"gpu": gpu, "mib": args.mib, "protocol": args.protocol, "n": args.n,
+                          "server_log": str(log), "rows": rows}, indent=1))
+        return
+    print(f"{args.mib} MiB FP32 input, Python identity model on GPU 0 ({gpu}), {args.protocol}, "
+          f"{args.n} requests per point")
     print(f"{'shape':10} {'way':11} {'p50 ms':>9} {'mean ms':>9} {'GB/s':>7}  model saw input on GPU")
     for r in rows:
         print(f"{r['shape']:10} {r['way']:11} {r['p50_ms']:9.2f} {r['mean_ms']:9.2f} {r['gbps']:7.2f}  "
               f"{r['input_on_gpu_in_model']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"server_log": str(log), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
