@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -32,6 +33,17 @@ _TORCH_NAMES = {
     "int16": "INT16", "int32": "INT32", "int64": "INT64", "float16": "FP16", "float32": "FP32", "float64": "FP64",
     "bfloat16": "BF16",
 }
+
+
+# Device memory this process opened from other workers, by pointer: a model that turns such an input
+# into a torch tensor and returns it unchanged gives back memory that cannot be exported again (IPC
+# memory is not re-exportable); it goes on under its producer's reference instead.
+_opened_views: weakref.WeakValueDictionary[int, DeviceArray] = weakref.WeakValueDictionary()
+
+
+def _provenance(ptr: int, nbytes: int) -> Optional[TensorRef]:
+    view = _opened_views.get(ptr)
+    return view.ref if view is not None and view.nbytes == nbytes else None
 
 
 class DeviceTensorError(ValueError):
@@ -68,6 +80,16 @@ class DeviceArray:
         if known != count or any(s < 0 for s in target):
             raise ValueError("cannot reshape %s into %s" % (list(self.shape), list(target)))
         return DeviceArray(self.ptr, self.nbytes, target, self.datatype, self.device, self._keep, self.ref)
+
+    def __getitem__(self, index: Any) -> DeviceArray:
+        """Rows `start:stop` (dim 0, step 1): what splitting a batch back into requests needs."""
+        if not isinstance(index, slice) or index.step not in (None, 1) or not self.shape:
+            raise TypeError("a DeviceArray takes only a row slice [start:stop]")
+        start, stop, _ = index.indices(self.shape[0])
+        stop = max(start, stop)
+        row = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return DeviceArray(self.ptr + start * row, (stop - start) * row, (stop - start,) + self.shape[1:],
+                           self.datatype, self.device, self._keep, None if start else self.ref)
 
     # ---- to frameworks ----
     @property
@@ -201,8 +223,9 @@ def _from_torch(tensor: Any, name: str) -> DeviceArray:
     if datatype is None:
         raise DeviceTensorError("tensor '%s' has the unsupported dtype %s" % (name, tensor.dtype))
     nbytes = tensor.numel() * tensor.element_size()
-    return DeviceArray(int(tensor.data_ptr()), nbytes, tuple(int(s) for s in tensor.shape), datatype,
-                       int(tensor.device.index or 0), tensor)
+    ptr = int(tensor.data_ptr())
+    return DeviceArray(ptr, nbytes, tuple(int(s) for s in tensor.shape), datatype, int(tensor.device.index or 0),
+                       tensor, _provenance(ptr, nbytes))
 
 
 def _from_cai(obj: Any, name: str) -> DeviceArray:
@@ -225,10 +248,19 @@ def _from_cai(obj: Any, name: str) -> DeviceArray:
     for s in shape:
         count *= s
     device = getattr(getattr(obj, "device", None), "id", 0)
-    return DeviceArray(int(cai["data"][0]), count * dtype.itemsize, shape, dt.name, int(device), obj)
+    ptr, nbytes = int(cai["data"][0]), count * dtype.itemsize
+    return DeviceArray(ptr, nbytes, shape, dt.name, int(device), obj, _provenance(ptr, nbytes))
 
 
 # ---- between processes -------------------------------------------------------------------------------
+
+
+def clone(array: DeviceArray) -> DeviceArray:
+    """A device-to-device copy in memory this process allocated (torch, else cupy)."""
+    if "torch" in sys.modules or _importable("torch"):
+        return from_object(array.to_torch().clone(), "clone")
+    return from_object(array.to_cupy().copy(), "clone")
+
 
 
 def export(array: DeviceArray) -> tuple[str, int]:
@@ -274,4 +306,6 @@ def open_ref(ref: TensorRef, on_release: Optional[Callable[[], None]] = None) ->
         raise DeviceTensorError("device tensor '%s': %d bytes do not hold shape %s of %s" % (
             ref.name, ref.nbytes, list(shape), ref.datatype))
     base = cuda_ipc.open_handle(cuda_ipc.decode_handle(ref.region), int(ref.device))
-    return DeviceArray(base + ref.offset, ref.nbytes, shape, ref.datatype, int(ref.device), _Opened(on_release), ref)
+    array = DeviceArray(base + ref.offset, ref.nbytes, shape, ref.datatype, int(ref.device), _Opened(on_release), ref)
+    _opened_views[array.ptr] = array
+    return array

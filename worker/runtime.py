@@ -448,13 +448,18 @@ class Runtime:
                         if not held:
                             del self._device_exports[key]
 
-    def _device_ref(self, name: str, array: Any) -> str:
-        """A device output passed on by CUDA IPC handle (the consumer is another worker). An input
-        that came from another worker's memory goes on under its owner's reference (memory opened by
-        IPC cannot be exported again)."""
+    def _device_ref(self, request: Request, name: str, array: Any) -> str:
+        """A device output passed on by CUDA IPC handle (the consumer is another worker). An input of
+        this request that came from another worker's memory goes on under its owner's reference
+        (memory opened by IPC cannot be exported again; the supervisor holds it for the request); other
+        memory opened from another worker (a BLS result) is first copied on the device into our own."""
         from . import device
 
         source = array.ref
+        given = [getattr(t.array, "ref", None) for t in request.inputs]
+        if source is not None and not any(
+                ref is not None and ref.region == source.region and ref.offset == source.offset for ref in given):
+            array, source = device.clone(array), None
         if source is not None:
             region, offset, owner = source.region, source.offset, source.owner
         else:
@@ -500,7 +505,7 @@ class Runtime:
 
         if request.device_outputs:
             try:
-                return name, datatype, array.shape, self._device_ref(name, array), -1
+                return name, datatype, array.shape, self._device_ref(request, name, array), -1
             except CudaIpcError as exc:  # e.g. memory this process cannot export: copy it out instead
                 self._log("device output '%s' goes through host memory: %s" % (name, exc))
         return (name, datatype) + _output_data(datatype, array.to_numpy())

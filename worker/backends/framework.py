@@ -80,7 +80,9 @@ def config_datatype(config_type: str) -> dtypes.DataType:
     return dt
 
 
-def output_tensor(name: str, array: np.ndarray) -> Tensor:
+def output_tensor(name: str, array: Any) -> Tensor:
+    if type(array) is not np.ndarray and hasattr(array, "ptr"):  # a device.DeviceArray (a GPU instance's output)
+        return Tensor(name, array.datatype, array)
     dt = dtypes.from_numpy(array.dtype)
     if dt is None:
         raise InferdError(ErrorCode.INTERNAL, "output '%s' has unsupported dtype %s" % (name, array.dtype))
@@ -92,9 +94,11 @@ def output_tensor(name: str, array: np.ndarray) -> Tensor:
     return Tensor(name, dt.name, array)
 
 
-def batch_requests(requests: list[Request], batching: bool) -> Optional[tuple[dict[str, np.ndarray], list[int]]]:
+def batch_requests(requests: list[Request], batching: bool,
+                   concat: Any = None) -> Optional[tuple[dict[str, Any], list[int]]]:
     """({input: concatenated array}, [batch size of each request]) when the requests can run as one
-    batch (batching model, same input names, same shapes beyond dim 0); None otherwise."""
+    batch (batching model, same input names, same shapes beyond dim 0); None otherwise. Device inputs
+    are concatenated only by a `concat` that takes them (torch.cat); numpy's cannot."""
     if len(requests) == 1:
         first = requests[0]
         one = int(first.inputs[0].array.shape[0]) if batching and first.inputs and first.inputs[0].array.ndim else 1
@@ -115,11 +119,15 @@ def batch_requests(requests: list[Request], batching: bool) -> Optional[tuple[di
                 return None
             size = int(t.array.shape[0])
         sizes.append(max(size, 0))
-    merged = {name: np.concatenate([r.inputs[i].array for r in requests], axis=0) for i, name in enumerate(names)}
+    if concat is None:
+        if any(type(t.array) is not np.ndarray for r in requests for t in r.inputs):
+            return None  # device inputs: one run per request
+        concat = np.concatenate
+    merged = {name: concat([r.inputs[i].array for r in requests]) for i, name in enumerate(names)}
     return merged, sizes
 
 
-def split_batch(requests: list[Request], outputs: list[tuple[str, np.ndarray]], sizes: list[int],
+def split_batch(requests: list[Request], outputs: list[tuple[str, Any]], sizes: list[int],
                 all_outputs: list[str]) -> list[Response]:
     """One Response per request: its rows of every output it asked for (all outputs by default)."""
     if len(requests) == 1:
@@ -138,7 +146,7 @@ def split_batch(requests: list[Request], outputs: list[tuple[str, np.ndarray]], 
     return responses
 
 
-def _response(request: Request, outputs: list[tuple[str, np.ndarray]], all_outputs: list[str]) -> Response:
+def _response(request: Request, outputs: list[tuple[str, Any]], all_outputs: list[str]) -> Response:
     wanted = request.requested_outputs or all_outputs
     return Response([output_tensor(name, array) for name, array in outputs if name in wanted])
 

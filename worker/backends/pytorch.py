@@ -6,7 +6,10 @@
   a tensor, or a tuple / list of tensors.
 - parameters: INTRA_OP_THREAD_COUNT, INTER_OP_THREAD_COUNT, INFERENCE_MODE (default true),
   DISABLE_OPTIMIZED_EXECUTION (keys also accepted in lower case).
-- CPU instances run on the CPU; KIND_GPU instances on cuda:<device_id> (UNAVAILABLE without CUDA).
+- CPU instances run on the CPU; KIND_GPU instances on cuda:<device_id> (UNAVAILABLE without CUDA). A GPU
+  instance takes device inputs as they are (another worker's output, opened by CUDA IPC handle: no host
+  copy) and leaves its outputs on the device; the runtime passes them on by handle to another worker,
+  or copies them to the host for a client.
 - No auto-complete (TorchScript does not describe its I/O): the config must list inputs and outputs.
 - A batch of requests is concatenated along dim 0 into one forward() call and split back.
 """
@@ -56,6 +59,7 @@ class PyTorchBackend:
     name = "pytorch"
     supports_auto_complete = False
     supports_decoupled = False
+    device_inputs = False  # True on a GPU instance (see the module docstring)
 
     def __init__(self) -> None:
         self._torch: Any = None
@@ -95,6 +99,7 @@ class PyTorchBackend:
                 raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' asks for a GPU instance but torch sees no "
                                   "CUDA device" % model.model_name)
             self._device = torch.device("cuda", model.device_id)
+            self.device_inputs = True
         else:
             self._device = torch.device("cpu")
         path = framework.model_path(model, DEFAULT_MODEL_FILENAME)
@@ -132,8 +137,32 @@ class PyTorchBackend:
             self._positions = {n: args.index(n) for n in names}
         self._arity = max(self._positions.values()) + 1 if self._positions else 0
 
+    def _tensor(self, array: Any) -> Any:
+        """An input as a torch tensor on this instance's device (device memory is not copied)."""
+        torch = self._torch
+        if isinstance(array, torch.Tensor):
+            return array
+        if type(array) is not np.ndarray:  # a device.DeviceArray: a zero-copy view
+            tensor = array.to_torch()
+            return tensor if tensor.device == self._device else tensor.to(self._device)
+        tensor = torch.from_numpy(array)
+        return tensor.to(self._device) if self._device.type != "cpu" else tensor
+
+    def _concat(self, arrays: list[Any]) -> Any:
+        return self._torch.cat([self._tensor(a) for a in arrays], dim=0)
+
+    def _output(self, tensor: Any) -> Any:
+        """A returned tensor: numpy on a CPU instance; on a GPU instance it stays on the device."""
+        tensor = tensor.detach()
+        if tensor.is_cuda:
+            from .. import device
+
+            return device.from_object(tensor.contiguous(), "output")
+        return np.asarray(tensor.cpu().numpy())
+
     def execute(self, requests: list[Request]) -> list[Response]:
-        merged = framework.batch_requests(requests, self._batching)
+        merged = framework.batch_requests(requests, self._batching,
+                                          self._concat if self._device.type != "cpu" else None)
         if merged is None:
             return [self.execute([request])[0] for request in requests]
         feeds, sizes = merged
@@ -144,8 +173,7 @@ class PyTorchBackend:
                 position = self._positions.get(name)
                 if position is None:
                     raise InferdError(ErrorCode.INVALID_ARG, "unexpected input '%s'" % name)
-                tensor = torch.from_numpy(array)
-                args[position] = tensor.to(self._device) if self._device.type != "cpu" else tensor
+                args[position] = self._tensor(array)
             context = torch.inference_mode() if self._inference_mode else torch.no_grad()
             with context:
                 result = self._module(*args)
@@ -156,7 +184,7 @@ class PyTorchBackend:
                 if not 0 <= index < len(tensors):
                     raise InferdError(ErrorCode.INTERNAL, "output '%s' has no returned tensor at index %d (forward "
                                       "returned %d)" % (name, index, len(tensors)))
-                outputs.append((name, np.asarray(tensors[index].detach().cpu().numpy())))
+                outputs.append((name, self._output(tensors[index])))
         except Exception as exc:
             model = self._spec.model_name if self._spec else ""
             message = exc.message if isinstance(exc, InferdError) else "%s: %s" % (type(exc).__name__, exc)

@@ -402,5 +402,6 @@ def copy(dst: int, src: int, nbytes: int, device: int) -> None:
     rt = _load()
     with _lock:
         _use_device(rt, device)
+        rt.synchronize()  # the source may still be written by a kernel on a non-blocking stream (ONNX Runtime's)
         rt.memcpy(dst, src, nbytes)
         rt.synchronize()  # a device-to-device cudaMemcpy returns before the copy is done

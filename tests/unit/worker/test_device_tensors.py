@@ -291,3 +291,49 @@ def test_cpu_worker_never_imports_a_cuda_library(tmp_path: Path) -> None:
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "loaded: []"
+
+
+def test_onnxruntime_io_binding_path_with_host_backed_device_memory(tmp_path: Path, fake_cuda: HostBackedCuda) -> None:
+    """The GPU instance's I/O-binding run, bound to CPU memory here (the same calls with device "cuda" on a
+    GPU): a device input is bound by pointer, a host input from numpy, outputs come back as DeviceArrays
+    over the OrtValues, one run per request when device inputs cannot be concatenated."""
+    pytest.importorskip("onnx")
+    from inferd.worker.backends import create
+    from inferd.worker.backends.base import ModelSpec, Request, Tensor, WorkerContext
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from framework_models import onnx_add_sub
+
+    onnx_add_sub(tmp_path, "add_sub", dims=(4,), batch=True, config=False)
+    config = {"name": "add_sub", "max_batch_size": 8,
+              "input": [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("INPUT0", "INPUT1")],
+              "output": [{"name": n, "data_type": "TYPE_FP32", "dims": [4]} for n in ("OUTPUT0", "OUTPUT1")]}
+    backend = create("onnxruntime")
+    backend.load(ModelSpec("add_sub", str(tmp_path / "add_sub"), "1", json.dumps(config), "onnxruntime",
+                           "add_sub_0", "CPU", 0), WorkerContext())
+    backend._gpu, backend._bind_device = True, "cpu"  # what load() sets on a GPU instance, bound to host memory
+    memory = np.arange(16, dtype=np.float32).reshape(2, 2, 4)
+    fake_cuda.add(memory)
+    requests = []
+    for i in range(2):
+        x = device.from_object(FakeDeviceArray(memory[i]), "INPUT0")
+        requests.append(Request(i, "", [Tensor("INPUT0", "FP32", x),
+                                        Tensor("INPUT1", "FP32", np.ones((2, 4), np.float32))], []))
+    responses = backend.execute(requests)
+    for i, response in enumerate(responses):
+        assert response.error is None, response.error
+        out = {t.name: t.array for t in response.outputs}
+        assert type(out["OUTPUT0"]) is device.DeviceArray and out["OUTPUT0"].shape == (2, 4)
+        np.testing.assert_array_equal(out["OUTPUT0"].to_numpy(), memory[i] + 1)
+        np.testing.assert_array_equal(out["OUTPUT1"].to_numpy(), memory[i] - 1)
+
+
+def test_device_array_row_slices_split_a_batch(fake_cuda: HostBackedCuda) -> None:
+    memory = np.arange(12, dtype=np.int64).reshape(3, 4)
+    fake_cuda.add(memory)
+    array = device.from_object(FakeDeviceArray(memory), "Y")
+    part = array[1:3]
+    assert part.shape == (2, 4) and part.nbytes == 64 and part.ptr == memory[1].ctypes.data
+    np.testing.assert_array_equal(part.to_numpy(), memory[1:3])
+    with pytest.raises(TypeError):
+        array[::2]
