@@ -177,6 +177,9 @@ def _device_input(ref: TensorRef, keep_on_device: bool) -> Any:
         array = device.open_ref(ref)
         return array if keep_on_device else array.to_numpy()
     except (CudaIpcError, device.DeviceTensorError) as exc:
+        if ref.owner.startswith("client:"):  # the client's memory (its process may have exited): a request error
+            raise invalid_arg("input '%s': cannot open CUDA shared memory region '%s': %s"
+                              % (ref.name, ref.owner[len("client:"):], exc)) from None
         raise internal("device input '%s' (from instance '%s'): %s" % (ref.name, ref.owner, exc)) from None
 
 

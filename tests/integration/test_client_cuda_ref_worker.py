@@ -1,5 +1,6 @@
 """A real worker of a KIND_GPU instance handed a client's CUDA region input (loc "cuda", owner
-"client:<region>") it cannot open -- here: no CUDA at all -- answers that request with a clear error and
+"client:<region>") it cannot open -- here: no CUDA at all; on a GPU: the client's process is gone --
+answers that request with a clear 400-class error and
 keeps serving; after the region is unregistered, the next Execute tells it to forget the handle
 ("cuda:<hex>" in forget_regions) and it goes on serving. The supervisor's region table runs on the fake
 device of tests/unit/memory (the real one needs a GPU)."""
@@ -41,7 +42,8 @@ async def test_gpu_worker_with_an_unopenable_client_handle(env, monkeypatch):
     result = await asyncio.wait_for(inst.execute([req]), 30)
     (err,) = result.responses
     assert isinstance(err, InferdError), err
-    assert err.code == ErrorCode.INTERNAL and "device input 'INPUT0' (from instance 'client:r')" in err.message
+    assert err.code == ErrorCode.INVALID_ARG
+    assert "input 'INPUT0': cannot open CUDA shared memory region 'r'" in err.message
     assert inst.pid == pid  # the worker did not die
     del req, span, result
     gc.collect()
