@@ -74,8 +74,11 @@ class ShmCuda(cuda_ipc._Runtime):
         return self.maps[ptr][2].encode().ljust(cuda_ipc.HANDLE_BYTES, b"\0")
 
     def open(self, handle: bytes) -> int:
+        name = handle.rstrip(b"\0").decode(errors="replace")
+        if name.startswith("%s%d_" % (PREFIX, os.getpid())):  # as CUDA: a process cannot open its own handle
+            raise cuda_ipc.CudaIpcError("cudaIpcOpenMemHandle failed: invalid device context")
         try:
-            return self._map(handle.rstrip(b"\0").decode(), 0, False)
+            return self._map(name, 0, False)
         except (OSError, UnicodeDecodeError) as exc:
             raise cuda_ipc.CudaIpcError("cudaIpcOpenMemHandle failed: %s" % exc) from None
 

@@ -101,7 +101,8 @@ class DeviceArray:
         import torch
 
         keep = self._keep
-        if type(keep).__module__.startswith("torch") and keep.data_ptr() == self.ptr:
+        if (type(keep).__module__.startswith("torch") and keep.data_ptr() == self.ptr
+                and tuple(keep.shape) == self.shape):
             return keep
         tensor = torch.as_tensor(self, device="cuda:%d" % self.device)  # zero-copy; holds a reference to self
         return tensor.view(torch.bfloat16) if self.datatype == "BF16" else tensor
@@ -263,10 +264,18 @@ def clone(array: DeviceArray) -> DeviceArray:
 
 
 
+# What this process exported, by (hex handle, offset): a reference to its own memory that comes back
+# (the same model twice in an ensemble on one instance, a BLS callee returning its input) is used in
+# place, since a process cannot open its own IPC handle.
+_exported: weakref.WeakValueDictionary[tuple[str, int], DeviceArray] = weakref.WeakValueDictionary()
+
+
 def export(array: DeviceArray) -> tuple[str, int]:
     """(hex handle, offset) of the allocation holding `array`, for a TensorRef loc "cuda"."""
     handle, offset = cuda_ipc.export(array.ptr, array.device)
-    return cuda_ipc.encode_handle(handle), offset
+    region = cuda_ipc.encode_handle(handle)
+    _exported[(region, offset)] = array
+    return region, offset
 
 
 def ref_key(region: str, offset: int) -> str:
@@ -305,6 +314,9 @@ def open_ref(ref: TensorRef, on_release: Optional[Callable[[], None]] = None) ->
     if count * dt.itemsize != ref.nbytes or ref.offset < 0:
         raise DeviceTensorError("device tensor '%s': %d bytes do not hold shape %s of %s" % (
             ref.name, ref.nbytes, list(shape), ref.datatype))
+    own = _exported.get((ref.region, ref.offset))
+    if own is not None and own.nbytes == ref.nbytes:
+        return DeviceArray(own.ptr, own.nbytes, shape, ref.datatype, own.device, own, None)
     base = cuda_ipc.open_handle(cuda_ipc.decode_handle(ref.region), int(ref.device))
     array = DeviceArray(base + ref.offset, ref.nbytes, shape, ref.datatype, int(ref.device), _Opened(on_release), ref)
     _opened_views[array.ptr] = array

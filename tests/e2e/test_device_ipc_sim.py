@@ -191,11 +191,15 @@ def repo(tmp_path: Path) -> Path:
     for name in ("plus_one_gpu", "plus_one_cpu"):
         _ensemble(repo, "pipe_" + name, n, out, [("producer", {"N": "N"}, {"Y": "y"}),
                                                  (name, {"Y": "y"}, {"Z": "Z", "ONDEV": "ONDEV"})])
+    # the same one-instance model twice: its second step gets its own device memory back
+    _ensemble(repo, "pipe_twice", n, out, [("producer", {"N": "N"}, {"Y": "y"}),
+                                           ("plus_one_gpu", {"Y": "y"}, {"Z": "z1"}),
+                                           ("plus_one_gpu", {"Y": "z1"}, {"Z": "Z", "ONDEV": "ONDEV"})])
     return repo
 
 
 def test_device_tensors_between_workers(server_factory, repo: Path) -> None:
-    server = server_factory(repo=repo, wait_ready=["consumer", "pipe_plus_one_gpu", "pipe_plus_one_cpu"])
+    server = server_factory(repo=repo, wait_ready=["consumer", "pipe_plus_one_gpu", "pipe_plus_one_cpu", "pipe_twice"])
     producer = server.worker_pids("producer")[0]
     n = np.array([300_000], np.int64)  # 1.2 MB: far above the inline and shared-memory thresholds
 
@@ -210,6 +214,9 @@ def test_device_tensors_between_workers(server_factory, repo: Path) -> None:
     result = _infer(server, "pipe_plus_one_cpu", {"N": n})  # FORCE_CPU_ONLY_INPUT_TENSORS "yes" (default)
     np.testing.assert_array_equal(result.as_numpy("Z"), np.full(300_000, 2.5, np.float32))
     assert result.as_numpy("ONDEV")[0] == 0
+    result = _infer(server, "pipe_twice", {"N": n})
+    np.testing.assert_array_equal(result.as_numpy("Z"), np.full(300_000, 3.5, np.float32))
+    assert result.as_numpy("ONDEV")[0] == 1
     _wait_released(server, producer)
     for model in ("plus_one_gpu", "plus_one_cpu"):  # their device outputs went to the client as host bytes
         _wait_released(server, server.worker_pids(model)[0])

@@ -98,7 +98,8 @@ class _CudaBindings(_Runtime):
 
     def get_handle(self, ptr: int) -> bytes:
         handle = self._check(self._rt.cudaIpcGetMemHandle(ptr), "cudaIpcGetMemHandle")
-        return bytes(handle.reserved)
+        reserved = handle.reserved  # bytes; some versions give a list of (signed) chars
+        return reserved if isinstance(reserved, bytes) else bytes((b + 256) % 256 for b in reserved)
 
     def open(self, handle: bytes) -> int:
         value = self._rt.cudaIpcMemHandle_t()
@@ -289,7 +290,7 @@ _lock = threading.RLock()
 _runtime: Optional[_Runtime] = None
 _runtime_error = ""
 _opened: dict[bytes, tuple[int, int]] = {}  # handle -> (base pointer, device)
-_initialised: set[int] = set()  # devices whose primary context this process has made current
+_initialised = threading.local()  # per thread: devices whose primary context it has made current
 
 
 def _load() -> _Runtime:
@@ -324,9 +325,12 @@ def _use_device(rt: _Runtime, device: int) -> None:
     if type(device) is not int or device < 0:
         raise CudaIpcError("invalid CUDA device %r" % (device,))
     rt.set_device(device)
-    if device not in _initialised:
+    done = getattr(_initialised, "devices", None)
+    if done is None:
+        done = _initialised.devices = set()
+    if device not in done:  # the driver calls (cuMemGetAddressRange) need a current context on this thread
         rt.init_context()
-        _initialised.add(device)
+        done.add(device)
 
 
 def available() -> bool:

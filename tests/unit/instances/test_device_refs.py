@@ -3,6 +3,7 @@ with a fake allocator standing in for the producer workers, and the worker-side 
 wire/cuda_ipc.py with a fake CUDA runtime."""
 
 import gc
+import threading
 
 import pytest
 from inferd.supervisor.memory.device_refs import DeviceRefs, WorkerAllocator
@@ -146,7 +147,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     rt = FakeRuntime()
     monkeypatch.setattr(cuda_ipc, "_runtime", rt)
     monkeypatch.setattr(cuda_ipc, "_opened", {})
-    monkeypatch.setattr(cuda_ipc, "_initialised", set())
+    monkeypatch.setattr(cuda_ipc, "_initialised", threading.local())
     return rt
 
 

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -183,7 +184,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> HostBackedCuda:
     rt = HostBackedCuda()
     monkeypatch.setattr(cuda_ipc, "_runtime", rt)
     monkeypatch.setattr(cuda_ipc, "_opened", {})
-    monkeypatch.setattr(cuda_ipc, "_initialised", set())
+    monkeypatch.setattr(cuda_ipc, "_initialised", threading.local())
     return rt
 
 
@@ -194,6 +195,9 @@ def test_export_then_open_round_trip(fake_cuda: HostBackedCuda) -> None:
     region, offset = device.export(producer)
     assert offset == 64
     ref = TensorRef("Y", "FP32", [16], loc="cuda", region=region, offset=offset, nbytes=64, owner="p_0")
+    mine = device.open_ref(ref)  # our own export coming back: used in place (a process cannot open its own handle)
+    assert mine.ptr == producer.ptr and fake_cuda.opens == 0
+    device._exported.clear()  # as seen from another process
     consumer = device.open_ref(ref)
     again = device.open_ref(ref)
     assert consumer.ptr == again.ptr == memory[16:].ctypes.data and fake_cuda.opens == 1  # cached
