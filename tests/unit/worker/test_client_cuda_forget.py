@@ -14,7 +14,7 @@ def test_forget_closes_client_handles_only_when_open(monkeypatch) -> None:
     cache.forget(["cuda:" + "ab" * 64, "cuda:not-hex", "inferd_1_2"])  # nothing open: nothing happens
     assert cuda_ipc._runtime is None, "forgetting must not load a CUDA library"
 
-    class Runtime:
+    class Runtime:  # the few calls close_handle makes, recorded
         def set_device(self, device: int) -> None: ...
         def init_context(self) -> None: ...
         def close(self, ptr: int) -> None:
@@ -23,6 +23,5 @@ def test_forget_closes_client_handles_only_when_open(monkeypatch) -> None:
     handle = bytes([7]) * 64
     monkeypatch.setattr(cuda_ipc, "_runtime", Runtime())
     monkeypatch.setitem(cuda_ipc._opened, handle, (0x7000, 0))
-    monkeypatch.setattr(cuda_ipc, "_initialised", {0})
     cache.forget(["cuda:" + handle.hex()])
     assert closed == [0x7000] and handle not in cuda_ipc._opened
