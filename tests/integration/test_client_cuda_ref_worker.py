@@ -23,7 +23,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from .harness import output, request, write_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit" / "memory"))
-from fake_cuda import FakeDevice  # noqa: E402
+from fake_cuda_device import FakeDevice  # noqa: E402
 
 
 async def test_gpu_worker_with_an_unopenable_client_handle(env, monkeypatch):

@@ -15,7 +15,7 @@ from inferd.supervisor.memory.cuda_regions import TRITON_INVALID, CudaRegions, C
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .fake_cuda import FakeDevice
+from .fake_cuda_device import FakeDevice
 
 MiB = 1 << 20
 
