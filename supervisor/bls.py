@@ -183,7 +183,8 @@ class BlsService:
             model_name=msg.model_name, model_version=msg.model_version, id=msg.request_id, inputs=inputs,
             outputs=[RequestedOutput(name) for name in msg.requested_outputs],
             parameters=params if isinstance(params, dict) else {}, correlation_id=msg.correlation_id,
-            flags=msg.flags, timeout_us=msg.timeout_us, device_outputs=True)  # the caller opens device outputs
+            flags=msg.flags, timeout_us=msg.timeout_us,
+            device_outputs=bool(msg.device_outputs))  # a caller that can open device outputs gets them so
 
     @staticmethod
     def _device_input(ref: m.TensorRef, worker: str) -> Tensor:

@@ -110,8 +110,11 @@ def _unlink(name: str) -> None:
 
 
 def install() -> ShmCuda:
+    from inferd.worker import bls
+
     rt = ShmCuda()
     cuda_ipc._runtime = rt
+    bls._device_capable = True  # this worker can open device tensors now (it has no /dev/nvidiactl)
     return rt
 
 

@@ -23,6 +23,7 @@ import concurrent.futures
 import itertools
 import os
 import queue
+import sys
 import threading
 import weakref
 from collections.abc import Sequence
@@ -139,7 +140,8 @@ class BlsClient:
             call_id = next(self._ids)
             self._calls[call_id] = call
         message = BlsRequest(call_id, model_name, model_version, request_id, refs, list(requested_outputs),
-                             correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled))
+                             correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled),
+                             _takes_device_tensors())
         if direct:
             try:
                 self._thread_socket().send_multipart([encode_header(message), *frames])
@@ -427,6 +429,27 @@ def shutdown() -> None:
     """Worker exit: close the socket (before the ZeroMQ context ends) and unlink our regions."""
     if _client is not None:
         _client.close()
+
+
+_device_capable: Optional[bool] = None
+
+
+def _takes_device_tensors() -> bool:
+    """Whether this worker could open a device output (a GPU and a CUDA library to reach it), decided
+    without importing the library: a CPU-only environment gets BLS outputs in host memory."""
+    global _device_capable
+    if _device_capable is None:
+        import importlib.util
+
+        def findable(name: str) -> bool:
+            try:
+                return importlib.util.find_spec(name) is not None
+            except (ImportError, ValueError):
+                return False
+
+        _device_capable = os.path.exists("/dev/nvidiactl") and any(
+            name in sys.modules or findable(name) for name in ("cuda.bindings", "cuda", "cupy", "torch"))
+    return _device_capable
 
 
 def _wire_bytes(datatype: str, array: np.ndarray) -> memoryview:

@@ -110,6 +110,22 @@ class TritonPythonModel:
         return out
 '''
 
+# a caller in an environment without CUDA: its BLS results come in host memory
+CPU_CALLER = HEADER + '''
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            reply = pb_utils.InferenceRequest(model_name="producer", requested_output_names=["Y"],
+                                              inputs=[pb_utils.get_input_tensor_by_name(request, "N")]).exec()
+            if reply.has_error():
+                raise RuntimeError(reply.error().message())
+            y = pb_utils.get_output_tensor_by_name(reply, "Y")
+            ok = y.is_cpu() and bool((y.as_numpy() == 1.5).all())
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OK", np.array([int(ok)], np.int64))]))
+        return out
+'''
+
 HOLDER = HEADER + '''
 class TritonPythonModel:
     def initialize(self, args):
@@ -185,6 +201,7 @@ def repo(tmp_path: Path) -> Path:
     _model(repo, "producer", PRODUCER, n, y)
     _model(repo, "checker", CHECKER, y, [("OK", "INT64", [1])], DEVICE_INPUTS)
     _model(repo, "consumer", CONSUMER, n, [("REPORT", "INT64", [4])])
+    _model(repo, "cpu_caller", CPU_CALLER, n, [("OK", "INT64", [1])])
     out = [("Z", "FP32", [-1]), ("ONDEV", "INT32", [1])]
     _model(repo, "plus_one_gpu", PLUS_ONE, y, out, DEVICE_INPUTS)
     _model(repo, "plus_one_cpu", PLUS_ONE, y, out)
@@ -199,7 +216,8 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_device_tensors_between_workers(server_factory, repo: Path) -> None:
-    server = server_factory(repo=repo, wait_ready=["consumer", "pipe_plus_one_gpu", "pipe_plus_one_cpu", "pipe_twice"])
+    server = server_factory(repo=repo, wait_ready=["consumer", "cpu_caller", "pipe_plus_one_gpu", "pipe_plus_one_cpu",
+                                                    "pipe_twice"])
     producer = server.worker_pids("producer")[0]
     n = np.array([300_000], np.int64)  # 1.2 MB: far above the inline and shared-memory thresholds
 
@@ -207,6 +225,9 @@ def test_device_tensors_between_workers(server_factory, repo: Path) -> None:
         on_device, right, given, own = (int(v) for v in _infer(server, "consumer", {"N": n}).as_numpy("REPORT"))
         assert (on_device, right, given, own) == (1, 1, 1, 1)
         _wait_released(server, producer)
+
+    assert _infer(server, "cpu_caller", {"N": n}).as_numpy("OK")[0] == 1  # a caller without CUDA: host bytes
+    _wait_released(server, producer)
 
     result = _infer(server, "pipe_plus_one_gpu", {"N": n})  # ensemble: the step's input stays on the device
     np.testing.assert_array_equal(result.as_numpy("Z"), np.full(300_000, 2.5, np.float32))

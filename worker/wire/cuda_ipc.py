@@ -40,6 +40,10 @@ class _Runtime:
     def set_device(self, device: int) -> None:
         raise NotImplementedError
 
+    def get_device(self) -> int:
+        """The calling thread's current device (restored after each call here: the model's own)."""
+        return -1
+
     def init_context(self) -> None:
         """Makes the current device's primary context current (cudaFree(0)); driver calls need one."""
         raise NotImplementedError
@@ -92,6 +96,9 @@ class _CudaBindings(_Runtime):
 
     def set_device(self, device: int) -> None:
         self._check(self._rt.cudaSetDevice(device), "cudaSetDevice(%d)" % device)
+
+    def get_device(self) -> int:
+        return int(self._check(self._rt.cudaGetDevice(), "cudaGetDevice"))
 
     def init_context(self) -> None:
         self._check(self._rt.cudaFree(0), "cudaFree(0)")
@@ -146,6 +153,9 @@ class _Cupy(_Runtime):
     def set_device(self, device: int) -> None:
         self._call("cudaSetDevice(%d)" % device, self._rt.setDevice, device)
 
+    def get_device(self) -> int:
+        return int(self._call("cudaGetDevice", self._rt.getDevice))
+
     def init_context(self) -> None:
         self._call("cudaFree(0)", self._rt.free, 0)
 
@@ -194,6 +204,11 @@ class _CudartCtypes(_Runtime):
 
     def set_device(self, device: int) -> None:
         self._check(self._lib.cudaSetDevice(ctypes.c_int(device)), "cudaSetDevice(%d)" % device)
+
+    def get_device(self) -> int:
+        current = ctypes.c_int(0)
+        self._check(self._lib.cudaGetDevice(ctypes.byref(current)), "cudaGetDevice")
+        return current.value
 
     def init_context(self) -> None:
         self._check(self._lib.cudaFree(None), "cudaFree(0)")
@@ -320,8 +335,28 @@ def backend_name() -> str:
         return ""
 
 
+class _OnDevice:
+    """`with _OnDevice(rt, device):` makes `device` current for the calling thread and gives the thread
+    its previous device back afterwards (the model's framework tracks its own current device)."""
+
+    __slots__ = ("_rt", "_device", "_previous")
+
+    def __init__(self, rt: _Runtime, device: int) -> None:
+        self._rt = rt
+        self._device = device
+        self._previous = -1
+
+    def __enter__(self) -> None:
+        self._previous = self._rt.get_device()
+        _use_device(self._rt, self._device)
+
+    def __exit__(self, *exc: Any) -> None:
+        if 0 <= self._previous != self._device:
+            self._rt.set_device(self._previous)
+
+
 def _use_device(rt: _Runtime, device: int) -> None:
-    """Makes `device` current for this thread (cheap; the model may have switched it)."""
+    """Makes `device` current for this thread, its primary context initialised."""
     if type(device) is not int or device < 0:
         raise CudaIpcError("invalid CUDA device %r" % (device,))
     rt.set_device(device)
@@ -360,8 +395,8 @@ def open_handle(handle: bytes, device: int) -> int:
                 raise CudaIpcError("CUDA IPC handle already opened on device %d, not %d" % (hit[1], device))
             return hit[0]
         rt = _load()
-        _use_device(rt, device)
-        ptr = rt.open(handle)
+        with _OnDevice(rt, device):
+            ptr = rt.open(handle)
         _opened[handle] = (ptr, device)
         return ptr
 
@@ -373,8 +408,8 @@ def close_handle(handle: bytes) -> None:
         if hit is None:
             return
         rt = _load()
-        _use_device(rt, hit[1])
-        rt.close(hit[0])
+        with _OnDevice(rt, hit[1]):
+            rt.close(hit[0])
 
 
 def opened_count() -> int:
@@ -388,8 +423,7 @@ def export(ptr: int, device: int) -> tuple[bytes, int]:
     device's pending work first: a consumer in another process sees none of this process's streams,
     so the bytes must be final before the handle leaves."""
     rt = _load()
-    with _lock:
-        _use_device(rt, device)
+    with _lock, _OnDevice(rt, device):
         rt.synchronize()
         base, size = rt.address_range(ptr)
         if not base <= ptr < base + max(size, 1):
@@ -404,8 +438,7 @@ def copy(dst: int, src: int, nbytes: int, device: int) -> None:
     if nbytes == 0:
         return
     rt = _load()
-    with _lock:
-        _use_device(rt, device)
+    with _lock, _OnDevice(rt, device):
         rt.synchronize()  # the source may still be written by a kernel on a non-blocking stream (ONNX Runtime's)
         rt.memcpy(dst, src, nbytes)
         rt.synchronize()  # a device-to-device cudaMemcpy returns before the copy is done

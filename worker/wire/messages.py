@@ -20,7 +20,7 @@ from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
 WIRE_VERSION = 4  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
-# 4: TensorRef loc "cuda" (device, owner), RequestItem.device_outputs, ReleaseOutputs.device
+# 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -248,6 +248,7 @@ class BlsRequest:
     timeout_us: int = 0
     parameters: str = "{}"
     decoupled: bool = False  # exec(decoupled=True): any number of BlsResponses, the last one final
+    device_outputs: bool = False  # the caller can open device tensors (CUDA IPC): outputs may stay on the GPU
 
 
 @dataclass

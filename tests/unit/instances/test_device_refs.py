@@ -117,6 +117,9 @@ class FakeRuntime(cuda_ipc._Runtime):
     def set_device(self, device: int) -> None:
         self.devices.append(device)
 
+    def get_device(self) -> int:
+        return self.devices[-1] if self.devices else 0
+
     def init_context(self) -> None:
         pass
 
@@ -183,3 +186,11 @@ def test_export_gives_allocation_handle_and_offset(fake_cuda: FakeRuntime) -> No
     assert offset == 0x1234 and handle == fake_cuda.get_handle(0x5_0000_0000)
     with pytest.raises(cuda_ipc.CudaIpcError, match="invalid CUDA device"):
         cuda_ipc.export(0x5_0000_1234, -1)
+
+
+def test_calls_give_the_thread_its_device_back(fake_cuda: FakeRuntime) -> None:
+    """A model on GPU 0 that opens a tensor made on GPU 1 keeps GPU 0 as its current device."""
+    fake_cuda.set_device(0)
+    cuda_ipc.open_handle(bytes(range(64)), 1)
+    cuda_ipc.export(0x5_0000_1234, 1)
+    assert fake_cuda.get_device() == 0 and 1 in fake_cuda.devices
