@@ -93,6 +93,9 @@ class App:
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
             busy_poll=busy_poll,
+            # the cuda_shared_memory extension: client shm allowed, a GPU discovered, a CUDA binding installed
+            cuda_shared_memory_supported=(self.config.allow_client_shm and bool(discovery.cuda_ids)
+                                          and runtime.client_shm.cuda_available),
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},

@@ -34,6 +34,15 @@ def _worker_owned(name: str) -> bool:
     return len(tail) > 1 and tail[0].isalpha() and tail[1:].isdigit()
 
 
+def _close_client_handle(hex_handle: str) -> None:
+    from .wire import cuda_ipc  # stdlib only at import; nothing is loaded unless the handle was opened
+
+    try:
+        cuda_ipc.close_handle(bytes.fromhex(hex_handle))
+    except (ValueError, cuda_ipc.CudaIpcError):
+        pass  # not a handle, or already gone: nothing to unmap
+
+
 class ShmCache:
     """Mappings of supervisor-created regions, kept between Executes (LRU, bounded).
 
@@ -79,6 +88,9 @@ class ShmCache:
 
     def forget(self, names: Sequence[str]) -> None:
         for name in names:
+            if name.startswith("cuda:"):  # a client's CUDA shm region was unregistered: unmap its handle
+                _close_client_handle(name[5:])
+                continue
             self._drop(name)
 
     def _drop(self, name: str) -> None:
@@ -166,6 +178,9 @@ def _device_input(ref: TensorRef, keep_on_device: bool) -> Any:
         array = device.open_ref(ref)
         return array if keep_on_device else array.to_numpy()
     except (CudaIpcError, device.DeviceTensorError) as exc:
+        if ref.owner.startswith("client:"):  # the client's memory (its process may have exited): a request error
+            raise invalid_arg("input '%s': cannot open CUDA shared memory region '%s': %s"
+                              % (ref.name, ref.owner[len("client:"):], exc)) from None
         raise internal("device input '%s' (from instance '%s'): %s" % (ref.name, ref.owner, exc)) from None
 
 

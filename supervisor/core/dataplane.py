@@ -119,8 +119,18 @@ class DataPlane(abc.ABC):
     def shm_unregister(self, kind: str, name: str = "") -> None: ...
 
     @abc.abstractmethod
-    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
-        """Bytes of a registered region (input tensors given by shared_memory_region)."""
+    def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
+        """Bytes of a registered region (input tensors given by shared_memory_region). With `device_ok`
+        (the frontend needs no host bytes: not BYTES), a CUDA region's input may stay on its GPU: a
+        memory.cuda_regions.CudaSpan, which the core copies to the host for a model that needs it."""
+
+    # True where the cuda_shared_memory extension works (a CUDA runtime, >= 1 GPU, client shm allowed)
+    cuda_shared_memory_supported: bool = False
+
+    def shm_is_cuda(self, region: str) -> bool:
+        """Whether `region` is a registered CUDA region: a request whose every output goes to one asks
+        its model for device outputs (InferRequest.device_outputs), copied device to device there."""
+        return False
 
     @abc.abstractmethod
     def shm_write(self, region: str, offset: int, data: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import time
@@ -59,6 +60,27 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         return self.state == READY and (self.ensemble is not None or any(i.ready for i in self.instances))
+
+    @functools.cached_property
+    def device_inputs(self) -> bool:
+        """Whether inputs in a client's CUDA region may reach this model's workers on the device: a model
+        with GPU instances whose backend takes device inputs (Python with FORCE_CPU_ONLY_INPUT_TENSORS
+        "no", PyTorch, TensorRT) and whose inputs the supervisor never reads (no ensemble, sequence state
+        or cache). Others get a host copy made here, so their workers need no CUDA library for it."""
+        cfg = self.config
+        backend = cfg.get("backend") or ""
+        if backend == "python":
+            entry = (cfg.get("parameters") or {}).get("FORCE_CPU_ONLY_INPUT_TENSORS") or {}
+            takes = str(entry.get("string_value", "") if isinstance(entry, dict) else entry).strip().lower() == "no"
+        else:
+            takes = backend in ("pytorch", "tensorrt")
+        return (takes and self.ensemble is None and not self.cache_generation and "sequence_batching" not in cfg
+                and any(g.get("kind") == "KIND_GPU" for g in cfg.get("instance_group") or ()))
+
+    @functools.cached_property
+    def host_only_inputs(self) -> frozenset[str]:
+        """Inputs the scheduler reads (shape tensors): always copied to the host."""
+        return frozenset(i.get("name", "") for i in self.config.get("input") or () if i.get("is_shape_tensor"))
 
 
 @dataclass(eq=False)

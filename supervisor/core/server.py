@@ -13,6 +13,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..cache import ResponseCache, request_key
+from ..memory.cuda_regions import CudaSpan
 from . import classification, loader
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane
@@ -47,10 +48,8 @@ class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
-                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool = False) -> None:
+                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool | None = None) -> None:
         self.manager = manager
-        # True only where CUDA shared memory regions can be registered and used for tensors (GPU build)
-        self.cuda_shared_memory_supported = cuda_shared_memory_supported
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
@@ -59,6 +58,11 @@ class ServerDataPlane(DataPlane):
         self.stats_registry = stats_registry
         self.metrics_renderer = metrics_renderer
         self.shm = shm
+        # the one capability behind the cuda_shared_memory extension: by default client shm allowed and
+        # memory.cuda_device.probe's start-up answer (a GPU device node, a CUDA binding installed)
+        if cuda_shared_memory_supported is None:
+            cuda_shared_memory_supported = bool(shm is not None and getattr(shm, "cuda_available", False))
+        self.cuda_shared_memory_supported = cuda_shared_memory_supported
         self.started = False  # set once start-up loading is done
         self.draining = False
         self._log_settings: dict[str, Any] = {
@@ -119,6 +123,8 @@ class ServerDataPlane(DataPlane):
             raise InferdError(ErrorCode.UNSUPPORTED,
                               "ModelInfer RPC doesn't support models with decoupled transaction policy")
         try:
+            if self.shm is not None and (not mv.device_inputs or mv.host_only_inputs):
+                self._inputs_to_host(request, mv)
             validate_request(mv.io, request)
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
@@ -173,6 +179,8 @@ class ServerDataPlane(DataPlane):
         if self.busy_poll is not None:
             self.busy_poll.poke()
         try:
+            if self.shm is not None:
+                self._inputs_to_host(request, mv)
             validate_request(mv.io, request)
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
@@ -315,10 +323,20 @@ class ServerDataPlane(DataPlane):
     def shm_unregister(self, kind: str, name: str = "") -> None:
         self._client_shm().unregister(kind, name)
 
-    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
+    def shm_is_cuda(self, region: str) -> bool:
+        return self.shm is not None and region in self.shm.cuda.regions
+
+    def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
         if self.shm is None:
             raise _no_region(region)
-        return self.shm.read(region, offset, byte_size)
+        return self.shm.read(region, offset, byte_size, device_ok)
+
+    def _inputs_to_host(self, request: InferRequest, mv: ModelVersion) -> None:
+        """Inputs still in a client's CUDA region copied to the host, for a model that cannot take them
+        on the device (see models.ModelVersion.device_inputs); the others go to the worker as CUDA refs."""
+        for t in request.inputs:
+            if type(t.data) is CudaSpan and not (mv.device_inputs and t.name not in mv.host_only_inputs):
+                t.data = self.shm.to_host(t.data)
 
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         if self.shm is None:

@@ -13,6 +13,7 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
+from ..memory.cuda_regions import CudaSpan
 from .tensors import check_bytes_framing
 from .types import InferRequest
 
@@ -136,8 +137,8 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
             expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
             data = tensor.data
             device = tensor.device_ref  # device memory: its size is what the producer declared
-            got = device.nbytes if device is not None else len(data) if type(data) is bytes else len(
-                memoryview(data).cast("B"))
+            got = (device.nbytes if device is not None else len(data) if type(data) is bytes
+                   else data.nbytes if type(data) is CudaSpan else len(memoryview(data).cast("B")))
             if got != expected_bytes:
                 raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
                                   % (name, model, expected_bytes, got))

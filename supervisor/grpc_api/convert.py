@@ -259,7 +259,7 @@ def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) 
             f"input '{t.name}': shared memory byte size {byte_size} does not match "
             f"{count} elements of {t.datatype} ({count * itemsize} bytes)"
         )
-    return dataplane.shm_read(region, offset, byte_size)
+    return dataplane.shm_read(region, offset, byte_size, bool(itemsize))  # BYTES: host bytes
 
 
 def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, ShmOutputs | None]:
@@ -332,6 +332,8 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
                 else:
                     out.parameters[k] = param_value(p, k)
         req.outputs.append(out)
+    if shm_out and len(shm_out) == len(req.outputs) and all(dataplane.shm_is_cuda(r) for r, _, _ in shm_out.values()):
+        req.device_outputs = True  # every output goes to a CUDA region: a GPU model's go device to device
     return req, shm_out
 
 

@@ -385,7 +385,11 @@ def response_parts(
         shm = shm_out.get(t.name) if shm_out else None
         if shm is not None:
             region, offset, limit = shm
-            nbytes = memoryview(data).nbytes
+            if t.device_ref is not None:  # a device output (asked for only when every output is in a CUDA region)
+                data = t.device_ref
+                nbytes = data.nbytes
+            else:
+                nbytes = memoryview(data).nbytes
             if nbytes > limit:
                 raise invalid_arg(
                     f"shared memory size specified with the request for output '{t.name}' ({limit} bytes) "

@@ -120,7 +120,10 @@ class InferCodec:
             key = (model, version, total, bytes(head))
             tpl = self._templates.get(key)
             if tpl is not None:
-                return ParsedInfer(*tpl.instantiate(model, version, body, hlen))
+                parsed = ParsedInfer(*tpl.instantiate(model, version, body, hlen))
+                if parsed.plans:
+                    self._ask_device_outputs(parsed)
+                return parsed
         try:
             doc = orjson.loads(head)
         except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
@@ -199,7 +202,7 @@ class InferCodec:
             else:
                 region, offset, size = _shm_params(params, name)
                 self._check_size(name, datatype, shape, nbytes, size, model)
-                data = self.dp.shm_read(region, offset, size)
+                data = self.dp.shm_read(region, offset, size, nbytes is not None)  # BYTES: host bytes
                 if nbytes is None:
                     tensors.check_bytes_framing(data, count, name)
             req.inputs.append(Tensor(name, datatype, shape, data, extra))
@@ -215,7 +218,14 @@ class InferCodec:
                                   "are allowed")
             for item in outputs:
                 self._requested_output(item, parsed)
+            if parsed.plans:
+                self._ask_device_outputs(parsed)
         return parsed
+
+    def _ask_device_outputs(self, parsed: ParsedInfer) -> None:
+        """Every output goes to a CUDA region: a GPU model's outputs stay on the device, copied there."""
+        if all(p.shm is not None and self.dp.shm_is_cuda(p.shm[0]) for p in parsed.plans.values()):
+            parsed.request.device_outputs = True
 
     @staticmethod
     def _check_size(name: str, datatype: str, shape: list[int], nbytes: int | None, got: int,
@@ -318,6 +328,16 @@ class InferCodec:
 
     # ------------------------------------------------------------ response
 
+    def _device_output(self, t: Any, plan: OutputPlan | None) -> None:
+        if plan is None or plan.shm is None:
+            raise internal(f"output '{t.name}' is on a GPU but has no CUDA shared memory region")
+        region, offset, size = plan.shm
+        nbytes = t.device_ref.nbytes
+        if nbytes > size:
+            raise invalid_arg(f"shared memory region '{region}' of {size} bytes is too small for "
+                              f"output '{t.name}' of {nbytes} bytes")
+        self.dp.shm_write(region, offset, t.device_ref)
+
     def build(self, parsed: ParsedInfer, resp: InferResponse) -> Response:
         entries = []
         blobs: list[Any] = []
@@ -327,6 +347,10 @@ class InferCodec:
         for t in resp.outputs:
             entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
             plan = plans.get(t.name) if plans else None
+            if t.device_ref is not None:  # only asked for when every output goes to a CUDA region
+                self._device_output(t, plan)
+                entries.append(entry)
+                continue
             view = memoryview(t.data)
             nbytes = view.nbytes
             dt = BY_NAME.get(t.datatype)

@@ -29,6 +29,8 @@ from .generate import Generate
 from .messages import Deferred
 from .server import HandlerResult, Request, Response
 
+CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+
 log = logging.getLogger("inferd.http")
 
 _EMPTY_OK = Response(200, b"", None)
@@ -174,7 +176,7 @@ class Router:
                 return SHARED_MEMORY, GET, self._shm_status, (kind, region)
             if rest == ["unregister"]:
                 return SHARED_MEMORY, POST, self._shm_unregister, (kind, region)
-            if rest == ["register"] and region:
+            if rest == ["register"]:
                 return SHARED_MEMORY, POST, self._shm_register, (kind, region)
             return None
         if p == ["trace", "setting"]:
@@ -351,7 +353,10 @@ class Router:
 
     def _shm_register(self, req: Request, kind: str, region: str) -> Response:
         self.dp.shm_check_allowed()  # Triton's order: the disabled answer before the body is looked at
+        if not region:
+            raise invalid_arg("'region name' is necessary to register %s shared memory region" % kind)
         doc = self._body_object(req)
+        raw = self._cuda_handle(doc) if kind == "cuda" else b""  # Triton checks the handle first
         size = doc.get("byte_size")
         if type(size) is not int or size < 0:
             raise invalid_arg("'byte_size' must be a non-negative integer")
@@ -364,19 +369,28 @@ class Router:
                 raise invalid_arg("'offset' must be a non-negative integer")
             self.dp.shm_register(kind, region, key=key, offset=offset, byte_size=size)
         else:
-            handle = doc.get("raw_handle")
-            b64 = handle.get("b64") if isinstance(handle, dict) else None
             device = doc.get("device_id", 0)
-            if not isinstance(b64, str):
-                raise invalid_arg("'raw_handle' must be an object holding a base64 string 'b64'")
             if type(device) is not int or device < 0:
                 raise invalid_arg("'device_id' must be a non-negative integer")
+            self.dp.shm_register(kind, region, raw_handle=raw, device_id=device, byte_size=size)
+        return _EMPTY_OK
+
+    @staticmethod
+    def _cuda_handle(doc: dict[str, Any]) -> bytes:
+        """The cudaIpcMemHandle_t of a CUDA registration ({"raw_handle": {"b64": ...}}), Triton's messages."""
+        if "raw_handle" not in doc:
+            raise invalid_arg("Shared memory register request has no 'raw_handle' field")
+        handle = doc["raw_handle"]
+        b64 = handle.get("b64") if isinstance(handle, dict) else None
+        raw = b""
+        if isinstance(b64, str):
             try:
                 raw = base64.b64decode(b64, validate=True)
             except (binascii.Error, ValueError):
-                raise invalid_arg("'raw_handle' is not valid base64") from None
-            self.dp.shm_register(kind, region, raw_handle=raw, device_id=device, byte_size=size)
-        return _EMPTY_OK
+                raw = b""
+        if len(raw) != CUDA_IPC_HANDLE_BYTES:
+            raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
+        return raw
 
     def _inferd_status(self, req: Request, model: str) -> Response:
         return _json(self.dp.status(model))

@@ -135,6 +135,7 @@ class Instance:
             pool=self._pool,
             model_name=self.load.model_name,
             model_version=self.load.version,
+            device=self.load.device_id if self.load.instance_kind == "GPU" else None,
             python=self._python,
             extra_env=self._extra_env,
             path_prefix=self._path_prefix,

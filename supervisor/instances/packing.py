@@ -22,6 +22,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core.tensors import element_count
 from ..core.types import InferRequest
+from ..memory.cuda_regions import CudaSpan
 from . import codec
 
 
@@ -54,11 +55,13 @@ def release_leases(leases: list[Any]) -> None:
 
 
 class InputPacker:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, device: int | None = None) -> None:
         self._pool = pool  # memory.shm_pool.ShmPool; None: inputs above INLINE_MAX_BYTES are refused
+        self._device = device  # the worker's GPU (KIND_GPU instance); None: a CPU instance
         self._request_ids = itertools.count(1)
         self._regions_seen: set[str] = set()
         self._pool_epoch = -1
+        self._cuda_seen: dict[bytes, Any] = {}  # client CUDA handles the worker was given -> their table
 
     def pack(self, requests: Sequence[InferRequest]) -> Packed:
         forget = self._forget()
@@ -93,6 +96,13 @@ class InputPacker:
                                                      device.share.label))
                         continue
                     data = t.data
+                    if type(data) is CudaSpan:  # in a client's CUDA region
+                        if self._device == data.device:  # a worker on that GPU opens the handle: no host copy
+                            self._cuda_seen[data.handle] = data.table
+                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, data.handle.hex(),
+                                                         data.offset, data.nbytes, data.device, data.owner))
+                            continue
+                        data = data.to_host()
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
                     if nbytes <= m.INLINE_MAX_BYTES:
                         if 0 < nbytes < m.ZERO_COPY_MIN_BYTES:  # (offset 0, nbytes 0) would mean a whole frame
@@ -130,7 +140,17 @@ class InputPacker:
         return out
 
     def _forget(self) -> list[str]:
-        """Pool regions unlinked since the worker last heard: it drops its mappings of them."""
+        """Pool regions unlinked since the worker last heard: it drops its mappings of them. Client CUDA
+        handles no longer registered go as "cuda:<hex handle>": the worker closes its IPC mapping."""
+        if self._cuda_seen:
+            gone = [h for h, table in self._cuda_seen.items() if not table.is_open(h)]
+            for h in gone:
+                del self._cuda_seen[h]
+            if gone:
+                return ["cuda:" + h.hex() for h in gone] + self._forget_pool()
+        return self._forget_pool()
+
+    def _forget_pool(self) -> list[str]:
         pool = self._pool
         if pool is None or pool.epoch == self._pool_epoch:
             return []
@@ -146,7 +166,8 @@ class InputPacker:
         layout = []
         for t in first.inputs:
             dt = BY_NAME.get(t.datatype)
-            if dt is None or dt.itemsize == 0 or t.shm_ref is not None or t.device_ref is not None:
+            if (dt is None or dt.itemsize == 0 or t.shm_ref is not None or t.device_ref is not None
+                    or type(t.data) is CudaSpan):
                 return None
             nbytes = element_count(t.shape) * dt.itemsize
             if nbytes >= m.ZERO_COPY_MIN_BYTES:
@@ -163,6 +184,7 @@ class InputPacker:
             for t, (name, datatype, shape, nbytes), column in zip(req.inputs, layout, columns):
                 data = t.data
                 if (t.name != name or t.datatype != datatype or t.shape != shape or t.shm_ref is not None
+                        or type(data) is CudaSpan
                         or (data.nbytes if type(data) is memoryview else memoryview(data).nbytes) != nbytes):
                     return None
                 column.append(data)

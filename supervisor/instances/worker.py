@@ -94,6 +94,7 @@ class WorkerProcess:
         path_prefix: Sequence[str] = (),
         log_verbose: int = 0,
         on_exit: Callable[[WorkerProcess, InferdError], None] | None = None,
+        device: int | None = None,  # the GPU of a KIND_GPU instance (client CUDA inputs go by handle)
     ) -> None:
         self.name = name
         self.model_name = model_name
@@ -129,7 +130,7 @@ class WorkerProcess:
         self._slots = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._batch_ids = itertools.count(1)
-        self._packer = InputPacker(pool)
+        self._packer = InputPacker(pool, device)
         # large outputs the worker wrote into its own regions; their names go back once collected
         self._outputs = WorkerOutputs(lambda names: self._send_quiet(m.ReleaseOutputs(names)), self.identity, name,
                                       lambda keys: self._send_quiet(m.ReleaseOutputs([], keys)))

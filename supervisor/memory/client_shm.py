@@ -10,6 +10,8 @@ client can truncate between the check and the copy). Instead the registered fd i
 are copied with pread/pwrite: past the end the kernel returns a short count, never a fault. It costs more
 than a memcpy from a mapping (bench/client_shm_copy.py, 2-vCPU VM: +1 µs read / +3 µs write at 4 KiB,
 +40 / +57 µs at 1 MiB, +2-6 / +7-9 ms at 64 MiB), the price of a copy no client can turn into a crash.
+
+CUDA regions (kind "cuda") are kept by memory.cuda_regions, built on the first CUDA call.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from typing import Any
 
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from .cuda_device import IpcDevice, probe
+from .cuda_regions import CudaRegions, CudaSpan
 
 RESERVED_PREFIX = "triton_python_backend_shm_region_"
 _KEY = re.compile(r"^/?[A-Za-z0-9_.\-]{1,255}$")
@@ -70,14 +75,16 @@ def server_created(st: os.stat_result, directory: str = SHM_DIR) -> bool:
 
 
 class ClientShm:
-    def __init__(self) -> None:
+    def __init__(self, cuda: CudaRegions | None = None, cuda_probe: bool | None = None) -> None:
         self.system: dict[str, SystemRegion] = {}
+        self.cuda = cuda if cuda is not None else CudaRegions(IpcDevice)
+        # whether CUDA shared memory can work here (the cuda_shared_memory extension), judged at start
+        # without importing a CUDA library
+        self.cuda_available = probe() if cuda_probe is None else cuda_probe
 
     def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         if kind == "cuda":
-            if name:
-                raise _bad("Unable to find cuda shared memory region: '%s'" % name)
-            return []
+            return self.cuda.status(name)
         regions = [self.system[name]] if name else list(self.system.values())
         if name and name not in self.system:
             raise _bad("Unable to find system shared memory region: '%s'" % name)
@@ -85,7 +92,13 @@ class ClientShm:
 
     def register(self, kind: str, name: str, **fields: Any) -> None:
         if kind == "cuda":
-            raise InferdError(ErrorCode.UNSUPPORTED, "CUDA shared memory is not available: no GPU on this server")
+            self.cuda.device()  # without CUDA, every registration gets Triton's one answer
+            if name in self.system:
+                raise InferdError(ErrorCode.ALREADY_EXISTS, "shared memory region '%s' already in manager" % name)
+            self.cuda.register(name, fields.get("raw_handle"), fields.get("device_id"), fields.get("byte_size"))
+            return
+        if name in self.cuda.regions:
+            raise InferdError(ErrorCode.ALREADY_EXISTS, "shared memory region '%s' already in manager" % name)
         if not name:
             raise _bad("shared memory region name must not be empty")
         if name.startswith(RESERVED_PREFIX):
@@ -132,6 +145,7 @@ class ClientShm:
 
     def unregister(self, kind: str, name: str = "") -> None:
         if kind == "cuda":
+            self.cuda.unregister(name)
             return
         names = [name] if name else list(self.system)
         for each in names:
@@ -157,8 +171,11 @@ class ClientShm:
         return _bad("shared memory region '%s' (key '%s') shrank after it was registered: %d bytes needed,"
                     " the object is now %s" % (r.name, r.key, end, now))
 
-    def read(self, region: str, offset: int, byte_size: int) -> memoryview:
-        """A copy of the window (the client may rewrite or unregister the region while the request is queued)."""
+    def read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
+        """An input's bytes: a host copy, or for a CUDA region with `device_ok` a pinned CudaSpan."""
+        if region in self.cuda.regions:
+            span = self.cuda.span(region, offset, byte_size)
+            return span if device_ok else self.cuda.to_host(span)
         r, start = self._window(region, offset, byte_size)
         end = start + byte_size
         if byte_size == 0:
@@ -184,7 +201,19 @@ class ClientShm:
         except OSError as exc:
             raise _bad("cannot read shared memory region '%s': %s" % (region, exc.strerror)) from None
 
+    def to_host(self, span: CudaSpan) -> memoryview:
+        return self.cuda.to_host(span)
+
     def write(self, region: str, offset: int, data: Any) -> None:
+        if region in self.cuda.regions:
+            self.cuda.write(region, offset, data)
+            return
+        if isinstance(data, CudaSpan):  # a device input echoed to a host region
+            data = self.cuda.to_host(data)
+        elif hasattr(data, "share"):  # a device output for a CUDA region unregistered since
+            if region in self.system:
+                raise _bad("shared memory region '%s' is no longer a CUDA shared memory region" % region)
+            raise _bad("Unable to find shared memory region: '%s'" % region)
         view = memoryview(data).cast("B")
         r, start = self._window(region, offset, view.nbytes)
         end = start + view.nbytes

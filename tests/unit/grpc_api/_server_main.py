@@ -241,7 +241,7 @@ class TestDataPlane(DataPlane):
         finally:
             os.close(fd)
 
-    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
+    def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> memoryview:
         m = self._map(region, offset, byte_size)
         start = self.regions[region][1] + offset
         try:

@@ -206,7 +206,7 @@ class FakeDataPlane(DataPlane):
             raise invalid_arg(f"shared memory region '{region}' is too small")
         return r[0], r[1] + offset
 
-    def shm_read(self, region: str, offset: int, byte_size: int) -> memoryview:
+    def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> memoryview:
         mm, start = self._region(region, offset, byte_size)
         return memoryview(mm[start:start + byte_size])
 
