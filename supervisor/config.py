@@ -1,7 +1,8 @@
 """The one frozen server configuration, built once from the command line.
 
 Flag names and defaults follow tritonserver's; inferd-only knobs (worker timings, run dir) are
-grouped at the end. Nothing below this module reads the environment or argv.
+grouped at the end. Nothing below this module reads the environment (only $NOTIFY_SOCKET is read,
+here) or argv.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from . import access, rundir, triton_flags
@@ -121,6 +123,7 @@ class ServerConfig:
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
     worker: WorkerTimings = field(default_factory=WorkerTimings)
+    notify_socket: str = ""  # $NOTIFY_SOCKET (systemd Type=notify): READY=1 and STOPPING=1 go there
     inert_flags: tuple[str, ...] = ()  # tritonserver flags given that change nothing here (logged at start)
 
 
@@ -314,7 +317,7 @@ def _flag_errors(args: argparse.Namespace) -> list[str]:
     return errors
 
 
-def parse_args(argv: list[str] | None = None) -> ServerConfig:
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerConfig:
     args = build_parser().parse_args(argv)
     if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("error: --load-model=* must be the only --load-model")
@@ -414,4 +417,5 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
         env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),
         worker=timings,
+        notify_socket=(os.environ if environ is None else environ).get("NOTIFY_SOCKET", ""),
     )
