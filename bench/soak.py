@@ -69,10 +69,11 @@ def make_repo(root: Path) -> Path:
 
 
 class Server:
-    def __init__(self, repo: Path, log_path: Path) -> None:
+    def __init__(self, repo: Path, log_path: Path, control_mode: str = "explicit") -> None:
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
-        argv = [str(INFERD), "--model-repository", str(repo), "--model-control-mode", "explicit",
-                "--load-model", "identity_fp32", "--load-model", "decoupled_repeat",
+        loads = ["--load-model", "identity_fp32", "--load-model", "decoupled_repeat"] \
+            if control_mode == "explicit" else []
+        argv = [str(INFERD), "--model-repository", str(repo), "--model-control-mode", control_mode, *loads,
                 "--allow-client-shm", "true", "--http-port", str(self.http_port),
                 "--grpc-port", str(self.grpc_port), "--metrics-port", str(self.metrics_port)]
         self.log = open(log_path, "wb")  # noqa: SIM115 (closed in stop())
