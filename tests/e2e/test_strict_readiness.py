@@ -2,10 +2,12 @@
 INFERD_E2E_TARGET=triton): with --strict-readiness (the default) the server is not ready while a model
 of the repository failed to load: /v2/health/ready is 400, gRPC ServerReady false, live stays true.
 A failure holds until the model loads; unloading the failed model does not clear it, unloading a
-model that was ready does not count."""
+model that was ready does not count. The grpc.health.v1 Check answers NOT_SERVING whenever ServerReady
+is false."""
 
 from __future__ import annotations
 
+import grpc as grpcio
 import pytest
 import tritonclient.grpc as grpcclient
 
@@ -28,13 +30,21 @@ def index_state(server, name: str) -> str:
     return rows[0].get("state", "") if rows else ""
 
 
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # grpc.health.v1 HealthCheckResponse.status
+
+
 def health(server) -> tuple[int, int, bool]:
+    """(HTTP live, HTTP ready, gRPC ServerReady); the grpc.health.v1 Check must agree with ready."""
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         ready = grpc.is_server_ready(client_timeout=5)
     finally:
         grpc.close()
-    return server.get("/v2/health/live")[0], server.get("/v2/health/ready")[0], ready
+    with grpcio.insecure_channel(server.grpc_url) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=10)
+    http_ready = server.get("/v2/health/ready")[0]
+    assert check == (SERVING if ready else NOT_SERVING), (check, ready)
+    return server.get("/v2/health/live")[0], http_ready, ready
 
 
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "not-strict"])
