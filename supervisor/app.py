@@ -16,6 +16,7 @@ from inferd.worker.wire.errors import InferdError
 
 from . import gpus as gpus_mod
 from . import metrics as metrics_mod
+from . import sdnotify
 from . import stats as stats_mod
 from .bls import BlsService
 from .cache import ResponseCache
@@ -113,6 +114,8 @@ class App:
             dataplane.started = True
             if ok or not self.config.exit_on_error:
                 log.info("inferd ready")
+                sdnotify.notify(self.config.notify_socket, "READY=1",
+                                "STATUS=serving %d model version(s)" % len(manager.loaded_versions()))
             if self.config.model_control_mode == "poll" and not self.stop_event.is_set():
                 poller = RepositoryPoller(manager, self.config.model_repositories,
                                           self.config.repository_poll_secs, seen)
@@ -121,6 +124,7 @@ class App:
             if poller is not None:
                 await poller.stop()
             log.info("shutting down: draining in-flight requests (up to %.0fs)", self.config.exit_timeout_secs)
+            sdnotify.notify(self.config.notify_socket, "STOPPING=1", "STATUS=draining in-flight requests")
             dataplane.draining = True
             await manager.shutdown(self.config.exit_timeout_secs)
         finally:

@@ -1,7 +1,8 @@
 """The one frozen server configuration, built once from the command line.
 
 Flag names and defaults follow tritonserver's; inferd-only knobs (worker timings, run dir) are
-grouped at the end. Nothing below this module reads the environment or argv.
+grouped at the end. Nothing below this module reads the environment (only $NOTIFY_SOCKET is read,
+here) or argv.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ class ServerConfig:
     # TEST ONLY (INFERD_TEST_ONLY_FAKE_GPUS): "<n>" made-up GPUs, or "error" for an NVML that fails to
     # start, instead of the host's NVML; lets CPU-only tests reach GPU placement and GPU metrics
     test_only_fake_gpus: str = ""
+    notify_socket: str = ""  # $NOTIFY_SOCKET (systemd Type=notify): READY=1 and STOPPING=1 go there
     inert_flags: tuple[str, ...] = ()  # tritonserver flags given that change nothing here (logged at start)
 
 
@@ -438,4 +440,5 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         test_only_fake_gpus=env.get(TEST_ONLY_FAKE_GPUS_ENV, "").strip(),
+        notify_socket=env.get("NOTIFY_SOCKET", ""),
     )

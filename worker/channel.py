@@ -248,18 +248,26 @@ class HeartbeatThread(threading.Thread):
                 deadline = min(deadline, last_heard + self._timeout)
             wait_ms = max(0, min(int((deadline - now) * 1000) + 1, 100))
             if sock.poll(wait_ms, zmq.POLLIN):
-                while True:
-                    try:
-                        parts = sock.recv_multipart(flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    try:
-                        message, _ = decode(parts)
-                    except ProtocolError:
-                        continue
-                    if isinstance(message, Heartbeat):
-                        last_heard = time.monotonic()
-                        self.heard += 1
+                last_heard = self._drain(sock, last_heard)
             if self._timeout > 0 and time.monotonic() - last_heard > self._timeout:
-                self._on_lost("no heartbeat from the supervisor for %.1f s" % self._timeout)
-                return
+                # this thread may just have waited for the GIL (a model in a long C call): what the
+                # supervisor sent meanwhile is queued, so read it before deciding it is gone
+                last_heard = self._drain(sock, last_heard)
+                if time.monotonic() - last_heard > self._timeout:
+                    self._on_lost("no heartbeat from the supervisor for %.1f s" % self._timeout)
+                    return
+
+    def _drain(self, sock: zmq.Socket, last_heard: float) -> float:
+        """Read every queued message; returns when the supervisor was last heard."""
+        while True:
+            try:
+                parts = sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return last_heard
+            try:
+                message, _ = decode(parts)
+            except ProtocolError:
+                continue
+            if isinstance(message, Heartbeat):
+                last_heard = time.monotonic()
+                self.heard += 1

@@ -162,7 +162,14 @@ class ModelManager:
         return [mv for e in self.entries.values() for mv in e.versions.values()]
 
     def all_ready(self) -> bool:
-        return all(mv.ready for mv in self.loaded_versions())
+        """Strict readiness, as Triton 2.51: every loaded version is ready and no model of the index
+        failed to load (a failure stays until the model loads, even after an unload or after it left
+        the repository in poll mode); a version that was unloaded does not count."""
+        if not all(mv.ready for mv in self.loaded_versions()):
+            return False
+        return not any(state != READY and reason != "unloaded"
+                       for e in self.entries.values() for rv, (state, reason) in e.records.items()
+                       if rv is None or rv not in e.versions)
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
         names = set(loader.list_model_names(self.settings)) | set(self.entries)
@@ -247,7 +254,7 @@ class ModelManager:
                 e.records[v] = (UNAVAILABLE, "unloaded")
             e.versions = {}
             self.invalidate()
-            if not versions:
+            if not versions and not e.records:  # a failed load keeps its reason, as Triton
                 e.records = {None: (UNAVAILABLE, "unloaded")}
             loader.release_env(self.settings, name)
             log.info("successfully unloaded '%s'", name)

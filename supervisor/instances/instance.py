@@ -1,10 +1,12 @@
 """A supervised instance slot: owns successive WorkerProcesses and restarts them with capped backoff.
 
 - The first start's failure is raised (the model load fails with the worker's reason).
-- After that, an unexpected death restarts the worker: at once if it had been ready for at least
-  `healthy_run_s`, else after `restart_base_s`, doubling while it keeps dying soon after ready (or
-  failing to start), capped at `restart_cap_s`. After `restart_give_up` failures in a row the
-  instance is FAILED with the last reason and nothing more is spawned.
+- After that, a worker that became ready and then died is always restarted: at once if it had been
+  ready for at least `healthy_run_s`, else after `restart_base_s`, doubling while it keeps dying soon
+  after ready (or failing to start), capped at `restart_cap_s`. A request that crashes its model
+  (a poison request) therefore never takes the model away for good.
+- Only failures to start count towards giving up: after `restart_give_up` failed restarts in a row
+  the instance is FAILED with the last reason and nothing more is spawned.
 - `on_change(instance)` is called on every state change so the model manager can recompute readiness.
 - `warmup(worker)`, when set, runs on every worker after it loaded the model and before the instance
   is READY (the first start and every restart); its InferdError fails that start like a load error.
@@ -73,7 +75,8 @@ class Instance:
         self.model_name = load.model_name
         self.state = InstanceState.STOPPED
         self.restarts = 0  # replacement processes spawned after the first
-        self.failures = 0  # consecutive failures (deaths soon after ready, failed restarts)
+        self.failures = 0  # consecutive failures (deaths soon after ready, failed restarts): the backoff
+        self.start_failures = 0  # consecutive failed restarts: the only ones that lead to giving up
         self.last_error: InferdError | None = None
         self.on_change = on_change
         self.warmup = warmup
@@ -147,6 +150,7 @@ class Instance:
     async def start(self) -> None:
         """First start. Raises InferdError with the reason (the instance is then FAILED)."""
         self.failures = 0
+        self.start_failures = 0
         self.last_error = None
         self._set_state(InstanceState.STARTING)
         worker = self._new_worker()
@@ -190,9 +194,10 @@ class Instance:
 
     def _schedule_restart(self) -> None:
         t = self._timings
-        if self.failures >= t.restart_give_up:
-            log.error("instance '%s' of model '%s' failed %d times in a row; giving up: %s", self.name,
-                      self.model_name, self.failures, self.last_error.message if self.last_error else "")
+        if self.start_failures >= t.restart_give_up:
+            log.error("instance '%s' of model '%s' failed to start %d times in a row; giving up: %s",
+                      self.name, self.model_name, self.start_failures,
+                      self.last_error.message if self.last_error else "")
             self._set_state(InstanceState.FAILED)
             return
         delay = backoff_delay(self.failures, t.restart_base_s, t.restart_cap_s)
@@ -212,12 +217,14 @@ class Instance:
             if self.state is InstanceState.RESTARTING:
                 self.last_error = exc
                 self.failures += 1
+                self.start_failures += 1
                 self._schedule_restart()
             return
         if self.state is not InstanceState.RESTARTING:  # drained meanwhile
             await worker.stop()
             return
         log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid)
+        self.start_failures = 0
         self._set_state(InstanceState.READY)
 
     async def drain_and_stop(self, timeout: float | None = None) -> None:

@@ -1,9 +1,11 @@
 """One live worker process and the supervisor's side of its protocol (docs/worker-protocol.md).
 
 State machine: starting → ready → draining → stopped | failed. Death is detected by awaiting the
-process exit (a per-child wait); a heartbeat watchdog SIGKILLs a worker that went silent (hung,
-SIGSTOPped) so that it takes the same path. On any exit that was not requested, every request in
-flight fails at once with UNAVAILABLE naming the instance, its pid and the cause, and `on_exit` is told.
+process exit (a per-child wait); a heartbeat watchdog SIGKILLs a worker that went silent and is
+stopped (SIGSTOP) or makes no CPU progress (deadlocked), so that it takes the same path; a silent worker
+that uses CPU is busy (a long C call holding the GIL), not hung (liveness.py). On any exit that was
+not requested, every request in flight fails at once with UNAVAILABLE naming the instance, its pid
+and the cause, and `on_exit` is told.
 
 Decoupled requests (`InferRequest.response_sink` set) stay open after their batch's ExecuteResult
 until their final StreamResponse: their shared-memory leases are held until then (the model may read
@@ -30,7 +32,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import codec
+from . import codec, liveness
 from .channel import Channel
 from .codec import BatchResult
 from .launcher import Bootstrap, Launcher
@@ -456,6 +458,9 @@ class WorkerProcess:
     async def _heartbeat_loop(self) -> None:
         interval = self._timings.heartbeat_interval_s
         limit = interval * self._timings.heartbeat_misses
+        # silence alone is not hang: a model may hold the GIL for seconds in a C call (liveness.py)
+        probe = liveness.Probe(self._proc.pid, limit) if self._proc is not None else None
+        busy_since: float | None = None
         seq = 0
         while not self._exited.is_set():
             await asyncio.sleep(interval)
@@ -465,12 +470,29 @@ class WorkerProcess:
             # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
             # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
             allowed = max(limit, STARTING_SILENCE_S) if self.state is WorkerState.STARTING else limit
-            if silent > allowed:
-                await self._channel.settle()  # the loop may have been busy: read what is queued first
-                silent = self._loop.time() - self._last_hb
-                if silent > allowed:
-                    self._kill(f"hung: no heartbeat for {silent:.1f} s")
-                    return
+            if silent <= allowed:
+                if busy_since is not None:
+                    log.info("%s answers heartbeats again after %.1f s busy", self._who(),
+                             self._loop.time() - busy_since)
+                    busy_since = None
+                if probe is not None:
+                    probe.reset()
+                continue
+            await self._channel.settle()  # the loop may have been busy: read what is queued first
+            silent = self._loop.time() - self._last_hb
+            if silent <= allowed:
+                continue
+            verdict = probe.check(self._loop.time()) if probe is not None else liveness.Verdict.STALLED
+            if verdict is liveness.Verdict.STOPPED:
+                self._kill(f"hung: no heartbeat for {silent:.1f} s (process stopped)")
+                return
+            if verdict is liveness.Verdict.STALLED:
+                self._kill(f"hung: no heartbeat for {silent:.1f} s and no CPU progress for {limit:g} s")
+                return
+            if verdict is liveness.Verdict.BUSY and busy_since is None:
+                busy_since = self._last_hb
+                log.info("%s is busy: no heartbeat for %.1f s but using CPU (a long call holding the "
+                         "GIL?); not hung", self._who(), silent)
 
     def _kill(self, reason: str) -> None:
         if self._proc is None or self._proc.returncode is not None:

@@ -58,6 +58,29 @@ def test_unit_systemd_analyze():
     assert not bad, bad
 
 
+def test_unit_notify_and_sandbox():
+    """Issue 18 item 9: Type=notify (inferd sends READY=1/STOPPING=1) and the sandbox completed."""
+    service = unit()["Service"]
+    assert service["Type"] == "notify" and service["NotifyAccess"] == "main"
+    assert service["CapabilityBoundingSet"] == ""
+    assert re.search(r"^SystemCallFilter=@system-service$", UNIT.read_text(), re.M)
+    assert set(service["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6"}
+    for key in ("LockPersonality", "MemoryDenyWriteExecute", "NoNewPrivileges", "RestrictNamespaces"):
+        assert service[key] == "yes", key
+
+
+def test_unit_security_score():
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze not installed")
+    proc = subprocess.run(["systemd-analyze", "security", "--offline=yes", str(UNIT)], capture_output=True,
+                          text=True, timeout=60)
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", proc.stdout + proc.stderr)
+    if m is None and "--offline" in proc.stderr:
+        pytest.skip("this systemd-analyze has no --offline")
+    assert m, proc.stdout[-500:] + proc.stderr[-500:]
+    assert float(m.group(1)) <= 2.0  # 1.8 at the time of writing (7.6 before the sandbox was completed)
+
+
 def test_docker_documents_init_shm_and_stop_timeout():
     text = DOCKERFILE.read_text()
     assert "--init" in text and "--shm-size" in text

@@ -192,6 +192,27 @@ def test_crash_loop_ends_unavailable(server_factory):
     assert identity_ok(server)
 
 
+def test_poison_requests_never_take_the_model_away(server_factory, harness):
+    """Issue 18 item 5: a worker that became ready and then died is always restarted; only failures
+    to start count towards giving up. Ten crashing requests in a row, each after the instance came
+    back and served: ready and serving after every one, all within 30 s."""
+    server = server_factory(["crash", "identity_fp32"])
+    pid = wait_all_ready(server, "crash", 1)[0]["pid"]
+    started = time.monotonic()
+    for n in range(10):
+        with pytest.raises(InferenceServerException) as err:
+            int_call(server, "crash", SIGKILL_SELF)
+        assert "crash" in (err.value.message() or "")
+        # backoff doubles while it keeps dying soon after ready (test profile: 0.1 s .. 1 s)
+        new = wait_all_ready(server, "crash", 1, exclude_pids={pid}, timeout=10)[0]
+        assert new["pid"] != pid and not harness.pid_alive(pid), n
+        pid = new["pid"]
+        assert int_call(server, "crash", 10 + n).as_numpy("OUTPUT0").tolist() == [10 + n]  # 1-3 crash
+    assert time.monotonic() - started < 30
+    assert server.model_ready("crash") and server.is_live()
+    assert server.instances("crash")[0].get("restarts") == 10
+
+
 # ---------------------------------------------------------------------------- unload under load
 
 
