@@ -15,8 +15,8 @@ Triton (grpc-core) or an nghttp2 server works here too:
   unknown frame types, SETTINGS and PINGs, streams we must refuse or reset): a token bucket of
   GLITCH_BURST refilling GLITCH_RATE per second (nghttp2's glitch rate limit: 10000, 330/s). A
   SETTINGS that changes the initial window costs one more token per 64 open streams (each is updated).
-- WINDOW_UPDATE: at most 1 + 2 * (streams opened + 10 * DATA frames sent) per connection (Envoy's
-  max_inbound_window_update_frames_per_data_frame_sent = 10).
+- WINDOW_UPDATE: at most 100 + 2 * (streams opened + 10 * DATA frames sent) per connection (Envoy's
+  rule, max_inbound_window_update_frames_per_data_frame_sent = 10, with 100 of slack where Envoy has 1).
 - Header blocks: at most MAX_CONTINUATIONS CONTINUATION frames after a HEADERS (nghttp2: 8) and
   MAX_SETTINGS entries in one SETTINGS frame (nghttp2: 32).
 - PINGs, as grpc-core polices them (--grpc-http2-max-ping-strikes, default 2;
@@ -38,6 +38,7 @@ MAX_UNSENT_FRAMES = 5000
 RESET_BURST, RESET_RATE = 1000, 33.0
 GLITCH_BURST, GLITCH_RATE = 10000, 330.0
 WINDOW_UPDATES_PER_DATA_FRAME = 10
+WINDOW_UPDATE_SLACK = 100
 MAX_CONTINUATIONS = 8
 MAX_SETTINGS = 32
 STREAMS_PER_GLITCH = 64  # a SETTINGS changing the initial window costs a token per this many streams
@@ -132,7 +133,8 @@ class FloodGuard:
 
     def window_update(self) -> None:
         self.window_updates += 1
-        allowed = 1 + 2 * (self.streams_opened + WINDOW_UPDATES_PER_DATA_FRAME * self.data_frames_sent)
+        sent = WINDOW_UPDATES_PER_DATA_FRAME * self.data_frames_sent
+        allowed = WINDOW_UPDATE_SLACK + 2 * (self.streams_opened + sent)
         if self.window_updates > allowed:
             raise Flood(f"too many WINDOW_UPDATE frames ({self.window_updates} for "
                         f"{self.data_frames_sent} DATA frames sent)")

@@ -120,6 +120,8 @@ class H2Connection(Sending, asyncio.Protocol):
             await self._drained
 
     def data_received(self, data: bytes) -> None:
+        if self.cut:  # failed: lingering until the client closes (sending._fail)
+            return
         self.heard = True
         try:
             if not self.reader.feed(data):

@@ -20,8 +20,9 @@ log = logging.getLogger("inferd.grpc")
 
 # Response bytes waiting for the client's flow-control windows, all streams together: a unary answer
 # that would go beyond this is refused (its call fails with RESOURCE_EXHAUSTED), so a client that never
-# opens its window holds at most this much of ours.
+# opens its window holds at most this much of ours (or one answer, if larger).
 MAX_PENDING_OUT = 256 * 1024 * 1024
+LINGER_S = 2.0  # after a connection error's GOAWAY, what the client still sends is read and dropped this long
 
 
 class Sending:
@@ -63,8 +64,9 @@ class Sending:
     def respond(self, stream_id: int, head: bytes, message: Sequence[Any], size: int, trailers: bytes) -> bool:
         """HEADERS, one DATA payload made of `message` pieces (`size` bytes), trailers: in one write
         when the windows allow, else what they allow now and the rest as WINDOW_UPDATEs arrive.
-        False (nothing sent) when the answer would have to wait and the connection already has
-        MAX_PENDING_OUT bytes waiting for the client's windows."""
+        False (nothing sent) when the answer would have to wait and, with the bytes already waiting
+        for the client's windows, the connection would hold more than MAX_PENDING_OUT (one answer
+        may always wait, however large)."""
         stream = self.streams.get(stream_id)
         if stream is None:
             return True
@@ -85,7 +87,7 @@ class Sending:
             )
             self._end(stream)
             return True
-        if self.pending_out + size > MAX_PENDING_OUT:
+        if self.pending_out and self.pending_out + size > MAX_PENDING_OUT:
             return False
         self.send_headers(stream_id, head)
         self.send_data(stream_id, message)
@@ -234,12 +236,18 @@ class Sending:
         if transport is None or transport.is_closing() or self.cut:
             return
         self.closing = True
+        self.cut = True  # from now on what the client sends is read and dropped
         if self._paused:
-            self.cut = True
             transport.abort()
             return
+        # GOAWAY, then half-close and linger: closing with the client's bytes unread would send a TCP
+        # reset, and the client could lose the GOAWAY that says why
         transport.write(f.goaway(self.last_stream_id, code, message.encode()[:256]))
-        transport.close()
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
+        else:
+            transport.close()
 
     def abort(self) -> None:
         """Close now (shutdown after the grace period): running streams see a reset."""
