@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--grpc-max-connection-age-grace", keepalive.max_connection_age_grace_ms, int),
     ):
         p.add_argument(flag, type=kind, default=default,
-                       help="as tritonserver's (the native server applies the keepalive and connection-age ones)")
+                       help="as tritonserver's (the native server applies all but --grpc-http2-max-pings-without-data)")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                    help="answer these API categories only when header KEY is VALUE (repeatable)")
     p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
