@@ -500,3 +500,27 @@ def test_ten_thousand_half_open_streams(native: str) -> None:
     assert refused == 10_000 - 4096
     w.check(rss_mib=128)
     other_client(native)
+
+
+@pytest.mark.slow
+def test_many_clients_flooding_at_once_while_calls_go_on(lax: str) -> None:
+    """The heavier variant (on demand, -m slow): 8 clients that never read send 2M PINGs or SETTINGS
+    each, all at once, while another client keeps calling; every flooder is cut off, the calls go on,
+    and the server's RSS stays within the same bound."""
+    attackers = [Attacker(lax, reading=False) for _ in range(8)]
+    results: list[bool] = []
+    w = Watch(lax, "8 non-reading flooders x 2M")
+    with w:
+        threads = [threading.Thread(target=lambda a=a, i=i: results.append(
+            not a.flood(f.ping(b"12345678") if i % 2 else f.settings({}), 2_000_000)))
+            for i, a in enumerate(attackers)]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            other_client(lax, w.cost)
+        for t in threads:
+            t.join()
+        for a in attackers:
+            a.close()
+    assert results == [True] * 8, "a flooder was not cut off"
+    w.check(rss_mib=RSS_MIB, cpu_s=60.0, other_s=15.0)
