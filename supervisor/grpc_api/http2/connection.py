@@ -241,12 +241,13 @@ class H2Connection(Sending, asyncio.Protocol):
             body = body[5:]
         if len(body) > MAX_HEADER_BLOCK:
             raise f.ConnectionError_(f.ENHANCE_YOUR_CALM, "header block too large")
-        self._header_block = bytearray(body)
-        self._continuations = 0
         self._header_stream = sid
         self._header_end_stream = bool(flags & f.END_STREAM)
-        if flags & f.END_HEADERS:
-            self._headers_complete()
+        if flags & f.END_HEADERS:  # the common case: the whole block in one frame
+            self._headers_complete(bytes(body))
+            return
+        self._header_block = bytearray(body)
+        self._continuations = 0
 
     def _on_continuation(self, flags: int, sid: int, payload: memoryview) -> None:
         if not self._header_stream or sid != self._header_stream:
@@ -259,12 +260,12 @@ class H2Connection(Sending, asyncio.Protocol):
             raise f.ConnectionError_(f.ENHANCE_YOUR_CALM, "header block too large")
         self._header_block += payload
         if flags & f.END_HEADERS:
-            self._headers_complete()
+            block = bytes(self._header_block)
+            self._header_block = bytearray()
+            self._headers_complete(block)
 
-    def _headers_complete(self) -> None:
+    def _headers_complete(self, block: bytes) -> None:
         sid, end = self._header_stream, self._header_end_stream
-        block = bytes(self._header_block)
-        self._header_block = bytearray()
         self._header_stream = 0
         try:
             headers = self.decoder.decode(block)  # always: the decoder's table must follow the client
