@@ -36,6 +36,8 @@ MAX_HEADER_BLOCK = 2 * MAX_HEADER_LIST  # HEADERS + CONTINUATION bytes before de
 # Request messages still arriving, all streams of a connection together: beyond this, new data for any
 # stream but the oldest such one fails that request (each stream's window alone would allow 16 GiB).
 MAX_PARTIAL_BYTES = 256 * 1024 * 1024
+# A client that has not sent the whole preface by then is dropped (grpc-core's server handshake timeout).
+HANDSHAKE_TIMEOUT_S = 120.0
 
 class _CutOff(Exception):
     """The connection was aborted while a read was being parsed: stop parsing it."""
@@ -76,6 +78,7 @@ class H2Connection(Sending, asyncio.Protocol):
         self._header_end_stream = False
         self._paused = False
         self._drained: asyncio.Future[None] | None = None
+        self._handshake: asyncio.TimerHandle | None = None  # drops a client that never sends the preface
         self.conn_blocked: dict[int, Stream] = {}  # streams with DATA waiting for the connection window
         self.pending_out = 0  # bytes of DATA waiting for windows, all streams
 
@@ -83,11 +86,18 @@ class H2Connection(Sending, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.transport.write(_SETTINGS)  # type: ignore[union-attr]
+        self._handshake = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
         if self.lifetime is not None:
             self.lifetime.start()
         self.app.connection_made(self)
 
+    def _handshake_expired(self) -> None:
+        log.info("closing gRPC connection: no HTTP/2 preface within %g s", HANDSHAKE_TIMEOUT_S)
+        self.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshake is not None:
+            self._handshake.cancel()
         if self.lifetime is not None:
             self.lifetime.stop()
         self.cut = True  # nothing more goes out
@@ -126,6 +136,9 @@ class H2Connection(Sending, asyncio.Protocol):
         try:
             if not self.reader.feed(data):
                 self.transport.close()  # type: ignore[union-attr]  # not HTTP/2 (an HTTP/1 client?)
+            elif self._handshake is not None and self.reader.preface_seen:
+                self._handshake.cancel()
+                self._handshake = None
         except f.ConnectionError_ as exc:
             self._fail(exc.code, str(exc))
         except Flood as exc:
