@@ -391,9 +391,9 @@ class HttpConnection(asyncio.Protocol):
         if not keep:
             self.close()
             return False
+        if self._paused_reading and len(self._queue) <= self._max_pipelined // 2 and not self._paused_writing:
+            self._resume_reading()
         if self._queue:
-            if self._paused_reading and len(self._queue) <= self._max_pipelined // 2 and not self._paused_writing:
-                self._resume_reading()
             return True
         self.since = time.monotonic()
         if self._expect and self.state == _BODY:

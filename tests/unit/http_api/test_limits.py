@@ -205,3 +205,35 @@ def test_pipelined_requests_beyond_the_cap_get_503_in_order(limited: Served) -> 
     finally:
         dp.gate = None
         conn.close()
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(loop_thread: LoopThread) -> Iterator[Served]:
+    yield from _serve(loop_thread, max_pipelined=1)
+
+
+def test_pipelining_cap_of_one_keeps_reading(one_at_a_time: Served) -> None:
+    """With --http-max-pipelined-requests 1, reading pauses at one waiting request and must resume
+    once the queue is answered (it stayed paused: the connection hung)."""
+    lt, dp = one_at_a_time.lt, one_at_a_time.dp
+
+    async def arm() -> None:
+        dp.gate = asyncio.Event()
+        dp.gate_entered = asyncio.Event()
+
+    async def release() -> None:
+        assert dp.gate is not None and dp.gate_entered is not None
+        await asyncio.wait_for(dp.gate_entered.wait(), 10)
+        dp.gate.set()
+
+    lt.run(arm())
+    conn = RawConn(one_at_a_time.port)
+    try:
+        gate = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}).encode()
+        conn.send(build("POST", "/v2/models/gate/infer", gate) + LIVE * 2)
+        lt.run(release())
+        assert [conn.read_response()[0] for _ in range(3)] == [200, 200, 503]
+        assert _live(conn) == 200
+    finally:
+        dp.gate = None
+        conn.close()
