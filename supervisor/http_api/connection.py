@@ -39,7 +39,9 @@ _BODY = 2  # body being read
 _DRAIN = 3  # an error was answered; incoming bytes are discarded until the client closes
 
 _LINGER_S = 2.0  # how long a connection answered with a fatal error keeps draining input
-_DRAIN_MAX = 16 * 1024 * 1024  # ... and how much of it at most (the rest of a refused upload), then abort
+# ... and how much of it at most: the body cap plus this (a client that sends a body just over the cap
+# before reading still gets the 413), then the connection is dropped
+_DRAIN_EXTRA = 16 * 1024 * 1024
 
 
 def _status_line(status: int) -> bytes:
@@ -172,7 +174,7 @@ class HttpConnection(asyncio.Protocol):
         state = self.state
         if state == _DRAIN:
             self._drained += len(data)
-            if self._drained > _DRAIN_MAX:
+            if self._drained > self._server.max_body + _DRAIN_EXTRA:
                 self.abort()
             return
         if self._coalescer.held:

@@ -118,7 +118,7 @@ def _upload(port: int, total: int) -> tuple[int, int | None, float]:
 def test_chunked_body_is_refused_when_it_crosses_the_cap_and_its_memory_comes_back() -> None:
     """Before: the server read on and kept each refused body (+64 MiB of RSS per 200 MiB upload with
     the default cap, still there after the connection closed). Now 413 comes as the body crosses the
-    cap, at most 16 MiB more is drained, and RSS returns."""
+    cap, at most the cap + 16 MiB more is read (and dropped), and RSS returns."""
     cap = 32 * 1024 * 1024
     server = HttpServerProcess(cap)
     try:
@@ -237,3 +237,36 @@ def test_pipelining_cap_of_one_keeps_reading(one_at_a_time: Served) -> None:
     finally:
         dp.gate = None
         conn.close()
+
+
+def test_default_cap_takes_one_64_mib_tensor_and_its_header(loop_thread: LoopThread, tmp_path: Path) -> None:
+    """The server as the command line builds it (--http-max-input-size left at 64 MiB): a request whose
+    only tensor is exactly 64 MiB, plus its JSON header, is served as Triton serves it; 4 bytes more
+    of tensor is refused with 413."""
+    from inferd.supervisor import config
+    from inferd.supervisor.http_api import frontend
+
+    from .fake_dataplane import FakeDataPlane
+
+    cfg = config.parse_args(["--model-repository", str(tmp_path), "--http-address", "127.0.0.1", "--http-port", "0"])
+    assert cfg.http_max_input_size == 64 * 1024 * 1024
+    http = loop_thread.run(frontend.start(FakeDataPlane(), cfg))
+    try:
+        for extra, expect in ((0, 200), (4, 413)):
+            n = (cfg.http_max_input_size + extra) // 4
+            head = json.dumps({"inputs": [{"name": "INPUT0", "shape": [n], "datatype": "FP32",
+                                           "parameters": {"binary_data_size": n * 4}}],
+                               "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+            conn = RawConn(http.port, timeout=60)
+            try:
+                hdrs = {"Inference-Header-Content-Length": str(len(head))}
+                conn.send(build("POST", IDENT, head + bytes(n * 4), hdrs))
+                status, headers, body = conn.read_response()
+            finally:
+                conn.close()
+            assert status == expect, body[:200]
+            if expect == 200:
+                hlen = int(headers["inference-header-content-length"])
+                assert json.loads(body[:hlen])["outputs"][0]["parameters"]["binary_data_size"] == n * 4
+    finally:
+        loop_thread.run(http.stop(2.0))
