@@ -4,8 +4,8 @@ What gRPC needs and nothing more: no server push, no priorities (PRIORITY is rea
 when configured, is the transport's, below this protocol. Requests are handed to `app.open_stream`
 once their headers are complete; the stream handler it returns gets the DATA payloads (memoryviews
 into the received chunk: no copy here) and a reset.
-Responses go out through `respond` / `send_headers` / `send_data` / `send_trailers`, which split
-DATA into frames the peer accepts and queue what its flow-control windows do not yet allow.
+Responses go out through `respond` / `send_headers` / `send_data` / `send_trailers` (sending.py),
+which split DATA into frames the peer accepts and queue what its flow-control windows do not yet allow.
 
 A `Lifetime` (lifetime.py) adds the server's side of gRPC's connection management: keepalive PINGs
 and a maximum connection age. A `FloodGuard` (abuse.py) counts what the client makes us do for free
@@ -39,6 +39,7 @@ MAX_PARTIAL_BYTES = 256 * 1024 * 1024
 # A client that has not sent the whole preface by then is dropped (grpc-core's server handshake timeout).
 HANDSHAKE_TIMEOUT_S = 120.0
 
+
 class _CutOff(Exception):
     """The connection was aborted while a read was being parsed: stop parsing it."""
 
@@ -57,7 +58,7 @@ class H2Connection(Sending, asyncio.Protocol):
     def __init__(self, app: App, lifetime: Lifetime | None = None, pings: PingPolicy | None = None) -> None:
         self.app = app
         self.guard = FloodGuard(pings or PingPolicy())
-        self.cut = False  # aborted for flooding: nothing more is parsed or written
+        self.cut = False  # failed, cut off or lost: nothing more is parsed or written
         self.lifetime = ConnectionLifetime(self, lifetime) if lifetime is not None else None
         self.heard = False  # bytes arrived since the last keepalive check (the lifetime resets it)
         self.transport: asyncio.Transport | None = None
