@@ -215,7 +215,6 @@ class HttpConnection(asyncio.Protocol):
         self._hbytes = 0
         self._hraw = 0
         self._clen = -1
-        self._cap = self._server.max_body
         self._body = None
         self._blen = 0
         self._expect = False
@@ -315,8 +314,7 @@ class HttpConnection(asyncio.Protocol):
             if type(item) is _Refused:
                 req, result = item.req, item.res
             else:
-                assert isinstance(item, Request)
-                req = item
+                req = item  # type: ignore[assignment]  # not a _Refused: a Request
                 try:
                     result = self._handler(req)
                 except Exception:
