@@ -79,6 +79,8 @@ class ServerConfig:
     http_address: str = "0.0.0.0"
     http_port: int = 8000
     http_max_input_size: int = 64 * 1024 * 1024
+    http_max_connections: int = 8192  # open HTTP connections; beyond: 503 and close (0: no limit)
+    http_max_pipelined_requests: int = 32  # waiting behind a running one on a connection; beyond: 503
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
@@ -154,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-address", default="0.0.0.0")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024)
+    p.add_argument("--http-max-connections", type=int, default=8192,
+                   help="open HTTP connections beyond this are answered 503 and closed (0: no limit)")
+    p.add_argument("--http-max-pipelined-requests", type=int, default=32,
+                   help="requests pipelined on one HTTP connection beyond this many waiting are answered 503")
     p.add_argument("--allow-grpc", type=_bool, default=True)
     p.add_argument("--grpc-address", default="0.0.0.0")
     p.add_argument("--grpc-port", type=int, default=8001)
@@ -187,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--grpc-max-connection-age-grace", keepalive.max_connection_age_grace_ms, int),
     ):
         p.add_argument(flag, type=kind, default=default,
-                       help="as tritonserver's (the native server applies the keepalive and connection-age ones)")
+                       help="as tritonserver's (the native server applies all but --grpc-http2-max-pings-without-data)")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                    help="answer these API categories only when header KEY is VALUE (repeatable)")
     p.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOLS:KEY=VALUE",
@@ -327,6 +333,10 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
     fake = environ.get(TEST_ONLY_FAKE_GPUS_ENV, "").strip()
     if fake and not (fake.isdigit() or fake.lower() == "error"):
         errors.append(f"{TEST_ONLY_FAKE_GPUS_ENV}={fake}: expected a number of GPUs or 'error' (tests only)")
+    if args.http_max_connections < 0:
+        errors.append("--http-max-connections must not be negative (0: no limit)")
+    if args.http_max_pipelined_requests < 1:
+        errors.append("--http-max-pipelined-requests must be at least 1")
     if not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     return errors
@@ -385,6 +395,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_max_connections=args.http_max_connections,
+        http_max_pipelined_requests=args.http_max_pipelined_requests,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,

@@ -15,9 +15,15 @@ tritonserver's connection flags, as this server applies them:
 - --grpc-max-connection-age / --grpc-max-connection-age-grace: at that age (±10 %) the connection gets
   GOAWAY, so the client opens a new one for new calls; running calls get the grace period (0: as long
   as they take), then the connection is closed.
-- --grpc-http2-max-pings-without-data, --grpc-http2-min-recv-ping-interval-without-data and
-  --grpc-http2-max-ping-strikes are not applied: every client PING is answered, none is counted as
-  a strike (grpcio's server enforces them).
+- --grpc-http2-max-ping-strikes / --grpc-http2-min-recv-ping-interval-without-data /
+  --grpc-keepalive-permit-without-calls police the client's PINGs as grpc-core does (http2/abuse.py):
+  a PING sooner than the minimum interval after the last one (2 hours while no call runs, unless
+  permitted without calls) is a strike; one strike over the maximum and the connection gets
+  GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings"). --grpc-http2-max-pings-without-data limits a sender's
+  own PINGs; this server sends only keepalive PINGs, one per quiet keepalive interval.
+
+Every connection also has the flood limits of http2/abuse.py (rapid reset, glitches, unread ACKs,
+CONTINUATION and WINDOW_UPDATE floods).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from ..core.dataplane import DataPlane
 from . import wire
 from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
+from .http2.abuse import PingPolicy
 from .http2.connection import H2Connection
 from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
 from .http2.grpc_wire import (
@@ -121,15 +128,26 @@ def lifetime(keepalive: GrpcKeepalive) -> Lifetime:
     )
 
 
+def ping_policy(keepalive: GrpcKeepalive) -> PingPolicy:
+    """tritonserver's PING policing flags (milliseconds) as the HTTP/2 connection applies them."""
+    return PingPolicy(
+        max_strikes=max(0, keepalive.max_ping_strikes),
+        min_interval=max(0, keepalive.min_recv_ping_interval_without_data_ms) / 1000,
+        permit_without_calls=keepalive.permit_without_calls,
+    )
+
+
 class NativeGrpcServer:
     """Listens, owns the connections and tracks the calls so that `stop` can drain them."""
 
     def __init__(
-        self, methods: dict[str, Method], max_message_bytes: int = MAX_MESSAGE_LIMIT, lifetime: Lifetime | None = None
+        self, methods: dict[str, Method], max_message_bytes: int = MAX_MESSAGE_LIMIT, lifetime: Lifetime | None = None,
+        pings: PingPolicy | None = None,
     ) -> None:
         self.methods = methods
         self.max_message_bytes = max_message_bytes
         self.lifetime = lifetime
+        self.pings = pings or PingPolicy()  # grpc-core's defaults
         self.calls: set[Call] = set()
         self.connections: set[H2Connection] = set()
         self.stopping = False
@@ -201,9 +219,9 @@ class NativeGrpcServer:
     ) -> int:
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        lifetime = self.lifetime
+        lifetime, pings = self.lifetime, self.pings
         self._server = await loop.create_server(
-            lambda: H2Connection(self, lifetime),
+            lambda: H2Connection(self, lifetime, pings),
             address,
             port,
             family=family,
@@ -252,7 +270,9 @@ async def start_native_server(
     """Bind and serve; `tls` (tls.server_context) for TLS, `reuse_port` for SO_REUSEPORT, `keepalive`
     for keepalive PINGs and the maximum connection age, `policy` for restricted calls and forwarded metadata."""
     conn_lifetime = lifetime(keepalive) if keepalive is not None else None
-    server = NativeGrpcServer(build_methods(InferenceService(dataplane, policy)), max_message_bytes, conn_lifetime)
+    pings = ping_policy(keepalive) if keepalive is not None else None
+    server = NativeGrpcServer(build_methods(InferenceService(dataplane, policy)), max_message_bytes, conn_lifetime,
+                              pings)
     try:
         await server.start(address, port, tls, reuse_port)
     except OSError as exc:

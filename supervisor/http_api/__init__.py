@@ -31,7 +31,8 @@ async def start_http_api(dataplane: DataPlane, host: str, port: int, *,
                          keepalive_timeout: float = 75.0, max_header_size: int = 16384,
                          restricted: dict[str, tuple[str, str]] | None = None,
                          header_forward_pattern: str = "",
-                         limits: Limits | None = None) -> HttpServer:
+                         limits: Limits | None = None, max_connections: int = 8192,
+                         max_pipelined: int = 32) -> HttpServer:
     """Listen on host:port (0 = a free port, read `.port`) and serve the KServe v2 API.
 
     `restricted`: category ("health", "metadata", "inference", "shared-memory", "model-config",
@@ -45,4 +46,5 @@ async def start_http_api(dataplane: DataPlane, host: str, port: int, *,
     return await start_http_server(router, host, port, max_body=limits.max_input_size,
                                    max_header_size=max_header_size, header_timeout=header_timeout,
                                    body_timeout=body_timeout, keepalive_timeout=keepalive_timeout,
-                                   keep_header_case=bool(header_forward_pattern))
+                                   keep_header_case=bool(header_forward_pattern),
+                                   max_connections=max_connections, max_pipelined=max_pipelined)

@@ -1,9 +1,15 @@
 """One HTTP/1.1 client connection on asyncio.Protocol + httptools.
 
-Keep-alive, pipelined requests answered in order (one handler at a time per connection),
-Content-Length and chunked bodies, `Expect: 100-continue`, header and body caps checked before
-buffering, write back-pressure, and the per-connection half of the timeouts (the server's sweeper
-calls `check_timeouts`).
+Keep-alive, pipelined requests answered in order (one handler at a time per connection; beyond
+`max_pipelined` waiting, the next are answered 503 without running), Content-Length and chunked
+bodies, `Expect: 100-continue`, header and body caps checked before buffering (a chunked body is
+refused the moment it crosses the cap), write back-pressure, and the per-connection half of the
+timeouts (the server's sweeper calls `check_timeouts`). A connection over the server's
+`max_connections` is answered 503 and closed without reading a request.
+
+The body cap (--http-max-input-size) applies as Triton applies it: to the JSON of a request, and
+separately to the bytes after it, so a binary request may be its `Inference-Header-Content-Length`
+(at most the cap) plus the cap.
 """
 
 from __future__ import annotations
@@ -32,8 +38,10 @@ _HEADERS = 1  # request line / headers being read
 _BODY = 2  # body being read
 _DRAIN = 3  # an error was answered; incoming bytes are discarded until the client closes
 
-_MAX_PIPELINED = 32  # parsed requests waiting behind a running one before reading pauses
 _LINGER_S = 2.0  # how long a connection answered with a fatal error keeps draining input
+# ... and how much of it at most: the body cap plus this (a client that sends a body just over the cap
+# before reading still gets the 413), then the connection is dropped
+_DRAIN_EXTRA = 16 * 1024 * 1024
 
 
 def _status_line(status: int) -> bytes:
@@ -52,7 +60,18 @@ _HEADER_NAMES: dict[bytes, str] = {}
 _CONTENT_TYPES: dict[str, bytes] = {}
 _CACHE_MAX = 256
 _CANCELLED = Response(400, b'{"error":"request cancelled"}')
+_BUSY = 503  # too many requests pipelined on one connection, or too many connections
 _INTERNAL = Response(500, b'{"error":"Internal Server Error"}')
+
+
+class _Refused:
+    """A pipelined request beyond the connection's limit: answered with `res` in its turn, never run."""
+
+    __slots__ = ("req", "res")
+
+    def __init__(self, req: Request, res: Response) -> None:
+        self.req = req
+        self.res = res
 
 
 class _Abort(Exception):
@@ -94,11 +113,13 @@ class HttpConnection(asyncio.Protocol):
         self._hraw = 0
         self._completed = 0
         self._clen = -1
+        self._cap = server.max_body  # of the request being read (its JSON header adds to it)
         self._body: Any = None
         self._blen = 0
         self._expect = False
-        # requests parsed and waiting, and the one running
-        self._queue: deque[Request] = deque()
+        self._max_pipelined = server.max_pipelined
+        # requests parsed and waiting (or the 503s owed to those beyond max_pipelined), and the one running
+        self._queue: deque[Request | _Refused] = deque()
         self._busy = False
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Future[Any] | None = None  # the Deferred future the running request waits on
@@ -106,12 +127,16 @@ class HttpConnection(asyncio.Protocol):
         self._paused_writing = False
         self._write_ready: asyncio.Future[None] | None = None
         self._eof = False
+        self._drained = 0  # bytes read and dropped after a fatal error
         self.closed = False
+        self.admitted = False  # counted in the server's open connections (HttpServer._admit)
 
     # ---- asyncio.Protocol ----
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
         self._server.connections.add(self)
+        if not self._server._admit(self):
+            self._fatal(_BUSY, f"too many connections: the server takes at most {self._server.max_connections}")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -125,6 +150,7 @@ class HttpConnection(asyncio.Protocol):
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_result(None)
         self._queue.clear()
+        self._body = None  # a body cut off mid-way goes now (the parser and this protocol form a cycle)
 
     def eof_received(self) -> bool:
         # A client that shuts down its side is treated as gone (as most servers do): the transport
@@ -141,12 +167,15 @@ class HttpConnection(asyncio.Protocol):
         if self._write_ready is not None and not self._write_ready.done():
             self._write_ready.set_result(None)
         self._write_ready = None
-        if len(self._queue) < _MAX_PIPELINED:
+        if len(self._queue) < self._max_pipelined:
             self._resume_reading()
 
     def data_received(self, data: bytes) -> None:
         state = self.state
         if state == _DRAIN:
+            self._drained += len(data)
+            if self._drained > self._server.max_body + _DRAIN_EXTRA:
+                self.abort()
             return
         if self._coalescer.held:
             self._coalescer.flush()  # answers first, then the request just read
@@ -211,6 +240,10 @@ class HttpConnection(asyncio.Protocol):
         self.state = _BODY
         headers = self._headers
         cap = self._server.max_body
+        hlen = headers.get("inference-header-content-length")
+        if hlen is not None and hlen.isascii() and hlen.isdigit() and len(hlen) < 19 and int(hlen) <= cap:
+            cap += int(hlen)  # the JSON header is capped on its own, as Triton caps it (codec checks it)
+        self._cap = cap
         clen = headers.get("content-length")
         if clen is not None:
             # llhttp has validated the digits; refuse before reading a byte of the body
@@ -233,8 +266,8 @@ class HttpConnection(asyncio.Protocol):
             self._blen = len(body)
             return
         n = self._blen + len(body)
-        if n > self._server.max_body:
-            raise _Abort(413, f"request body exceeds the maximum allowed {self._server.max_body} bytes")
+        if n > self._cap:  # a chunked body: refused the moment it crosses the cap
+            raise _Abort(413, f"request body exceeds the maximum allowed {self._cap} bytes")
         if self._body is None:
             self._body = bytearray(self._clen) if self._clen > 0 else bytearray()
         if self._clen > 0:
@@ -260,21 +293,33 @@ class HttpConnection(asyncio.Protocol):
         self.state = _IDLE
         self.since = time.monotonic()
         if self._busy:
-            self._queue.append(req)
-            if len(self._queue) >= _MAX_PIPELINED:
+            if len(self._queue) >= self._max_pipelined:  # not run: answered 503 in its turn
+                self._queue.append(self._too_many(req))
+            else:
+                self._queue.append(req)
+            if len(self._queue) >= self._max_pipelined:
                 self._pause_reading()
         else:
             self._dispatch(req)
 
+    def _too_many(self, req: Request) -> _Refused:
+        return _Refused(req, Response(_BUSY, ('{"error":"too many requests pipelined on this connection: at most %d '
+                                              'wait behind the one running"}' % self._max_pipelined).encode()))
+
     # ---- request handling ----
-    def _dispatch(self, req: Request) -> None:
+    def _dispatch(self, item: Request | _Refused) -> None:
         while True:
             self._busy = True
-            try:
-                result = self._handler(req)
-            except Exception:
-                log.exception("HTTP handler failed")
-                result = _INTERNAL
+            result: Any
+            if type(item) is _Refused:
+                req, result = item.req, item.res
+            else:
+                req = item  # type: ignore[assignment]  # not a _Refused: a Request
+                try:
+                    result = self._handler(req)
+                except Exception:
+                    log.exception("HTTP handler failed")
+                    result = _INTERNAL
             if not isinstance(result, Response):
                 if isinstance(result, Deferred):
                     self._pending = future = result.future
@@ -284,7 +329,7 @@ class HttpConnection(asyncio.Protocol):
                 return
             if not self._finish(req, result):
                 return
-            req = self._queue.popleft()
+            item = self._queue.popleft()
 
     async def _run(self, req: Request, pending: Awaitable[Response]) -> None:
         try:
@@ -346,9 +391,9 @@ class HttpConnection(asyncio.Protocol):
         if not keep:
             self.close()
             return False
+        if self._paused_reading and len(self._queue) <= self._max_pipelined // 2 and not self._paused_writing:
+            self._resume_reading()
         if self._queue:
-            if self._paused_reading and len(self._queue) <= _MAX_PIPELINED // 2 and not self._paused_writing:
-                self._resume_reading()
             return True
         self.since = time.monotonic()
         if self._expect and self.state == _BODY:
@@ -439,6 +484,7 @@ class HttpConnection(asyncio.Protocol):
         self.state = _DRAIN
         self.since = time.monotonic()
         self._queue.clear()
+        self._body = None  # what was read of a refused body goes at once, not when the connection does
         if self._task is not None:
             self._task.cancel()
             self._task = None

@@ -45,6 +45,8 @@ async def start(dataplane: DataPlane, config: Any) -> HttpFrontend:
         keepalive_timeout=float(getattr(config, "http_keepalive_timeout_s", 75.0)),
         reuse_port=bool(getattr(config, "reuse_http_port", False)),
         keep_header_case=bool(forward),  # Triton forwards header names as the client spelled them
+        max_connections=int(getattr(config, "http_max_connections", 8192)),
+        max_pipelined=int(getattr(config, "http_max_pipelined_requests", 32)),
     )
     log.info("Started HTTPService at %s:%d", config.http_address, server.port)
     return HttpFrontend(server, float(getattr(config, "exit_timeout_secs", 30.0)))

@@ -20,16 +20,25 @@ from .messages import Handler, HandlerResult, Request, Response
 
 __all__ = ["Handler", "HandlerResult", "HttpServer", "Request", "Response", "start_http_server"]
 
+MAX_CONNECTIONS = 8192  # --http-max-connections
+MAX_PIPELINED = 32  # --http-max-pipelined-requests
+
 
 class HttpServer:
     """The listening socket, its connections, one timeout sweeper, and a graceful close."""
 
     def __init__(self, handler: Handler, *, max_body: int, max_header_size: int = 16384,
                  max_headers: int = 100, header_timeout: float = 30.0, body_timeout: float = 30.0,
-                 keepalive_timeout: float = 75.0, keep_header_case: bool = False) -> None:
-        """`keep_header_case`: requests carry their headers as received too (Request.raw_headers)."""
+                 keepalive_timeout: float = 75.0, keep_header_case: bool = False,
+                 max_connections: int = MAX_CONNECTIONS, max_pipelined: int = MAX_PIPELINED) -> None:
+        """`keep_header_case`: requests carry their headers as received too (Request.raw_headers).
+        `max_connections`: open connections beyond it are answered 503 and closed (0: no limit);
+        `max_pipelined`: requests waiting behind a running one on a connection, beyond it 503."""
         self.handler = handler
         self.max_body = max_body
+        self.max_connections = max_connections
+        self.max_pipelined = max(1, max_pipelined)
+        self.admitted = 0  # connections open and not refused
         self.max_header_size = max_header_size
         self.max_headers = max_headers
         self.header_timeout = header_timeout
@@ -62,7 +71,17 @@ class HttpServer:
             conn.check_timeouts(now)
         self._sweeper = self.loop.call_later(self._tick, self._sweep)
 
+    def _admit(self, conn: HttpConnection) -> bool:
+        if self.max_connections and self.admitted >= self.max_connections:
+            return False
+        conn.admitted = True
+        self.admitted += 1
+        return True
+
     def _forget(self, conn: HttpConnection) -> None:
+        if conn.admitted:
+            conn.admitted = False
+            self.admitted -= 1
         self.connections.discard(conn)
         if not self.connections and self._all_closed is not None:
             self._all_closed.set()
@@ -97,12 +116,14 @@ class HttpServer:
 async def start_http_server(handler: Handler, host: str, port: int, *, max_body: int,
                             max_header_size: int = 16384, header_timeout: float = 30.0,
                             body_timeout: float = 30.0, keepalive_timeout: float = 75.0,
-                            reuse_port: bool = False, keep_header_case: bool = False) -> HttpServer:
+                            reuse_port: bool = False, keep_header_case: bool = False,
+                            max_connections: int = MAX_CONNECTIONS, max_pipelined: int = MAX_PIPELINED) -> HttpServer:
     """Listen on host:port (port 0 = any free port; read it back from `.port`). `reuse_port`: other
     servers that set it too may listen on the same port (SO_REUSEPORT, --reuse-http-port).
     `keep_header_case`: requests carry their headers as received too (Request.raw_headers)."""
     server = HttpServer(handler, max_body=max_body, max_header_size=max_header_size,
                         header_timeout=header_timeout, body_timeout=body_timeout,
-                        keepalive_timeout=keepalive_timeout, keep_header_case=keep_header_case)
+                        keepalive_timeout=keepalive_timeout, keep_header_case=keep_header_case,
+                        max_connections=max_connections, max_pipelined=max_pipelined)
     await server.start(host, port, reuse_port=reuse_port)
     return server

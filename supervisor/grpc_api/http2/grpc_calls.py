@@ -201,7 +201,9 @@ class UnaryCall(Call):
     def respond(self, pieces: list[Any], size: int) -> None:
         if self.done:
             return
-        self.conn.respond(self.sid, RESPONSE_HEAD, pieces, size, TRAILERS_OK)
+        if not self.conn.respond(self.sid, RESPONSE_HEAD, pieces, size, TRAILERS_OK):
+            self.end(RESOURCE_EXHAUSTED, "too many response bytes wait for this connection's flow-control window")
+            return
         self._finished()
 
     def cancel(self) -> None:

@@ -75,7 +75,7 @@ class ConnectionLifetime:
         conn = self.conn
         if conn.closing or not self._open() or "goaway" in self._timers:
             return
-        conn.transport.write(f.goaway(f.MAX_STREAM_ID, f.NO_ERROR) + f.ping(_RETIRE_PING))
+        conn._write(f.goaway(f.MAX_STREAM_ID, f.NO_ERROR) + f.ping(_RETIRE_PING))
         self._later("goaway", RETIRE_ACK_WAIT_S, conn.goaway)
         if self.settings.max_age_grace is not None:
             self._later("grace", self.settings.max_age_grace, self._grace_over)
@@ -102,7 +102,7 @@ class ConnectionLifetime:
             conn.heard = False
             self._later("ping", settings.ping_interval, self._keepalive)
             return
-        conn.transport.write(f.ping(_KEEPALIVE_PING))
+        conn._write(f.ping(_KEEPALIVE_PING))
         self._later("ping", settings.ping_timeout, self._ping_unanswered)
 
     def _ping_unanswered(self) -> None:

@@ -17,7 +17,7 @@ class FrameReader:
         self.on_frame = on_frame
         self.max_frame = max_frame
         self._preface = b""
-        self._preface_seen = False
+        self.preface_seen = False
         self._hold: list[Any] = []  # bytes of an incomplete frame
         self._hold_len = 0
         self._need = 9
@@ -26,14 +26,14 @@ class FrameReader:
         """False when the bytes are not HTTP/2 (the preface does not match): close the connection.
         Raises frames.ConnectionError_ for a frame above the size limit."""
         view = memoryview(data)
-        if not self._preface_seen:
+        if not self.preface_seen:
             need = len(f.PREFACE) - len(self._preface)
             self._preface += bytes(view[:need])
             if not f.PREFACE.startswith(self._preface):
                 return False
             if len(self._preface) < len(f.PREFACE):
                 return True
-            self._preface_seen = True
+            self.preface_seen = True
             view = view[need:]
         if self._hold_len:
             view = self._complete_held(view)

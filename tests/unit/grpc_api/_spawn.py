@@ -16,8 +16,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 
+PIDS: dict[str, int] = {}  # "host:port" -> the server's pid (the flood tests measure its CPU and RSS)
+
+
 def serve(kind: str) -> Iterator[str]:
-    """Spawns _server_main.py with `kind` ("native" or "grpcio"), yields "host:port", stops it."""
+    """Spawns _server_main.py with `kind` ("native", "native-lax" or "grpcio"), yields "host:port", stops it."""
     subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py")], check=True, cwd=ROOT)
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "_server_main.py"), kind],
@@ -47,6 +50,7 @@ def serve(kind: str) -> Iterator[str]:
     if not found:
         proc.kill()
         pytest.fail("server did not start:\n" + "".join(seen))
+    PIDS[found[0]] = proc.pid
     yield found[0]
     proc.stdin.close()
     try:

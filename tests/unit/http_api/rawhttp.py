@@ -10,7 +10,7 @@ from typing import Any
 class RawConn:
     def __init__(self, port: int, timeout: float = 5.0) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
+        self.buf = bytearray()  # appended in place: a large answer is not copied once per read
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -26,7 +26,8 @@ class RawConn:
         while b"\r\n\r\n" not in self.buf:
             if not self._fill():
                 raise ConnectionError("closed before a response")
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        self.buf = bytearray(rest)
         lines = head.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
         headers = {}
@@ -37,7 +38,7 @@ class RawConn:
         while len(self.buf) < n:
             if not self._fill():
                 raise ConnectionError("closed inside a response body")
-        body, self.buf = self.buf[:n], self.buf[n:]
+        body, self.buf = bytes(self.buf[:n]), self.buf[n:]
         return status, headers, body
 
     def wait_closed(self) -> bool:

@@ -205,22 +205,25 @@ def test_gzip_bomb_is_413(served: Any) -> None:
     check_alive(served)
 
 
-@pytest.mark.parametrize("kind", ["json", "binary"])
-def test_body_cap(served: Any, kind: str) -> None:
-    """cap - 128 bytes is served; cap + 128 is refused with 413 before the body is read."""
+def test_body_cap_json(served: Any) -> None:
+    """cap - 128 bytes of JSON is served; cap + 128 is refused with 413 before the body is read."""
     for delta, expect in ((-128, 200), (128, 413)):
         size = MAX_INPUT + delta
-        if kind == "json":
-            prefix = b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"FP32","data":[1]}]}'
-            body = prefix + b" " * (size - len(prefix))
-            headers: dict[str, str] = {}
-        else:
-            n = (size - 200) // 4
-            head = json.dumps({"inputs": [fp32_input([n], n * 4)]}).encode()
-            head += b" " * (size - len(head) - n * 4)
-            body = head + b"\0" * (n * 4)
-            headers = {"Inference-Header-Content-Length": str(len(head))}
-        assert len(body) == size
+        prefix = b'{"inputs":[{"name":"INPUT0","shape":[1],"datatype":"FP32","data":[1]}]}'
+        body = prefix + b" " * (size - len(prefix))
+        status, _, raw = request(served.port, "POST", IDENT, body)
+        assert status == expect, raw[:200]
+    check_alive(served)
+
+
+def test_body_cap_binary_counts_the_tensors_not_the_json_header(served: Any) -> None:
+    """As Triton applies --http-max-input-size: one tensor of exactly the cap plus its JSON header is
+    served; 4 bytes more of tensor is refused with 413 before the body is read."""
+    for extra, expect in ((0, 200), (4, 413)):
+        n = (MAX_INPUT + extra) // 4
+        head = json.dumps({"inputs": [fp32_input([n], n * 4)]}).encode()
+        body = head + np.arange(n, dtype=np.float32).tobytes()
+        headers = {"Inference-Header-Content-Length": str(len(head))}
         status, _, raw = request(served.port, "POST", IDENT, body, headers)
         assert status == expect, raw[:200]
     check_alive(served)
