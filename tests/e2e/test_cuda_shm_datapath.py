@@ -25,7 +25,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fake_cuda_server import fake_handle  # noqa: E402
+from fake_cuda_server import GPUS, fake_handle  # noqa: E402
 
 pytestmark = pytest.mark.inferd_only
 
@@ -95,7 +95,9 @@ def server(module_server_factory, tmp_path_factory):
     (repo / "ident_cpu" / "config.pbtxt").write_text(CONFIG)
     (repo / "ident_cpu" / "1" / "model.py").write_text(MODEL)
     launcher = tmp_path_factory.mktemp("bin") / "inferd-fake-cuda"
-    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {Path(__file__).parent / 'fake_cuda_server.py'} \"$@\"\n")
+    # the fake device's two GPUs are also what discovery finds (the extension needs a discovered GPU)
+    script = Path(__file__).parent / "fake_cuda_server.py"
+    launcher.write_text(f"#!/bin/sh\nexec env INFERD_TEST_ONLY_FAKE_GPUS={GPUS} {sys.executable} {script} \"$@\"\n")
     launcher.chmod(launcher.stat().st_mode | stat.S_IXUSR)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(conftest, "INFERD_BIN", launcher)
