@@ -1,0 +1,47 @@
+"""Google Cloud Storage, through google-cloud-storage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import google.auth
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+from .credentials import GcsCredential
+from .location import CloudLocation
+from .store import ObjectInfo
+
+
+class GcsStore:
+    def __init__(self, loc: CloudLocation, cred: GcsCredential, timeout_s: float) -> None:
+        self.timeout = timeout_s
+        options: dict[str, Any] = {}
+        credentials: Any
+        project: str | None = None
+        if cred.credentials_file:
+            credentials, project = google.auth.load_credentials_from_file(
+                cred.credentials_file, scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
+        elif cred.emulator_host:
+            credentials = AnonymousCredentials()
+        else:
+            try:  # the attached service account, as Triton; else anonymous (a public bucket)
+                credentials, project = google.auth.default()
+            except google.auth.exceptions.DefaultCredentialsError:
+                credentials = AnonymousCredentials()
+        if cred.emulator_host:
+            host = cred.emulator_host
+            options["api_endpoint"] = host if "://" in host else "http://" + host
+        self.client = storage.Client(project=project or "inferd", credentials=credentials,
+                                     client_options=options or None)
+        self.bucket = self.client.bucket(loc.bucket)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        for blob in self.client.list_blobs(self.bucket, prefix=prefix, timeout=self.timeout):
+            mark = "%s-%s" % (blob.generation or "", blob.md5_hash or blob.etag or "")
+            yield ObjectInfo(blob.name, int(blob.size or 0), mark)
+
+    def download(self, key: str, dest: str) -> None:
+        with open(dest, "xb") as f:
+            self.bucket.blob(key).download_to_file(f, timeout=self.timeout)
