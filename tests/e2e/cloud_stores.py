@@ -87,7 +87,7 @@ def azurite_missing() -> str:
 @contextlib.contextmanager
 def azurite_server(workdir: Path) -> Iterator[str]:
     port = free_port()
-    log = open(workdir / "azurite.log", "wb")
+    log = open(workdir / "azurite.log", "wb")  # noqa: SIM115 - closed after the process ends
     proc = subprocess.Popen([str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port),
                              "--location", str(workdir), "--silent", "--skipApiVersionCheck", "--loose",
                              "--disableTelemetry", "--inMemoryPersistence"],
