@@ -11,6 +11,7 @@ repository index) without touching the network.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,8 @@ from . import layout
 
 if TYPE_CHECKING:
     from .cloud.cache import CloudRepository
+
+log = logging.getLogger("inferd.repository")
 
 CLOUD_THREADS = 4  # concurrent cloud listings/downloads (one model's objects download one after another)
 
@@ -121,13 +124,22 @@ class Repositories:
             return layout.find_model(self.local, name, model_config_name)
         local = [os.path.abspath(r) for r in self.local if os.path.isdir(os.path.join(r, name))]
         remote = []
+        failures: list[InferdError] = []
         for url, repo in self.cloud.items():
-            objects = repo.model_objects(name)
+            try:
+                objects = repo.model_objects(name)
+            except InferdError as e:  # an unreadable repository fails only the models not found elsewhere
+                failures.append(e)
+                continue
             if objects:
                 remote.append((url, repo, objects))
         found = local + [url for url, _, _ in remote]
+        if not found and failures:
+            raise failures[0]
         if not found:
             raise not_found(f"failed to load '{name}', failed to poll from model repository: model not found")
+        for e in failures:
+            log.warning("loading '%s' from %s although %s", name, found[0], e.message)
         if len(found) > 1:
             raise layout.duplicate_error(name, found)
         if local:

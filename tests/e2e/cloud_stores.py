@@ -30,9 +30,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_port(port: int, timeout: float = 60.0) -> None:
+def wait_port(port: int, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while True:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the server exited with code {proc.returncode} before listening on {port}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1.0):
                 return
@@ -90,10 +92,13 @@ def azurite_server(workdir: Path) -> Iterator[str]:
     log = open(workdir / "azurite.log", "wb")  # noqa: SIM115 - closed after the process ends
     proc = subprocess.Popen([str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port),
                              "--location", str(workdir), "--silent", "--skipApiVersionCheck", "--loose",
-                             "--disableTelemetry", "--inMemoryPersistence"],
+                             "--disableTelemetry"],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        wait_port(port)
+        try:
+            wait_port(port, proc=proc)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {(workdir / 'azurite.log').read_text()[-2000:]}") from None
         yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
     finally:
         proc.terminate()
@@ -121,6 +126,7 @@ class BreakingProxy:
         self.mode = "pass"
         self.marker = b""
         self.damaged = 0
+        self.hits = 0  # requests whose target contains the marker
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -179,7 +185,9 @@ class BreakingProxy:
                 return
             head, body = msg
             target = head.split(b"\r\n", 1)[0]
-            damage = self.mode != "pass" and self.marker in target and not target.startswith(b"HEAD")
+            marked = bool(self.marker) and self.marker in target and not target.startswith(b"HEAD")
+            self.hits += marked
+            damage = marked and self.mode != "pass"
             head = self._set_header(head, b"Connection", b"close")
             with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as up:
                 up.sendall(head + b"\r\n\r\n" + body)

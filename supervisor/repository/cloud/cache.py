@@ -36,12 +36,17 @@ MANIFEST = "manifest.json"
 
 
 def _unavailable(message: str) -> InferdError:
-    return InferdError(ErrorCode.UNAVAILABLE, message)
+    """A failed copy fails the load as any failed load does (400 / INVALID_ARGUMENT from the load API, as
+    Triton); the model's index row turns UNAVAILABLE with this message as the reason."""
+    return InferdError(ErrorCode.INVALID_ARG, message)
 
 
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return "%s: %s" % (type(exc).__name__, text[0] if text else "")
+    code = getattr(exc, "error_code", None)  # Azure's service error code, e.g. AuthorizationFailure
+    code = getattr(code, "value", code)
+    name = "%s (%s)" % (type(exc).__name__, code) if isinstance(code, str) and code else type(exc).__name__
+    return "%s: %s" % (name, text[0] if text else "")
 
 
 def model_fingerprint(objects: list[ObjectInfo], prefix: str) -> str:

@@ -118,7 +118,7 @@ def test_a_broken_download_leaves_no_snapshot(tmp_path, fault):
     setattr(store, fault, "repo/m/1/model.bin")
     with pytest.raises(InferdError) as err:
         repo.materialize("m", repo.model_objects("m"))
-    assert err.value.code == ErrorCode.UNAVAILABLE and "repo/m/1/model.bin" in err.value.message
+    assert err.value.code == ErrorCode.INVALID_ARG and "repo/m/1/model.bin" in err.value.message
     assert ("connection reset" if fault == "fail_on" else "5 bytes received, the object has 10") in err.value.message
     assert snapshots(tmp_path, "m") == []  # nothing half-copied, no temp dir left
 
