@@ -2,11 +2,12 @@
 `--repository-poll-secs`; a new model is loaded, a changed one reloaded, a removed one unloaded
 (triton.md §4.4).
 
-A model counts as changed when its directory's fingerprint (every file's path, size and mtime,
-`layout.fingerprint`; for a cloud model its objects' keys, sizes and ETags) differs from the one
-seen at its last load attempt. So a model whose load failed is tried again only once its files
-change, and a failed reload keeps the old versions serving (`ModelManager.load` does that). Scans read the filesystem on a thread; loads run on the
-event loop, as explicit loads do.
+A model counts as changed when its fingerprint differs from the one seen at its last load attempt:
+for a local directory every file's path, size and mtime (`layout.fingerprint`), for a cloud model
+its objects' keys, sizes and ETags. So a model whose load failed is tried again only once its files
+change, and a failed reload keeps the old versions serving (`ModelManager.load` does that). Scans
+read the filesystem (or list the buckets) on a thread; loads run on the event loop, as explicit
+loads do.
 """
 
 from __future__ import annotations

@@ -118,6 +118,7 @@ class BreakingProxy:
       mid-download; the Content-Length still announces the whole object);
     - mode "short": Content-Length rewritten to half and half the body sent (a partial object that
       looks complete to HTTP);
+    - mode "stall": headers and half the body, then nothing until the proxy closes (a hung server);
     - mode "pass": untouched.
     """
 
@@ -133,11 +134,13 @@ class BreakingProxy:
         self.sock.listen(64)
         self.port = int(self.sock.getsockname()[1])
         self._stop = False
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         self._stop = True
+        self._closed.set()
         with contextlib.suppress(OSError):
             socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
         self._thread.join(timeout=5)
@@ -208,6 +211,8 @@ class BreakingProxy:
             conn.sendall(rhead + b"\r\n\r\n" + rbody[:half])
             if self.mode == "cut":
                 conn.shutdown(socket.SHUT_RDWR)
+            elif self.mode == "stall":
+                self._closed.wait(60)
 
 
 def upload_s3(endpoint: str, bucket: str, prefix: str, src: Path, key_id: str = "testing",

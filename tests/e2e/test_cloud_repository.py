@@ -5,10 +5,12 @@ credentials leave the model UNAVAILABLE with the reason, nothing half-copied, th
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -128,10 +130,11 @@ def test_s3_poll_mode_follows_the_bucket(server_factory, harness, tmp_path, monk
     assert server.is_live()
 
 
-@pytest.mark.parametrize("fault", ["cut", "short"])
+@pytest.mark.parametrize("fault", ["cut", "short", "stall"])
 def test_s3_broken_download_leaves_the_model_unavailable(server_factory, harness, tmp_path, monkeypatch, s3, fault):
-    """The connection cut mid-object, or an object shorter than listed: the load API fails with the
-    reason, nothing is left in the cache, the server lives; once the network heals the load works."""
+    """The connection cut mid-object, an object shorter than listed, or a server that stops sending
+    (--cloud-timeout-secs): the load API fails with the reason, nothing is left in the cache, the
+    server lives; once the network heals the load works."""
     endpoint, proxy = s3
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
@@ -141,12 +144,14 @@ def test_s3_broken_download_leaves_the_model_unavailable(server_factory, harness
     proxy.mode, proxy.marker, proxy.damaged = fault, b"weights.bin", 0
     server = server_factory(control_mode="explicit", wait_ready=[],
                             extra_args=["--model-repository", f"s3://127.0.0.1:{proxy.port}/{bucket}/r"],
-                            inferd_args=["--cloud-cache-dir", str(cache), "--cloud-timeout-secs", "10"])
+                            inferd_args=["--cloud-cache-dir", str(cache), "--cloud-timeout-secs", "3"])
     client = server.http_client()
     try:
         with pytest.raises(InferenceServerException) as err:
             client.load_model(MODEL)
         assert "weights.bin" in str(err.value) and proxy.damaged >= 1
+        if fault == "stall":
+            assert "timeout" in str(err.value).lower(), err.value
         row = index(server)[MODEL]
         assert row["state"] == "UNAVAILABLE" and "weights.bin" in row["reason"]
         assert snapshot_dirs(cache) == []  # no snapshot, no temp dir left
@@ -174,19 +179,42 @@ def test_s3_missing_bucket_leaves_the_model_unavailable(server_factory, tmp_path
     assert server.is_live()
 
 
-def test_gcs_repository(server_factory, harness, tmp_path, monkeypatch):
+def add_env_model(stage: Path, harness) -> str:
+    """A copy of MODEL whose EXECUTION_ENV_PATH names a tarball inside the model directory (bin/python:
+    a wrapper around this interpreter, which has numpy and pyzmq)."""
+    name = "identity_env"
+    shutil.copytree(harness.model_source(MODEL), stage / name, ignore=shutil.ignore_patterns("__pycache__"))
+    config = stage / name / "config.pbtxt"
+    config.write_text(config.read_text().replace(f'name: "{MODEL}"', f'name: "{name}"') + '\nparameters: { key: '
+                      '"EXECUTION_ENV_PATH", value: { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+    with tarfile.open(stage / name / "env.tar.gz", "w:gz") as tar:
+        for member, data, mode in (("bin/python", f'#!/bin/sh\nexec {sys.executable} "$@"\n'.encode(), 0o755),
+                                   ("conda-meta/history", b"", 0o644)):
+            info = tarfile.TarInfo(member)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+    return name
+
+
+def test_gcs_repository_with_an_execution_environment(server_factory, harness, tmp_path, monkeypatch):
     pytest.importorskip("google.cloud.storage")
     pytest.importorskip("gcp_storage_emulator")
+    stage = staged_model(tmp_path, harness)
+    env_model = add_env_model(stage, harness)
     with cs.gcs_server() as endpoint:
-        cs.upload_gcs(endpoint, "gcs-models", "path/to/repo/", staged_model(tmp_path, harness))
+        cs.upload_gcs(endpoint, "gcs-models", "path/to/repo/", stage)
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
-        cache = tmp_path / "cache"
-        server = server_factory(wait_ready=[MODEL], extra_args=["--model-repository", "gs://gcs-models/path/to/repo"],
-                                inferd_args=["--cloud-cache-dir", str(cache)])
+        cache, envs = tmp_path / "cache", tmp_path / "envs"
+        server = server_factory(wait_ready=[MODEL, env_model],
+                                extra_args=["--model-repository", "gs://gcs-models/path/to/repo"],
+                                inferd_args=["--cloud-cache-dir", str(cache), "--env-cache-dir", str(envs)])
         infer_identity(server)
-        assert len(snapshot_dirs(cache)) == 1
+        infer_identity(server, env_model)
+        assert len(snapshot_dirs(cache)) == 2
         copied = next(cache.glob(f"*/{MODEL}/*/{MODEL}/{BIG}"))
-        assert copied.read_bytes() == (tmp_path / "stage" / MODEL / BIG).read_bytes()
+        assert copied.read_bytes() == (stage / MODEL / BIG).read_bytes()
+        # the tarball came down with the model and was unpacked into the environment cache
+        assert list(envs.glob("*.ready.json")), sorted(p.name for p in envs.iterdir())
 
 
 @pytest.fixture
