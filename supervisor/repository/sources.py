@@ -138,8 +138,8 @@ class Repositories:
             raise failures[0]
         if not found:
             raise not_found(f"failed to load '{name}', failed to poll from model repository: model not found")
-        for e in failures:
-            log.warning("loading '%s' from %s although %s", name, found[0], e.message)
+        for failure in failures:
+            log.warning("loading '%s' from %s although %s", name, found[0], failure.message)
         if len(found) > 1:
             raise layout.duplicate_error(name, found)
         if local:
