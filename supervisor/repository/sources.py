@@ -74,7 +74,7 @@ class Repositories:
         for n, rs in scan.duplicates.items():
             where[n] = list(rs)
         for url, repo in self.cloud.items():
-            for name in repo.names:
+            for name in list(repo.names):
                 try:
                     layout.validate_model_name(name)
                 except InferdError as e:

@@ -106,10 +106,12 @@ class CloudRepository:
     def model_objects(self, name: str) -> list[ObjectInfo]:
         """The objects of one model (fresh listing); [] when the repository has no such model."""
         objects = self._list(f"{self.loc.prefix}{name}/")
+        names = dict(self.names)  # replaced, never changed in place: the event loop reads it unlocked
         if objects:
-            self.names[name] = model_fingerprint(objects, f"{self.loc.prefix}{name}/")
+            names[name] = model_fingerprint(objects, f"{self.loc.prefix}{name}/")
         else:
-            self.names.pop(name, None)
+            names.pop(name, None)
+        self.names = names
         return objects
 
     def materialize(self, name: str, objects: list[ObjectInfo]) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .location import CloudLocation
@@ -38,8 +38,8 @@ MAX_CREDENTIAL_FILE_BYTES = 1 << 20
 @dataclass(frozen=True)
 class S3Credential:
     key_id: str = ""
-    secret_key: str = ""
-    session_token: str = ""
+    secret_key: str = field(default="", repr=False)
+    session_token: str = field(default="", repr=False)
     region: str = ""
     profile: str = ""
     credentials_file: str = ""  # AWS_SHARED_CREDENTIALS_FILE
@@ -55,7 +55,7 @@ class GcsCredential:
 @dataclass(frozen=True)
 class AzureCredential:
     account: str
-    key: str = ""
+    key: str = field(default="", repr=False)
     endpoint: str = ""  # "" = https://<account>.blob.core.windows.net
 
 
@@ -65,6 +65,9 @@ class CloudCredentials:
 
     env: tuple[tuple[str, str], ...] = ()
     file: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (scheme, ((prefix, entry), ...))
+
+    def __repr__(self) -> str:  # secrets stay out of logs and tracebacks
+        return "CloudCredentials(env=%s, file=%s)" % ([k for k, _ in self.env], [s for s, _ in self.file])
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> CloudCredentials:

@@ -50,6 +50,12 @@ def test_credential_file_longest_prefix_wins_and_env_is_the_fallback(tmp_path):
     assert creds.for_location(parse_url("as://acct/other/m")).key == "envkey"  # type: ignore[union-attr]
 
 
+def test_secrets_stay_out_of_reprs():
+    creds = CloudCredentials.from_environ({"AWS_SECRET_ACCESS_KEY": "topsecret", "AZURE_STORAGE_KEY": "azsecret"})
+    text = repr(creds) + repr(creds.for_location(parse_url("s3://b/m"))) + repr(creds.for_location(parse_url("as://a/c")))
+    assert "AWS_SECRET_ACCESS_KEY" in text and "topsecret" not in text and "azsecret" not in text
+
+
 def test_aws_environment_and_azure_connection_string():
     creds = CloudCredentials.from_environ({
         "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-west-2",
