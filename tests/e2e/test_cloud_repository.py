@@ -254,3 +254,42 @@ def test_azure_repository_and_bad_credentials(server_factory, harness, tmp_path,
         assert not os.path.exists(tmp_path / "cache2") or snapshot_dirs(tmp_path / "cache2") == []
     finally:
         client.close()
+
+
+def test_s3_bad_credentials_leave_the_model_unavailable(server_factory, harness, tmp_path, monkeypatch, s3):
+    """moto checks signatures against its IAM users once authentication is on: an unknown key is refused."""
+    from moto.core.authorization import enable_iam_authentication
+
+    endpoint, _ = s3
+    cs.upload_s3(endpoint, "guarded", "", staged_model(tmp_path, harness))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAIOSFODNN7EXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-known-secret")
+    with enable_iam_authentication():
+        server = server_factory(control_mode="explicit", wait_ready=[],
+                                extra_args=["--model-repository", f"s3://{endpoint}/guarded"],
+                                inferd_args=["--cloud-cache-dir", str(tmp_path / "cache")])
+        client = server.http_client()
+        try:
+            with pytest.raises(InferenceServerException, match="InvalidAccessKeyId"):
+                client.load_model(MODEL)
+            assert server.is_live() and not server.model_ready(MODEL)
+            assert "InvalidAccessKeyId" in index(server)[MODEL]["reason"]
+        finally:
+            client.close()
+            server.stop()
+
+
+def test_gcs_unreadable_credential_file_is_the_reason(tmp_path):
+    """GOOGLE_APPLICATION_CREDENTIALS naming a file that is no credential: the listing fails with why."""
+    pytest.importorskip("google.cloud.storage")
+    from inferd.supervisor.repository.cloud.cache import CloudRepository
+    from inferd.supervisor.repository.cloud.credentials import CloudCredentials
+    from inferd.supervisor.repository.cloud.location import parse_url
+    from inferd.worker.wire.errors import InferdError
+
+    bad = tmp_path / "key.json"
+    bad.write_text('{"type": "service_account"}')
+    creds = CloudCredentials.from_environ({"GOOGLE_APPLICATION_CREDENTIALS": str(bad)})
+    repo = CloudRepository(parse_url("gs://bucket/models"), creds, str(tmp_path / "cache"), 5.0)
+    with pytest.raises(InferdError, match="failed to open model repository 'gs://bucket/models'"):
+        repo.refresh()

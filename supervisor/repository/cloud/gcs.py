@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import google.auth
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
+from google.oauth2 import credentials as user_credentials
+from google.oauth2 import service_account
 
 from .credentials import GcsCredential
 from .location import CloudLocation
 from .store import ObjectInfo
+
+_SCOPES = ["https://www.googleapis.com/auth/devstorage.read_only"]
+
+
+def _from_file(path: str) -> tuple[Any, str | None]:
+    """A user credential, else a service account key, as Triton tries them (its JSON "type" tells)."""
+    with open(path) as f:
+        info = json.load(f)
+    if not isinstance(info, dict):
+        raise ValueError(f"{path}: not a credential JSON object")
+    if info.get("type") == "authorized_user":
+        return user_credentials.Credentials.from_authorized_user_info(info, scopes=_SCOPES), info.get(
+            "quota_project_id")
+    return service_account.Credentials.from_service_account_info(info, scopes=_SCOPES), info.get("project_id")
 
 
 class GcsStore:
@@ -21,8 +38,7 @@ class GcsStore:
         credentials: Any
         project: str | None = None
         if cred.credentials_file:
-            credentials, project = google.auth.load_credentials_from_file(
-                cred.credentials_file, scopes=["https://www.googleapis.com/auth/devstorage.read_only"])
+            credentials, project = _from_file(cred.credentials_file)
         elif cred.emulator_host:
             credentials = AnonymousCredentials()
         else:
