@@ -23,6 +23,7 @@ import cloud_stores as cs  # noqa: E402
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
+pytestmark = pytest.mark.inferd_only  # --cloud-cache-dir, and the copies it inspects, are inferd's
 
 MODEL = "identity_fp32"
 BIG = "1/weights.bin"  # a 512 KiB file in the model, the one the proxy damages
