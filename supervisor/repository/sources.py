@@ -104,8 +104,15 @@ class Repositories:
         await self._run(self.refresh)
 
     def fingerprints(self) -> dict[str, str]:
-        """{model name: fingerprint} of the loadable models (blocking: lists the cloud repositories)."""
-        self.refresh()
+        """{model name: fingerprint} of the loadable models (blocking: lists the cloud repositories).
+
+        A cloud repository that cannot be listed now keeps the names and fingerprints of its last
+        listing (its models stay as they are) and the others are still followed."""
+        for cloud in self.cloud.values():
+            try:
+                cloud.refresh()
+            except InferdError as e:
+                log.error("polling the model repository failed: %s", e.message)
         scan = self.list_models()
         out = {}
         for name, root in scan.models.items():

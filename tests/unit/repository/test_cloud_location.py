@@ -134,3 +134,27 @@ def test_keys_that_would_leave_the_model_directory_are_skipped(tmp_path):
     root = repo.materialize("m", repo.model_objects("m"))
     assert os.listdir(os.path.join(root, "m", "1")) == ["ok"]
     assert not (tmp_path / "escape").exists()
+
+
+def test_an_unlistable_repository_keeps_its_models_and_does_not_stop_the_others(tmp_path):
+    from inferd.supervisor.repository.sources import CloudSettings, Repositories
+
+    repos = Repositories(["s3://one/r", "s3://two/r"], CloudSettings(CloudCredentials(), str(tmp_path / "c"), 5.0))
+    try:
+        one, two = DictStore({"r/a/1/x": b"a"}), DictStore({"r/b/1/x": b"b"})
+        repos.cloud["s3://one/r"]._store, repos.cloud["s3://two/r"]._store = one, two
+        first = repos.fingerprints()
+        assert set(first) == {"a", "b"}
+
+        def broken(prefix):
+            raise ConnectionRefusedError("connection refused")
+
+        one.list = broken  # type: ignore[method-assign]
+        two.objects["r/b/2/x"] = b"b2"
+        second = repos.fingerprints()
+        assert second["a"] == first["a"] and second["b"] != first["b"]
+        with pytest.raises(InferdError, match="connection refused"):
+            repos.find_model("a")  # found nowhere else: the listing's failure is the reason
+        assert repos.find_model("b").versions == (1, 2)  # found in the other repository: loads
+    finally:
+        repos.close()
