@@ -158,3 +158,18 @@ def test_an_unlistable_repository_keeps_its_models_and_does_not_stop_the_others(
         assert repos.find_model("b").versions == (1, 2)  # found in the other repository: loads
     finally:
         repos.close()
+
+
+def test_storage_sdks_are_imported_only_when_a_cloud_repository_is_named(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from inferd.supervisor import app, config\n"
+            "from inferd.supervisor.repository.sources import Repositories\n"
+            f"Repositories([{str(tmp_path)!r}]).list_models()\n"
+            "print(sorted(m for m in ('boto3', 'botocore', 'google.cloud.storage', 'azure.storage.blob') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
