@@ -9,6 +9,7 @@ from typing import Any
 import google.auth
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
+from google.cloud.storage.retry import DEFAULT_RETRY
 from google.oauth2 import credentials as user_credentials
 from google.oauth2 import service_account
 
@@ -34,6 +35,7 @@ def _from_file(path: str) -> tuple[Any, str | None]:
 class GcsStore:
     def __init__(self, loc: CloudLocation, cred: GcsCredential, timeout_s: float) -> None:
         self.timeout = timeout_s
+        self.retry = DEFAULT_RETRY.with_timeout(timeout_s)  # retries of one call end within the timeout
         options: dict[str, Any] = {}
         credentials: Any
         project: str | None = None
@@ -54,10 +56,11 @@ class GcsStore:
         self.bucket = self.client.bucket(loc.bucket)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        for blob in self.client.list_blobs(self.bucket, prefix=prefix, timeout=self.timeout):
+        for blob in self.client.list_blobs(self.bucket, prefix=prefix, timeout=self.timeout,
+                                            retry=self.retry):
             mark = "%s-%s" % (blob.generation or "", blob.md5_hash or blob.etag or "")
             yield ObjectInfo(blob.name, int(blob.size or 0), mark)
 
     def download(self, key: str, dest: str) -> None:
         with open(dest, "xb") as f:
-            self.bucket.blob(key).download_to_file(f, timeout=self.timeout)
+            self.bucket.blob(key).download_to_file(f, timeout=self.timeout, retry=self.retry)
