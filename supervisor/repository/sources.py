@@ -56,6 +56,9 @@ class Repositories:
         self.local = tuple(r for r in self.roots if not _is_url(r))
 
     def close(self) -> None:
+        """At shutdown: copies under way stop at their next object; queued work is dropped."""
+        for repo in self.cloud.values():
+            repo.closing.set()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from azure.storage.blob import BlobServiceClient
+from azure.storage.blob import BlobServiceClient, LinearRetry
 
 from .credentials import AzureCredential
 from .location import CloudLocation
@@ -17,8 +17,10 @@ class AzureStore:
         url = cred.endpoint or f"https://{cred.account}.blob.core.windows.net"
         key: Any = {"account_name": cred.account, "account_key": cred.key} if cred.key else None
         self.timeout = timeout_s
+        # two retries a second apart (the SDK's default waits 15 s and more between tries)
+        retry = LinearRetry(backoff=1, retry_total=2, random_jitter_range=1)
         service = BlobServiceClient(account_url=url, credential=key, connection_timeout=timeout_s,
-                                    read_timeout=timeout_s, retry_total=2)
+                                    read_timeout=timeout_s, retry_policy=retry)
         self.container = service.get_container_client(loc.bucket)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:

@@ -73,6 +73,7 @@ class CloudRepository:
         self.root = os.path.join(cache_dir, hashlib.sha1(loc.url.encode()).hexdigest()[:16])
         self._store: Store | None = None
         self._lock = threading.Lock()
+        self.closing = threading.Event()  # set at shutdown: a copy under way stops at its next object
         self.names: dict[str, str] = {}  # model name -> fingerprint, from the last full listing
 
     def store(self) -> Store:
@@ -132,6 +133,8 @@ class CloudRepository:
             os.makedirs(model_dir)
             fetched = linked = 0
             for obj in objects:
+                if self.closing.is_set():
+                    raise _unavailable(f"copying model '{name}' from '{self.url}' stopped: the server is shutting down")
                 rel = _safe_relpath(obj.key[len(prefix):])
                 if rel is None:
                     continue  # the model directory itself ("name/") or a key that would escape it

@@ -173,3 +173,18 @@ def test_storage_sdks_are_imported_only_when_a_cloud_repository_is_named(tmp_pat
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_copy_stops_at_shutdown_and_leaves_nothing(tmp_path):
+    repo, store = make_repo(tmp_path, {"repo/m/config.pbtxt": b"cfg", "repo/m/1/a": b"a", "repo/m/1/b": b"b"})
+    objects = repo.model_objects("m")
+    real = store.download
+
+    def download_then_close(key, dest):
+        real(key, dest)
+        repo.closing.set()  # the server shuts down while the first object arrives
+
+    store.download = download_then_close  # type: ignore[method-assign]
+    with pytest.raises(InferdError, match="shutting down"):
+        repo.materialize("m", objects)
+    assert len(store.downloads) == 1 and snapshots(tmp_path, "m") == []
