@@ -188,3 +188,24 @@ def test_a_copy_stops_at_shutdown_and_leaves_nothing(tmp_path):
     with pytest.raises(InferdError, match="shutting down"):
         repo.materialize("m", objects)
     assert len(store.downloads) == 1 and snapshots(tmp_path, "m") == []
+
+
+def test_a_name_in_a_local_and_a_cloud_repository_is_a_duplicate(tmp_path):
+    from inferd.supervisor.repository.sources import CloudSettings, Repositories
+
+    local = tmp_path / "local"
+    (local / "m" / "1").mkdir(parents=True)
+    (local / "solo" / "1").mkdir(parents=True)
+    repos = Repositories([str(local), "s3://b/r"], CloudSettings(CloudCredentials(), str(tmp_path / "c"), 5.0))
+    try:
+        repos.cloud["s3://b/r"]._store = DictStore({"r/m/1/x": b"x", "r/cloudy/1/x": b"y"})
+        repos.refresh()
+        scan = repos.list_models()
+        assert scan.models == {"solo": str(local), "cloudy": "s3://b/r"}
+        assert scan.duplicates == {"m": (str(local), "s3://b/r")}
+        with pytest.raises(InferdError, match="more than one model repository"):
+            repos.find_model("m")
+        assert repos.find_model("cloudy").path.startswith(str(tmp_path / "c"))
+        assert repos.find_model("solo").path == str(local / "solo")
+    finally:
+        repos.close()
