@@ -1,5 +1,6 @@
-"""Cloud repository URLs (Triton's forms), credential choice (Triton's rules) and the snapshot cache
-against a store held in a dict (the real stores are tested against real servers in tests/e2e)."""
+"""Cloud repositories without a network: URLs (Triton's forms), credential choice (Triton's rules),
+the snapshot cache and the local + cloud source list, against a store held in a dict (the real stores
+are tested against real servers in tests/e2e/test_cloud_repository.py)."""
 
 from __future__ import annotations
 
