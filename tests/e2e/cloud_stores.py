@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import socket
 import subprocess
@@ -262,9 +261,3 @@ def upload_azure(endpoint: str, container: str, prefix: str, src: Path) -> Calla
         put(rel, path.read_bytes())
     return put
 
-
-def env_without_cloud() -> dict[str, str]:
-    """os.environ less every cloud credential variable (the tests set their own)."""
-    names = ("AWS_", "GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AZURE_STORAGE_",
-             "TRITON_CLOUD_CREDENTIAL_PATH")
-    return {k: v for k, v in os.environ.items() if not k.startswith(names)}
