@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PORT_ARGS ?=
 REPO ?= examples
 
-.PHONY: run test lint protos bench venv clean test-all test-gpu
+.PHONY: run test lint protos bench venv clean test-all test-gpu azurite
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ test: lint
 
 test-all: venv protos
 	$(BIN)/python -m pytest -q -m ''
+
+# Azurite (Azure Blob Storage emulator, npm) for the as:// repository tests, into tests/.node
+azurite:
+	npm install --prefix tests/.node --no-audit --no-fund azurite@3
 
 test-gpu: venv protos
 	$(BIN)/python -m pytest -q -m gpu tests/gpu

@@ -105,7 +105,7 @@ class App:
         poller: RepositoryPoller | None = None
         try:
             await self._start_frontends(dataplane)
-            seen = await self._poll_snapshot() if self.config.model_control_mode == "poll" else {}
+            seen = await self._poll_snapshot(manager) if self.config.model_control_mode == "poll" else {}
             ok = await self._initial_load(manager)
             if not ok and self.config.exit_on_error:
                 log.error("failed to load all models")
@@ -117,7 +117,7 @@ class App:
                 sdnotify.notify(self.config.notify_socket, "READY=1",
                                 "STATUS=serving %d model version(s)" % len(manager.loaded_versions()))
             if self.config.model_control_mode == "poll" and not self.stop_event.is_set():
-                poller = RepositoryPoller(manager, self.config.model_repositories,
+                poller = RepositoryPoller(manager, manager.settings.repos,
                                           self.config.repository_poll_secs, seen)
                 poller.start()
             await self.stop_event.wait()
@@ -133,6 +133,7 @@ class App:
             await self._stop_frontends()
             if busy_poll is not None:
                 busy_poll.close()
+            manager.settings.repos.close()
             await runtime.close()
             # NVML is shut down only once no poll is inside it (a wedged driver call keeps its daemon thread)
             if gpu_metrics is None or await asyncio.to_thread(gpu_metrics.stop):
@@ -160,16 +161,23 @@ class App:
         poller.start()
         return poller
 
-    async def _poll_snapshot(self) -> dict[str, str]:
+    async def _poll_snapshot(self, manager: ModelManager) -> dict[str, str]:
         """The models' fingerprints before the start-up load: the first poll reloads what changed since."""
         try:
-            return await asyncio.to_thread(scan_fingerprints, self.config.model_repositories)
+            return await scan_fingerprints(manager.settings.repos)
         except InferdError as exc:
             log.error("reading the model repository failed: %s", exc.message)
             return {}
 
     async def _initial_load(self, manager: ModelManager) -> bool:
         cfg = self.config
+        listed = True
+        if manager.settings.repos.cloud:  # list the cloud repositories (a poll snapshot may just have)
+            try:
+                await manager.settings.repos.refresh_async()
+            except InferdError as exc:
+                log.error("reading the model repository failed: %s", exc.message)
+                listed = cfg.model_control_mode == "explicit" and "*" not in cfg.load_models
         if cfg.model_control_mode == "explicit":
             names = list(loader.list_model_names(manager.settings)) if "*" in cfg.load_models else list(
                 cfg.load_models)
@@ -187,7 +195,7 @@ class App:
                     return False
 
         results = await asyncio.gather(*(load(n) for n in names))
-        return all(results)
+        return listed and all(results)
 
     async def _start_frontends(self, dataplane: ServerDataPlane) -> None:
         cfg = self.config

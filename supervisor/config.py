@@ -8,6 +8,7 @@ here) or argv.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field, replace
 from . import access, rundir, triton_flags
 from .cache import parse_cache_config
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
+from .repository.cloud import credentials as cloud_credentials
+from .repository.cloud import location as cloud_location
 
 # API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
 RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -128,6 +131,11 @@ class ServerConfig:
     busy_poll_us: int = 0  # after a request, the event loop polls instead of sleeping this long (0: off)
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
+    # cloud repositories (s3://, gs://, as://): their credentials (None when no repository is a URL),
+    # where models are copied, and the connect/read timeout of each storage request
+    cloud_credentials: cloud_credentials.CloudCredentials | None = None
+    cloud_cache_dir: str = ""
+    cloud_timeout_secs: float = 60.0
     worker: WorkerTimings = field(default_factory=WorkerTimings)
     # GPU numbering (gpus.py): the server's CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER, None when unset
     cuda_visible_devices: str | None = None
@@ -239,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
     p.add_argument("--env-cache-max-gb", type=float, default=20.0,
                    help="evict least recently used environments no loaded model uses beyond this size")
+    p.add_argument("--cloud-cache-dir", default="",
+                   help="where models of cloud repositories are copied (default: ~/.cache/inferd/models)")
+    p.add_argument("--cloud-timeout-secs", type=float, default=60.0,
+                   help="connect and read timeout of each request to a cloud repository")
     p.add_argument("--heartbeat-interval", type=float, default=0.5, help="seconds between worker heartbeats")
     p.add_argument("--heartbeat-misses", type=int, default=4)
     p.add_argument("--worker-start-timeout", type=float, default=30.0)
@@ -321,9 +333,18 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
     if name and (len(name) > 255 or name in (".", "..") or any(c.isspace() or c in "/\\" for c in name)):
         errors.append(f"--model-config-name {name!r}: must be a file name (no spaces or slashes)")
     for repo in args.model_repository:
-        if re.match(r"[a-z][a-z0-9+.-]*://", repo):  # s3://, gs://, as://: Triton reads these from the cloud
-            errors.append(f"--model-repository {repo}: cloud storage repositories are not supported; copy the "
-                          "repository to a local directory (or mount it) and give that path")
+        if cloud_location.is_cloud_url(repo):  # s3://, gs://, as://: copied from the cloud (repository/cloud)
+            try:
+                scheme = cloud_location.parse_url(repo).scheme
+            except ValueError as exc:
+                errors.append(f"--model-repository {exc}")
+                continue
+            module, package = cloud_location.LIBRARIES[scheme]
+            if importlib.util.find_spec(module.split(".")[0]) is None or importlib.util.find_spec(module) is None:
+                errors.append(f"--model-repository {repo}: needs the {package} package "
+                              "(pip install 'inferd[cloud]')")
+    if not args.cloud_timeout_secs > 0:
+        errors.append("--cloud-timeout-secs must be greater than 0")
     if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
         errors.append("--repository-poll-secs must be greater than 0 with --model-control-mode poll")
     if args.model_load_retry_count < 0:
@@ -350,6 +371,12 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
     if args.model_control_mode == "explicit" and "*" in args.load_model and len(args.load_model) > 1:
         raise SystemExit("error: --load-model=* must be the only --load-model")
     errors = _flag_errors(args, env)
+    creds = None
+    if any(cloud_location.is_cloud_url(r) for r in args.model_repository):
+        try:
+            creds = cloud_credentials.CloudCredentials.from_environ(env)
+        except ValueError as exc:
+            errors.append(str(exc))
     http_restricted: dict[str, tuple[str, str]] = {}
     grpc_restricted: dict[str, tuple[str, str]] = {}
     try:
@@ -382,7 +409,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         restart_cap_s=args.restart_max_delay,
     )
     return ServerConfig(
-        model_repositories=tuple(os.path.abspath(r) for r in args.model_repository),
+        model_repositories=tuple(r.rstrip("/") if cloud_location.is_cloud_url(r) else os.path.abspath(r)
+                                 for r in args.model_repository),
         model_control_mode=args.model_control_mode,
         load_models=tuple(args.load_model),
         repository_poll_secs=args.repository_poll_secs,
@@ -448,6 +476,10 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
         env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),
+        cloud_credentials=creds,
+        cloud_cache_dir=os.path.abspath(os.path.expanduser(args.cloud_cache_dir)) if args.cloud_cache_dir
+        else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "models"),
+        cloud_timeout_secs=args.cloud_timeout_secs,
         worker=timings,
         cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES"),
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),

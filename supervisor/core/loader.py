@@ -26,6 +26,7 @@ from ..memory.client_shm import ClientShm
 from ..memory.shm_pool import ShmPool
 from ..repository import autocomplete, layout, metadata, normalize, versions
 from ..repository import config as repo_config
+from ..repository.sources import CloudSettings, Repositories
 from . import classification
 
 _KIND_NAMES = {0: "CPU", 1: "GPU", 2: "CPU", 3: "MODEL"}  # KIND_AUTO resolves before this point
@@ -81,12 +82,21 @@ class LoaderSettings:
     gpu_ids: tuple[int, ...] = ()  # the GPUs discovery found (CUDA numbering); none: KIND_AUTO is CPU
     model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
     load_retries: int = 0  # --model-load-retry-count
+    repos: Repositories = None  # type: ignore[assignment]  # built from `repositories` when not given
+
+    def __post_init__(self) -> None:
+        if self.repos is None:
+            object.__setattr__(self, "repos", Repositories(self.repositories))
 
     @classmethod
     def from_config(cls, config: ServerConfig, runtime: Runtime, gpu_ids: tuple[int, ...] = ()) -> LoaderSettings:
+        cloud = None
+        if config.cloud_credentials is not None:
+            cloud = CloudSettings(config.cloud_credentials, config.cloud_cache_dir, config.cloud_timeout_secs)
         return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
                    config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
-                   model_config_name=config.model_config_name, load_retries=config.model_load_retry_count)
+                   model_config_name=config.model_config_name, load_retries=config.model_load_retry_count,
+                   repos=Repositories(config.model_repositories, cloud))
 
 
 @dataclass
@@ -132,7 +142,7 @@ def check_model_name(name: str) -> None:
 
 
 def list_model_names(settings: LoaderSettings) -> list[str]:
-    return layout.list_models(settings.repositories).all_names()
+    return settings.repos.list_models().all_names()
 
 
 def _override_source(settings: LoaderSettings, source: layout.ModelSource,
@@ -158,7 +168,7 @@ def _override_source(settings: LoaderSettings, source: layout.ModelSource,
 
 async def plan_load(settings: LoaderSettings, name: str, config_override: str | None,
                     files: dict[str, bytes] | None) -> LoadPlan:
-    source = layout.find_model(settings.repositories, name, settings.model_config_name)
+    source = await settings.repos.find_model_async(name, settings.model_config_name)
     if files:
         source = _override_source(settings, source, files)
     if config_override is not None:

@@ -2,23 +2,22 @@
 `--repository-poll-secs`; a new model is loaded, a changed one reloaded, a removed one unloaded
 (triton.md §4.4).
 
-A model counts as changed when its directory's fingerprint (every file's path, size and mtime,
-`layout.fingerprint`) differs from the one seen at its last load attempt. So a model whose load
-failed is tried again only once its files change, and a failed reload keeps the old versions
-serving (`ModelManager.load` does that). Scans read the filesystem on a thread; loads run on the
-event loop, as explicit loads do.
+A model counts as changed when its fingerprint differs from the one seen at its last load attempt:
+for a local directory every file's path, size and mtime (`layout.fingerprint`), for a cloud model
+its objects' keys, sizes and ETags. So a model whose load failed is tried again only once its files
+change, and a failed reload keeps the old versions serving (`ModelManager.load` does that). Scans
+read the filesystem (or list the buckets) on a thread; loads run on the event loop, as explicit
+loads do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Sequence
 
 from inferd.worker.wire.errors import InferdError
 
-from ..repository import layout
+from ..repository.sources import Repositories
 from .models import ModelManager
 
 log = logging.getLogger("inferd.poll")
@@ -26,19 +25,21 @@ log = logging.getLogger("inferd.poll")
 MAX_CONCURRENT_LOADS = 4
 
 
-def scan_fingerprints(repositories: Sequence[str]) -> dict[str, str]:
+async def scan_fingerprints(repositories: Repositories) -> dict[str, str]:
     """{model name: fingerprint} of the loadable models (a name in two repositories is left out:
-    it cannot be loaded). Raises InferdError when a repository cannot be read."""
-    found = layout.list_models(repositories)
-    return {name: layout.fingerprint(os.path.join(root, name)) for name, root in found.models.items()}
+    it cannot be loaded), read off the event loop. Raises InferdError when a repository cannot be read.
+    A cloud model's fingerprint digests its objects' keys, sizes and ETags (repository/cloud/cache.py)."""
+    if repositories.cloud:
+        return await repositories.fingerprints_async()
+    return await asyncio.to_thread(repositories.fingerprints)
 
 
 class RepositoryPoller:
-    def __init__(self, manager: ModelManager, repositories: Sequence[str], interval_s: float,
+    def __init__(self, manager: ModelManager, repositories: Repositories, interval_s: float,
                  seen: dict[str, str]) -> None:
         """`seen`: the fingerprints the start-up load saw (taken before it began)."""
         self.manager = manager
-        self.repositories = tuple(repositories)
+        self.repositories = repositories
         self.interval_s = interval_s
         self.seen = dict(seen)
         self._task: asyncio.Task[None] | None = None
@@ -63,7 +64,7 @@ class RepositoryPoller:
                 log.exception("polling the model repository failed")
 
     async def poll_once(self) -> None:
-        current = await asyncio.to_thread(scan_fingerprints, self.repositories)
+        current = await scan_fingerprints(self.repositories)
         for name in sorted(set(self.seen) - set(current)):
             del self.seen[name]
             await self._unload(name)

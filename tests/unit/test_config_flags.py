@@ -79,9 +79,35 @@ def test_poll_mode_needs_a_positive_interval(tmp_path):
 
 
 @pytest.mark.parametrize("url", ["s3://bucket/models", "gs://bucket/models", "as://account/container/models"])
-def test_cloud_repositories_are_refused_clearly(tmp_path, url):
-    with pytest.raises(SystemExit, match="cloud storage repositories are not supported"):
+def test_cloud_repositories_are_kept_as_urls_with_their_credentials(tmp_path, url):
+    cfg = parse_args(["--model-repository", url + "/", "--model-repository", str(tmp_path),
+                      "--run-dir", str(tmp_path / "run")], environ={"AWS_ACCESS_KEY_ID": "k", "HOME": "/h"})
+    assert cfg.model_repositories == (url, str(tmp_path))
+    assert cfg.cloud_credentials is not None and ("AWS_ACCESS_KEY_ID", "k") in cfg.cloud_credentials.env
+
+
+def test_local_repositories_read_no_cloud_credentials(tmp_path):
+    assert parse(tmp_path).cloud_credentials is None
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("ftp://host/models", "unknown storage scheme"),
+    ("s3://", "missing or invalid bucket"),
+    ("s3://https://nohostport/models", "expected s3://https://host:port"),
+    ("as://", "expected as://account/container"),
+    ("gs://bucket/../x", "'.' and '..' are not allowed"),
+])
+def test_bad_cloud_urls_are_refused_clearly(tmp_path, url, message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
         parse_args(["--model-repository", url, "--run-dir", str(tmp_path / "run")])
+
+
+def test_a_malformed_cloud_credential_file_is_refused(tmp_path):
+    creds = tmp_path / "creds.json"
+    creds.write_text('{"s3": {"": "not an object"}}')
+    with pytest.raises(SystemExit, match="TRITON_CLOUD_CREDENTIAL_PATH=.*must be an object of strings"):
+        parse_args(["--model-repository", "s3://bucket/m", "--run-dir", str(tmp_path / "run")],
+                   environ={"TRITON_CLOUD_CREDENTIAL_PATH": str(creds)})
 
 
 def test_an_older_tritonserver_flag_is_inert(tmp_path):
