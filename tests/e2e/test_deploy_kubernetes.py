@@ -157,7 +157,8 @@ def test_pod_contract(overlay: str):
 def test_service_pdb_monitor_and_hpa_fit_together():
     objs = by_kind(render("cpu"))
     labels = objs["Deployment"]["spec"]["template"]["metadata"]["labels"]
-    for selector in (objs["Service"]["spec"]["selector"], objs["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"]):
+    pdb = objs["PodDisruptionBudget"]["spec"]
+    for selector in (objs["Service"]["spec"]["selector"], pdb["selector"]["matchLabels"]):
         assert selector.items() <= labels.items()
     service_labels = objs["Service"]["metadata"]["labels"]
     assert objs["ServiceMonitor"]["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
