@@ -15,6 +15,8 @@ if [ ! -x "$ROOTFS/usr/bin/python3" ]; then
         bookworm "$ROOTFS" http://deb.debian.org/debian
 fi
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/*
+# trust what the host trusts (hosts behind a TLS-inspecting proxy reach PyPI only with their own CA)
+cp /etc/ssl/certs/ca-certificates.crt "$ROOTFS/etc/ssl/certs/ca-certificates.crt"
 tar -C "$ROOTFS" -c . | podman import \
     --change 'ENV PIP_BREAK_SYSTEM_PACKAGES=1' --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
     - "$TAG"

@@ -24,8 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
 
 
+# Set once by the `image` fixture: global podman options and per-container limits that this host allows.
+# Sandboxed hosts (hybrid cgroups, no raising of rlimits) need runc, cgroupfs and modest ulimits.
+GLOBAL: list[str] = []
+LIMITS: list[str] = []
+SANDBOX_GLOBAL = ["--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+SANDBOX_LIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+
+
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(["podman", *GLOBAL, *args], capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, f"podman {args[0]} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return proc
@@ -39,8 +47,13 @@ def image() -> str:
     base = f"python:{version}-slim-bookworm"
     if podman("image", "exists", base, check=False).returncode != 0:
         pytest.skip(f"no local {base} image and no registry to pull it from (sudo deploy/docker/local-base.sh)")
+    if podman("run", "--rm", base, "true", check=False).returncode != 0:
+        if shutil.which("runc") is None:
+            pytest.skip("podman cannot run containers here, and runc (the fallback runtime) is not installed")
+        GLOBAL[:], LIMITS[:] = SANDBOX_GLOBAL, SANDBOX_LIMITS
+        podman("run", "--rm", *LIMITS, base, "true")
     tag = f"localhost/inferd-test:{uuid.uuid4().hex[:8]}"
-    podman("build", "--pull=never", "--network=host", "-f", str(DOCKERFILE),
+    podman("build", *LIMITS, "--pull=never", "--network=host", "-f", str(DOCKERFILE),
            "--ignorefile", str(DOCKERFILE.parent / "Dockerfile.dockerignore"), "-t", tag, str(ROOT), timeout=1200)
     yield tag
     podman("rmi", "-f", tag, check=False)
@@ -49,7 +62,7 @@ def image() -> str:
 def test_image_serves_as_non_root_and_drains_on_sigterm(image: str, harness):
     http, grpc_port, metrics = harness.free_ports(3)
     name = f"inferd-test-{uuid.uuid4().hex[:8]}"
-    podman("run", "-d", "--name", name, "--init", "--shm-size=256m", "--stop-timeout=45",
+    podman("run", "-d", *LIMITS, "--name", name, "--init", "--shm-size=256m", "--stop-timeout=45",
            "-p", f"127.0.0.1:{http}:8000", "-p", f"127.0.0.1:{grpc_port}:8001", "-p", f"127.0.0.1:{metrics}:8002",
            "-v", f"{ROOT / 'examples'}:/models:ro", image)
     try:
