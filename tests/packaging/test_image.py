@@ -1,6 +1,7 @@
 """The CPU image builds and keeps its contract (issue 23 item 3): built with podman from
-deploy/docker/Dockerfile, run with a small /dev/shm, it serves examples/ over HTTP and gRPC as uid 10001,
-has `infer-ctl env pack`'s tools, and a `podman stop` (SIGTERM) drains it to exit 0.
+deploy/docker/Dockerfile, run with a small /dev/shm and a read-only root filesystem, it serves examples/
+over HTTP and gRPC as uid 10001, has `infer-ctl env pack`'s tools, and a `podman stop` (SIGTERM) drains it
+to exit 0.
 
 No image registry is reachable here, so the python base image must already be in podman's local storage:
 `sudo deploy/docker/local-base.sh` makes a stand-in with debootstrap. Skipped without podman or that base.
@@ -62,7 +63,8 @@ def image() -> str:
 def test_image_serves_as_non_root_and_drains_on_sigterm(image: str, harness):
     http, grpc_port, metrics = harness.free_ports(3)
     name = f"inferd-test-{uuid.uuid4().hex[:8]}"
-    podman("run", "-d", *LIMITS, "--name", name, "--init", "--shm-size=256m", "--stop-timeout=45",
+    # --read-only (with podman's tmpfs /tmp): as deploy/kubernetes runs it, readOnlyRootFilesystem + /tmp
+    podman("run", "-d", *LIMITS, "--name", name, "--init", "--read-only", "--shm-size=256m", "--stop-timeout=45",
            "-p", f"127.0.0.1:{http}:8000", "-p", f"127.0.0.1:{grpc_port}:8001", "-p", f"127.0.0.1:{metrics}:8002",
            "-v", f"{ROOT / 'examples'}:/models:ro", image)
     try:
