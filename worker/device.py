@@ -169,18 +169,23 @@ def _dlpack_device(obj: Any) -> Optional[tuple[int, int]]:
     return capsule_device(obj)
 
 
-def capsule_device(capsule: Any) -> Optional[tuple[int, int]]:
-    """(device type, device id) of an unconsumed legacy DLPack capsule ("dltensor"), else None."""
+def dltensor_address(capsule: Any) -> int:
+    """Address of the DLTensor inside an unconsumed legacy DLPack capsule ("dltensor"), else 0."""
     if type(capsule).__name__ != "PyCapsule" or ctypes.sizeof(ctypes.c_void_p) != 8:
-        return None
+        return 0
     api = ctypes.pythonapi
     api.PyCapsule_IsValid.restype = ctypes.c_int
     api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
     if not api.PyCapsule_IsValid(capsule, b"dltensor"):
-        return None
+        return 0
     api.PyCapsule_GetPointer.restype = ctypes.c_void_p
     api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    address = api.PyCapsule_GetPointer(capsule, b"dltensor")
+    return api.PyCapsule_GetPointer(capsule, b"dltensor") or 0
+
+
+def capsule_device(capsule: Any) -> Optional[tuple[int, int]]:
+    """(device type, device id) of an unconsumed legacy DLPack capsule ("dltensor"), else None."""
+    address = dltensor_address(capsule)
     if not address:
         return None
     # DLTensor: void* data (8), DLDevice {int32 device_type, int32 device_id}

@@ -139,16 +139,7 @@ def _relabel_capsule(capsule: Any, from_code: int, to_code: int) -> bool:
     Returns True if the capsule had `from_code` (and was relabelled)."""
     import ctypes
 
-    if ctypes.sizeof(ctypes.c_void_p) != 8 or type(capsule).__name__ != "PyCapsule":
-        return False
-    api = ctypes.pythonapi
-    api.PyCapsule_IsValid.restype = ctypes.c_int
-    api.PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    if not api.PyCapsule_IsValid(capsule, b"dltensor"):
-        return False
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    address = api.PyCapsule_GetPointer(capsule, b"dltensor")
+    address = _device.dltensor_address(capsule)
     if not address:
         return False
     code = ctypes.c_uint8.from_address(address + _DLTENSOR_DTYPE_OFFSET)
