@@ -13,20 +13,20 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
 import re
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from typing import Any, Optional
 
 from ..compat import load_pb_utils
 from ..wire.errors import ErrorCode, InferdError
+from . import python_senders as senders
 from .base import ModelSpec, Request, Response, Tensor, WorkerContext
+from .model_loop import ModelLoop, is_awaitable
 
 DEFAULT_MODEL_FILENAME = "model.py"
 
@@ -76,8 +76,7 @@ class PythonBackend:
         self._spec: Optional[ModelSpec] = None
         self._model: Any = None
         self._model_path = ""
-        self._loop: Any = None
-        self._loop_thread: Optional[threading.Thread] = None
+        self._loop = ModelLoop()
         self._output_names: list[str] = []
         self._version = -1
         self._poll: Optional[Callable[[], None]] = None
@@ -189,6 +188,7 @@ class PythonBackend:
             self._log_exception("initialize")
             raise InferdError(ErrorCode.INTERNAL, _describe(exc)) from None
         self._model = instance
+        self._pb._state["bls_allowed"] = True  # as Triton's stub: BLS only once initialized, until finalize
 
     def execute(self, requests: list[Request]) -> list[Response]:
         spec = self._spec
@@ -224,9 +224,15 @@ class PythonBackend:
                 spec.instance_name, _describe(exc),
             )
             self._log_exception(message)
-            error = InferdError(ErrorCode.INTERNAL, message)
-            return [Response(error=error) for _ in requests]
-        return [self._convert(req, resp) for req, resp in zip(pb_requests, pb_responses)]
+            return [senders.after_failure(req, message, self._convert) for req in pb_requests]
+        return [self._convert(req, resp) if resp is not None
+                else senders.await_sent(req, self._poll, self._convert, self._no_response)
+                for req, resp in zip(pb_requests, pb_responses)]
+
+    def _no_response(self) -> Response:
+        return Response(error=InferdError(
+            ErrorCode.INTERNAL, "Failed to process the request(s) for model '%s', message: no response was "
+            "returned or sent for the request" % (self._spec.instance_name if self._spec else "")))
 
     def _execute_decoupled(self, requests: list[Request], pb_requests: list[Any]) -> list[Response]:
         """Responses leave through each request's sender as the model sends them (any thread, also
@@ -240,7 +246,10 @@ class PythonBackend:
             execute = getattr(self._model, "execute", None)
             if execute is None:
                 raise _ReturnRuleError("Python model %s does not implement `execute` method." % self._model_path)
-            returned = self._resolve(execute(pb_requests))
+            returned = execute(pb_requests)
+            if is_awaitable(returned):  # runs on the loop; the next batch is taken meanwhile
+                self._loop.start(returned, lambda future: self._background_done(future, requests, pb_requests))
+                return [Response() for _ in requests]
             if returned is not None:
                 raise _ReturnRuleError(
                     "Python model '%s' is using the decoupled mode and the execute function must return None."
@@ -259,6 +268,23 @@ class PythonBackend:
             return results
         return [Response() for _ in requests]
 
+    def _background_done(self, future: Any, requests: list[Request], pb_requests: list[Any]) -> None:
+        """A decoupled model's execute coroutine ended. Its result is not looked at (as Triton); if it
+        failed, the traceback is logged (as Triton) and, where Triton would leave them hanging, the
+        requests that have not sent FINAL end with the error."""
+        exc = future.exception()
+        if exc is None:
+            return
+        spec = self._spec
+        message = "Failed to process the request(s) for model '%s', message: %s" % (
+            spec.instance_name if spec else "", _describe(exc))
+        self._pb.Logger._emit("%s\n%s" % (message, "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()), self._pb.Logger.ERROR, 2)
+        error = InferdError(ErrorCode.INTERNAL, message)
+        for request, pb_request in zip(requests, pb_requests):
+            if pb_request.get_response_sender()._close():
+                self._emit(request, Response(error=error), True)
+
     def _stream_to(self, request: Request, pb_request: Any) -> Callable[[Any, bool], None]:
         emit = self._emit
 
@@ -269,7 +295,9 @@ class PythonBackend:
         return stream
 
     def unload(self) -> Optional[InferdError]:
+        self._loop.drain()  # background executions of a decoupled model end before finalize
         model, self._model = self._model, None
+        self._pb._state["bls_allowed"] = False
         error = None
         finalize = getattr(model, "finalize", None) if model is not None else None
         if finalize is not None:
@@ -278,39 +306,16 @@ class PythonBackend:
             except Exception as exc:
                 self._log_exception("finalize")
                 error = InferdError(ErrorCode.INTERNAL, _describe(exc))
-        loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join(timeout=1.0)
-            self._loop = None
+        self._loop.stop()
         return error
 
     # ---- helpers --------------------------------------------------------------------------------
 
     def _resolve(self, value: Any) -> Any:
         """Run a coroutine returned by a model hook to completion on the instance's event loop."""
-        if type(value) is list or value is None:  # what execute usually returns: skip the hasattr probe
+        if not is_awaitable(value):
             return value
-        if type(value).__name__ != "coroutine" and not hasattr(value, "__await__"):
-            return value
-        import asyncio
-
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="inferd-model-loop", daemon=True)
-            thread.start()
-            self._loop, self._loop_thread = loop, thread
-        if not asyncio.iscoroutine(value):
-            value = _await(value)
-        future = asyncio.run_coroutine_threadsafe(value, self._loop)
-        if self._poll is None:
-            return future.result()
-        while True:  # keep serving cancellation probes while the coroutine runs
-            try:
-                return future.result(timeout=0.02)
-            except concurrent.futures.TimeoutError:
-                self._poll()
+        return self._loop.run(value, self._poll)
 
     def _check_returned(self, requests: list[Any], returned: Any) -> list[Any]:
         pb = self._pb
@@ -335,22 +340,17 @@ class PythonBackend:
                     "found type '%s'." % _type_str(response)
                 )
             sender = request._sender
+            if sender is not None and sender.responses:
+                raise _ReturnRuleError(
+                    "Unable to send response. Non-decoupled model cannot send more than one response.")
             if sender is not None and sender.closed:
                 raise _ReturnRuleError("Unable to send response. Response sender has been closed.")
+        for request, response in zip(requests, returned):
+            if response is not None and request._sender is not None:
+                request._sender._close()  # answered by the return: a later send is refused
         return returned
 
     def _convert(self, request: Any, response: Any) -> Response:
-        if response is None:
-            sender = request._sender
-            if sender is None or not sender.responses:
-                return Response(
-                    error=InferdError(
-                        ErrorCode.INTERNAL,
-                        "Failed to process the request(s) for model '%s', message: no response was "
-                        "returned or sent for the request" % (self._spec.instance_name if self._spec else ""),
-                    )
-                )
-            response = sender.responses[0]
         params: dict[str, Any] = {}
         raw = response._parameters  # attributes, not the accessor methods: this runs per response
         if raw and raw != "{}":
@@ -377,5 +377,3 @@ class PythonBackend:
         )
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
