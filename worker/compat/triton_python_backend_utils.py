@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 from inferd.worker import custom_metrics as _custom
 from inferd.worker import device as _device
+from inferd.worker import log_levels as _log_levels
 from inferd.worker import pb_args as _args
 from inferd.worker.wire import bytes_codec, dtypes
 
@@ -68,6 +69,7 @@ def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", st
                model: str = "") -> None:
     """Called by the worker before importing model.py."""
     _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
+    _log_levels.set_verbose(int(log_verbose))
     _custom.REGISTRY.instance = instance
     _custom.REGISTRY.source = ("model '%s' instance '%s'" % (model, instance)) if model else "instance '%s'" % instance
 
@@ -746,7 +748,7 @@ class Logger:
         level = int(level)
         if isinstance(message, (bytes, bytearray)):  # Triton's std::string: the text, not b'...'
             message = bytes(message).decode("utf-8", "replace")
-        if level == Logger.VERBOSE and _state["log_verbose"] <= 0:
+        if not _log_levels.enabled(level):  # the server's settings, also as changed at run time
             return
         try:
             frame = sys._getframe(depth)
