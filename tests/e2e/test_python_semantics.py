@@ -106,3 +106,51 @@ def test_bls_in_initialize_fails_the_load(server):
     assert index["bls_in_init"]["state"] == "UNAVAILABLE"
     assert "BLS is only supported during the 'execute' function." in index["bls_in_init"]["reason"]
     client.close()
+
+
+@pytest.fixture(scope="module")
+def reschedule_server(module_server_factory):
+    return module_server_factory(["reschedule", "reschedule_decoupled"])
+
+
+def _int_input(mod, value):
+    return _input(mod, "IN", np.array([value], np.int32), "INT32")
+
+
+def test_rescheduled_request_runs_again(reschedule_server):
+    """iterative_sequence: accepted without a correlation id; the model reschedules it twice and
+    answers on its third run."""
+    client = reschedule_server.http_client()
+    result = client.infer("reschedule", [_int_input(httpclient, 3)], request_id="a")
+    assert result.as_numpy("OUT").tolist() == [3]
+    client.close()
+
+
+def test_rescheduled_request_returning_a_response(reschedule_server):
+    client = reschedule_server.http_client()
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("reschedule", [_int_input(httpclient, 3)], request_id="b", parameters={"wrong": 1})
+    assert ("Failed to process the request(s) for model 'reschedule_0_0', message: Expected a None object in the "
+            "execute function return list for reschduled request, found type '") in str(info.value)
+    client.close()
+
+
+def test_decoupled_iterative_generation(reschedule_server):
+    client = reschedule_server.grpc_client()
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("reschedule_decoupled", [_int_input(grpcclient, 3)], request_id="c",
+                                  enable_empty_final_response=True)
+        got = []
+        while True:
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            response = result.get_response()
+            got.append(result.as_numpy("OUT").tolist())
+            if response.parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    assert got == [[1], [2], [3]]

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from ..compat import load_pb_utils
 from ..wire.errors import ErrorCode, InferdError
+from . import python_reschedule as reschedule
 from . import python_senders as senders
 from .base import ModelSpec, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
@@ -81,6 +82,7 @@ class PythonBackend:
         self._version = -1
         self._poll: Optional[Callable[[], None]] = None
         self._emit: Any = None  # WorkerContext.emit, for decoupled models
+        self._iterative = False  # sequence_batching.iterative_sequence: requests may be rescheduled
 
     # ---- import ---------------------------------------------------------------------------------
 
@@ -169,6 +171,7 @@ class PythonBackend:
         self._emit = context.emit if model.decoupled else None
         self._spec = model
         self._version = int(model.version) if model.version.isdigit() else -1
+        self._iterative = bool((model.config.get("sequence_batching") or {}).get("iterative_sequence"))
         self._output_names = model.output_names
         args = {
             "model_config": model.config_json,
@@ -219,6 +222,9 @@ class PythonBackend:
                 )
             returned = self._resolve(execute(pb_requests))
             pb_responses = self._check_returned(pb_requests, returned)
+            pb_responses = reschedule.run_again(pb_requests, pb_responses, lambda again: self._check_returned(
+                again, self._resolve(execute(again)))) if self._iterative else self._no_reschedule(
+                pb_requests, pb_responses)
         except (Exception, SystemExit) as exc:
             message = "Failed to process the request(s) for model '%s', message: %s" % (
                 spec.instance_name, _describe(exc),
@@ -248,13 +254,13 @@ class PythonBackend:
                 raise _ReturnRuleError("Python model %s does not implement `execute` method." % self._model_path)
             returned = execute(pb_requests)
             if is_awaitable(returned):  # runs on the loop; the next batch is taken meanwhile
-                self._loop.start(returned, lambda future: self._background_done(future, requests, pb_requests))
+                self._start_background(returned, requests, pb_requests)
                 return [Response() for _ in requests]
-            if returned is not None:
-                raise _ReturnRuleError(
-                    "Python model '%s' is using the decoupled mode and the execute function must return None."
-                    % spec.instance_name
-                )
+            self._check_decoupled_return(returned)
+            if self._iterative:
+                reschedule.run_again(pb_requests, [None] * len(pb_requests), self._execute_again)
+            else:
+                self._no_reschedule(pb_requests, [])
         except (Exception, SystemExit) as exc:
             message = "Failed to process the request(s) for model '%s', message: %s" % (
                 spec.instance_name, _describe(exc),
@@ -268,13 +274,41 @@ class PythonBackend:
             return results
         return [Response() for _ in requests]
 
+    def _check_decoupled_return(self, returned: Any) -> None:
+        if returned is not None:
+            raise _ReturnRuleError(
+                "Python model '%s' is using the decoupled mode and the execute function must return None."
+                % (self._spec.instance_name if self._spec else ""))
+
+    def _execute_again(self, pb_requests: list[Any]) -> list[Any]:
+        """A decoupled model's rescheduled requests, run again (synchronous execute)."""
+        self._check_decoupled_return(self._model.execute(pb_requests))
+        return [None] * len(pb_requests)
+
+    def _no_reschedule(self, pb_requests: list[Any], responses: list[Any]) -> list[Any]:
+        if any(r._release_flags & reschedule.RESCHEDULE for r in pb_requests):
+            raise _ReturnRuleError(reschedule.NOT_ITERATIVE)
+        return responses
+
+    def _start_background(self, coroutine: Any, requests: list[Request], pb_requests: list[Any]) -> None:
+        self._loop.start(coroutine, lambda future: self._background_done(future, requests, pb_requests))
+
     def _background_done(self, future: Any, requests: list[Request], pb_requests: list[Any]) -> None:
         """A decoupled model's execute coroutine ended. Its result is not looked at (as Triton); if it
         failed, the traceback is logged (as Triton) and, where Triton would leave them hanging, the
         requests that have not sent FINAL end with the error."""
         exc = future.exception()
         if exc is None:
-            return
+            again = reschedule.rescheduled(pb_requests) if self._iterative else []
+            if again and self._model is not None:  # rescheduled: their execution runs again
+                try:
+                    self._start_background(self._model.execute([pb_requests[i] for i in again]),
+                                           [requests[i] for i in again], [pb_requests[i] for i in again])
+                    return
+                except Exception as failed:
+                    exc = failed
+            else:
+                return
         spec = self._spec
         message = "Failed to process the request(s) for model '%s', message: %s" % (
             spec.instance_name if spec else "", _describe(exc))
@@ -334,6 +368,8 @@ class PythonBackend:
         for request, response in zip(requests, returned):
             if response is None:
                 continue
+            if request._release_flags & reschedule.RESCHEDULE:
+                raise _ReturnRuleError(reschedule.NOT_NONE % _type_str(response))
             if not isinstance(response, pb.InferenceResponse):
                 raise _ReturnRuleError(
                     "Expected an 'InferenceResponse' object in the execute function return list, "

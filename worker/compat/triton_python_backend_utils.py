@@ -547,9 +547,8 @@ class InferenceRequest:
         return bool(self._cancel_probe is not None and self._cancel_probe())
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise _not_supported("Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)")
-        self._release_flags = int(flags)
+        """RESCHEDULE: run this request again (iterative_sequence models; worker/backends/python_reschedule.py)."""
+        self._release_flags = _args.integer(flags, "flags", _args.UINT32)
 
     def release_flags(self) -> int:
         return self._release_flags
