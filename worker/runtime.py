@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import zmq
 
-from . import backends, columns, log_levels, tensors
+from . import backends, bulk_copy, columns, log_levels, tensors
 from .arena import Arena
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
 from .channel import Channel, Outbox
@@ -465,7 +465,7 @@ class Runtime:
         if region is None:
             frame, offset = add(data, nbytes)
             return _ref_json(name, datatype, shape, frame, offset, nbytes)
-        region.buf[:nbytes] = memoryview(data).cast("B")
+        bulk_copy.copy_into(region.buf, data)
         return output_shm_ref_json(name, datatype, shape, region.name, nbytes)
 
     def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
