@@ -154,3 +154,13 @@ def test_decoupled_iterative_generation(reschedule_server):
         client.stop_stream()
         client.close()
     assert got == [[1], [2], [3]]
+
+
+def test_bls_in_finalize_is_refused(server_factory):
+    server = server_factory(["bls_in_finalize", "identity_fp32"], control_mode="explicit",
+                            load_models=["bls_in_finalize", "identity_fp32"])
+    client = server.http_client()
+    client.unload_model("bls_in_finalize")
+    wanted = "finalize-bls: TritonModelException: BLS is only supported during the 'execute' function."
+    wait_for(lambda: wanted in server.log(), 30, "finalize's log line")
+    client.close()

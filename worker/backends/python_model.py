@@ -4,8 +4,10 @@
   modules beside model.py import; the file itself is loaded under a module name unique to the model,
   so two models' `model.py` never clash in sys.modules.
 - `auto_complete_config(pb_utils.ModelConfig)` (static), `initialize(args)` with Triton's keys,
-  `execute(requests)` (plain or `async def`: coroutines run on a per-instance event loop thread),
-  `finalize()`.
+  `execute(requests)` (plain or `async def`: coroutines run on a per-instance event loop thread,
+  model_loop.py; a decoupled model's run in the background, so executions overlap), `finalize()`.
+  BLS only between initialize and finalize, as Triton.
+- Non-decoupled response senders: python_senders.py; request rescheduling: python_reschedule.py.
 - Return rules and error texts of Triton's stub; an exception escaping execute fails every request
   of the batch with `Failed to process the request(s) for model '<instance>', message: <Type>: <msg>`
   (traceback in the log, not in the reply). Outputs are pruned to the requested ones.
