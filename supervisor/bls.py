@@ -256,6 +256,13 @@ class BlsService:
                     leases.append(0)
                     frames.append(view)
                     continue
+                if t.shm_ref is not None:  # already in shared memory (the callee's output region): by name
+                    lease_id = next(self._lease_ids)
+                    caller.leases[lease_id] = _Held(view)  # the region stays the callee's until released
+                    refs.append(m.TensorRef(t.name, t.datatype, list(t.shape), "shm", -1, t.shm_ref[0],
+                                            t.shm_ref[1], nbytes))
+                    leases.append(lease_id)
+                    continue
                 lease = self.pool.lease(nbytes)
                 lease.write(view)
                 lease_id = next(self._lease_ids)
@@ -297,3 +304,16 @@ class BlsService:
             log.exception("model control from a model failed")
             result.error = m.WireError(int(ErrorCode.INTERNAL), str(exc))
         self._send(identity, result)
+
+
+class _Held:
+    """A view of a worker's output region lent to a BLS caller: while held, the region is not given
+    back to its worker (supervisor/instances/outputs.py releases it once the last view is gone)."""
+
+    __slots__ = ("view",)
+
+    def __init__(self, view: memoryview) -> None:
+        self.view: memoryview | None = view
+
+    def release(self) -> None:
+        self.view = None

@@ -64,6 +64,7 @@ def redirect_output(path: str) -> None:
 
 _formatter = TritonFormatter()
 _switch = LevelSwitch(True, True, True)
+_worker_levels: tuple[int, bool, bool, bool] = (0, True, True, True)
 
 
 def configure(verbose: int, log_format: str = "default", log_file: str = "", info: bool = True,
@@ -83,5 +84,12 @@ def configure(verbose: int, log_format: str = "default", log_file: str = "", inf
 def apply(verbose: int, log_format: str, info: bool, warning: bool, error: bool) -> None:
     """Change the log settings of a running server (POST /v2/logging)."""
     _formatter.iso8601 = log_format == "ISO8601"
+    global _worker_levels
     _switch.set(info, warning, error)
     logging.getLogger().setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
+    _worker_levels = (int(verbose), bool(info), bool(warning), bool(error))
+
+
+def worker_levels() -> tuple[int, bool, bool, bool]:
+    """(verbose level, info, warning, error) as workers apply them to model logging (LogSettings)."""
+    return _worker_levels

@@ -14,8 +14,8 @@ import collections
 import itertools
 import os
 import threading
-from collections.abc import Iterable
-from typing import Optional
+from collections.abc import Callable, Iterable
+from typing import Any, Optional
 
 from .wire import shm
 from .wire.errors import ErrorCode, InferdError
@@ -38,13 +38,17 @@ class Arena:
         self._names = itertools.count()
         self._lock = threading.Lock()
 
-    def put(self, data: memoryview) -> shm.Region:
-        """A busy region holding `data` at offset 0; InferdError(UNAVAILABLE) when the bound is reached."""
+    def put(self, data: memoryview, copy: Optional[Callable[[Any, memoryview], None]] = None) -> shm.Region:
+        """A busy region holding `data` at offset 0 (written by `copy(region.buf, data)` if given);
+        InferdError(UNAVAILABLE) when the bound is reached."""
         region = self.take(data.nbytes)
         if region is None:
             raise InferdError(ErrorCode.UNAVAILABLE, "worker shared memory exhausted (%d bytes in use)"
                               % self._bytes)
-        region.buf[: data.nbytes] = data
+        if copy is not None:
+            copy(region.buf, data)
+        else:
+            region.buf[: data.nbytes] = data
         return region
 
     def take(self, nbytes: int) -> Optional[shm.Region]:
@@ -55,12 +59,27 @@ class Arena:
             region = free.pop() if free else None
             if region is None:
                 if self._bytes + size > self.max_bytes:
+                    self._evict_idle(self._bytes + size - self.max_bytes)
+                if self._bytes + size > self.max_bytes:
                     return None
                 region = shm.create(shm.make_name(os.getpid(), "%s%d" % (self.tag, next(self._names))), size)
                 self._all[region.name] = region
                 self._bytes += size
             self._busy.add(region.name)
         return region
+
+    def _evict_idle(self, wanted: int) -> None:
+        """Close idle regions of other size classes (largest first) until `wanted` bytes are freed:
+        a large tensor after smaller ones must not find the bound taken by regions nobody uses."""
+        idle = sorted((r for regions in self._free.values() for r in regions), key=lambda r: -r.size)
+        for region in idle:
+            if wanted <= 0:
+                return
+            self._free[region.size].remove(region)
+            del self._all[region.name]
+            self._bytes -= region.size
+            wanted -= region.size
+            region.close()
 
     def give_back(self, regions: Iterable[shm.Region]) -> None:
         self.give_back_names(region.name for region in regions)

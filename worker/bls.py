@@ -32,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import zmq
 
+from . import bulk_copy, tensors
 from .arena import Arena
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError
@@ -129,7 +130,7 @@ class BlsClient:
                                           "", 0, data.nbytes))
                     frames.append(data)
                 else:
-                    region = self._arena.put(data)
+                    region = self._arena.put(data, bulk_copy.copy_into)
                     call.regions.append(region)
                     refs.append(TensorRef(name, datatype, [int(d) for d in array.shape], "shm", -1,
                                           region.name, 0, data.nbytes))
@@ -359,6 +360,20 @@ class BlsClient:
                                   % (ref.name, ref.owner, exc)) from None
         if ref.loc == "frame":
             buf = data[ref.frame].buffer if hasattr(data[ref.frame], "buffer") else memoryview(data[ref.frame])
+        elif tensors.worker_owned(ref.region):
+            # the callee's output region, passed on by the supervisor: our own copy (copied without
+            # holding the GIL), then the region goes back to its owner at once
+            lent = shm.attach(ref.region, readonly=True)
+            try:
+                if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > lent.size:
+                    raise InferdError(ErrorCode.INTERNAL, "BLS output lies outside its shared memory region")
+                with lent.buf[ref.offset: ref.offset + ref.nbytes] as view:
+                    buf = bulk_copy.private_copy(view)
+            finally:
+                lent.close()
+                if lease:
+                    self._post([encode_header(BlsRelease([lease]))])
+            lease = 0
         else:
             with self._lock:  # the socket thread and synchronous callers share the mappings
                 region = self._regions.get(ref.region)

@@ -7,9 +7,8 @@
   and the main thread, woken through a pipe it polls beside the socket, sends them in order.
 - `HeartbeatThread`: its own DEALER (`identity + "/hb"`); sends Heartbeat(seq) every interval and
   calls `on_lost` when the supervisor has been silent for `timeout_s` (0 disables that check). With a
-  `metrics` source (custom_metrics.Registry), it also sends what changed in the models' custom metrics
-  after each heartbeat, as a MetricsReport on a DEALER of its own (`identity + "/metrics"`), opened when
-  the first report is due: workers whose model makes no metrics never open it.
+  `metrics` sender (metrics_sender.MetricsSender), it also sends what changed in the models' custom
+  metrics after each heartbeat (the runtime flushes it too, before each answer).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from typing import Any, Optional
 
 import zmq
 
-from .wire.custom_metrics import SUFFIX as METRICS_SUFFIX
 from .wire.messages import (
     Heartbeat,
     ProtocolError,
@@ -188,8 +186,7 @@ class HeartbeatThread(threading.Thread):
         self._interval = max(0.01, float(interval_s or 1.0))
         self._timeout = float(timeout_s or 0.0)
         self._on_lost = on_lost
-        self._metrics = metrics  # custom_metrics.Registry: report() / resend_all()
-        self._metrics_sock: Optional[zmq.Socket] = None
+        self._metrics = metrics  # metrics_sender.MetricsSender: flush()
         self._stop_event = threading.Event()
         self.sent = 0
         self.heard = 0
@@ -206,28 +203,12 @@ class HeartbeatThread(threading.Thread):
             self._loop(sock)
         finally:
             sock.close(linger=0)
-            if self._metrics_sock is not None:
-                self._metrics_sock.close(linger=0)
+            if self._metrics is not None:
+                self._metrics.close()
 
     def _send_metrics(self) -> None:
-        """The models' custom metrics that changed since the last report, if any."""
-        try:
-            report = self._metrics.report()
-            if report is None:
-                return
-            if self._metrics_sock is None:
-                msock = self._context.socket(zmq.DEALER)
-                msock.setsockopt(zmq.IDENTITY, (self._worker_identity + METRICS_SUFFIX).encode("utf-8"))
-                msock.setsockopt(zmq.LINGER, 0)
-                msock.connect(self._endpoint)
-                self._metrics_sock = msock
-            header = encode_header(report)
-        except Exception:  # metrics never stop the heartbeat (a silent worker gets killed)
-            return
-        try:
-            self._metrics_sock.send(header, flags=zmq.NOBLOCK)
-        except zmq.ZMQError:  # not queued (zmq.Again: the pipe is full): the next report says everything
-            self._metrics.resend_all()
+        """The models' custom metrics that changed since the last report, if any (metrics_sender.py)."""
+        self._metrics.flush()
 
     def _loop(self, sock: zmq.Socket) -> None:
         last_heard = time.monotonic()

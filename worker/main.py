@@ -134,15 +134,17 @@ def main(argv: Optional[list] = None) -> int:
 
     from .channel import Channel, HeartbeatThread
     from .custom_metrics import REGISTRY as custom_metrics
+    from .metrics_sender import MetricsSender
     from .wire.messages import WIRE_VERSION, Hello, ProtocolError
 
     if boot["wire_version"] != WIRE_VERSION:
         log("wire version %s requested, this worker speaks %d" % (boot["wire_version"], WIRE_VERSION))
     context = zmq.Context()
     channel = Channel(boot["endpoint"], boot["identity"])
+    metrics = MetricsSender(context, boot["endpoint"], boot["identity"], custom_metrics)
     heartbeat = HeartbeatThread(
         context, boot["endpoint"], boot["identity"], float(boot.get("heartbeat_interval_s") or 1.0),
-        float(boot.get("heartbeat_timeout_s") or 0.0), _lost, metrics=custom_metrics,
+        float(boot.get("heartbeat_timeout_s") or 0.0), _lost, metrics=metrics,
     )
     heartbeat.start()
     channel.send(Hello(
@@ -155,7 +157,7 @@ def main(argv: Optional[list] = None) -> int:
 
     bls.configure(context, boot["endpoint"], boot["identity"])
 
-    runtime = Runtime(channel, log_verbose=int(boot.get("log_verbose") or 0), log=log)
+    runtime = Runtime(channel, log_verbose=int(boot.get("log_verbose") or 0), log=log, metrics=metrics.flush)
     code = EXIT_OK
     try:
         runtime.run()

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import numpy as np
 import zmq
 
-from . import backends, columns, tensors
+from . import backends, bulk_copy, columns, log_levels, tensors
 from .arena import Arena
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
 from .channel import Channel, Outbox
@@ -40,6 +40,7 @@ from .wire.messages import (
     Heartbeat,
     LoadModel,
     LoadResult,
+    LogSettings,
     ProtocolError,
     ReleaseOutputs,
     Shutdown,
@@ -91,9 +92,12 @@ def wire_error(exc: BaseException) -> WireError:
 
 class Runtime:
     def __init__(
-        self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None
+        self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
+        metrics: Optional[Callable[[], None]] = None,
     ) -> None:
         self._channel = channel
+        # sends the custom metrics' changes before an answer leaves (worker/metrics_sender.py)
+        self._flush_metrics = metrics or (lambda: None)
         self._log = log or (lambda message: None)
         self._cache = tensors.ShmCache()
         self._out_arena = Arena("o")  # large outputs (worker/arena.py), released by the supervisor
@@ -129,6 +133,7 @@ class Runtime:
             ReleaseOutputs: self._on_release_outputs,
             Shutdown: self._on_shutdown,
             Heartbeat: self._on_heartbeat,
+            LogSettings: self._on_log_settings,
         }
 
     # ---- loop -----------------------------------------------------------------------------------
@@ -175,6 +180,13 @@ class Runtime:
 
     def _on_heartbeat(self, message: Heartbeat, frames: Sequence[Any]) -> None:
         pass  # heartbeats belong on the heartbeat socket; tolerated here
+
+    def _on_log_settings(self, message: LogSettings, frames: Sequence[Any]) -> None:
+        if type(message.verbose) is not int or not all(
+                type(v) is bool for v in (message.info, message.warning, message.errors)):
+            raise ProtocolError("malformed log_settings message")
+        log_levels.update(message.verbose, message.info, message.warning, message.errors)
+        self._context.log_verbose = message.verbose  # a model loaded after this starts with it
 
     def _on_cancel(self, message: Cancel, frames: Sequence[Any]) -> None:
         if self._outbox is None:
@@ -229,6 +241,7 @@ class Runtime:
             self._poller.register(self._channel.fileno(), zmq.POLLIN)
             self._poller.register(self._outbox.fileno(), zmq.POLLIN)
         settle_heap()
+        self._flush_metrics()  # what initialize made is on /metrics once the load is answered
         self._channel.send(LoadResult(backend=backend.name))
 
     def _execute_thread_start(self) -> None:
@@ -342,6 +355,7 @@ class Runtime:
             self._execute_thread.submit(self._execute_streaming, batch_id, entries, runnable, t0, t1)
             return
         header, out_frames = self._execute(batch_id, entries, runnable, t0, t1)
+        self._flush_metrics()
         self._channel.send_encoded(header, out_frames)
         if self._cancelled and last_request_id is not None:
             # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
@@ -391,6 +405,7 @@ class Runtime:
             out_frames = []
         for request_id in failed:
             self._end_stream(request_id)
+        self._flush_metrics()
         outbox.post_encoded(header, out_frames)
 
     def _emit(self, request: Request, response: Optional[Response], final: bool) -> None:
@@ -406,6 +421,7 @@ class Runtime:
             frames = packer.finish()
         if final:
             self._end_stream(request.request_id)
+        self._flush_metrics()
         outbox.post_encoded(stream_response_header(request.request_id, final, item), frames)
 
     def _end_stream(self, request_id: int) -> None:
@@ -449,7 +465,7 @@ class Runtime:
         if region is None:
             frame, offset = add(data, nbytes)
             return _ref_json(name, datatype, shape, frame, offset, nbytes)
-        region.buf[:nbytes] = memoryview(data).cast("B")
+        bulk_copy.copy_into(region.buf, data)
         return output_shm_ref_json(name, datatype, shape, region.name, nbytes)
 
     def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:

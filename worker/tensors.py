@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import bulk_copy
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
 from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
@@ -27,7 +28,7 @@ from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
 BF16_VIEW = np.dtype("<u2")
 
 
-def _worker_owned(name: str) -> bool:
+def worker_owned(name: str) -> bool:
     """Supervisor pool regions are `inferd_<pid>_<n>`; worker arenas name theirs `inferd_<pid>_<tag><n>`
     with a one-letter tag (worker/arena.py)."""
     tail = shm.stem(name).rsplit("_", 1)[-1]
@@ -65,7 +66,7 @@ class ShmCache:
         return name in self._regions
 
     def view(self, name: str, offset: int, nbytes: int) -> memoryview:
-        owned_by_worker = _worker_owned(name)
+        owned_by_worker = worker_owned(name)
         region = self._regions.get(name)
         if region is not None and not shm.is_handle(name) and shm.inode_of(name) != region.inode:
             self._drop(name)
@@ -83,7 +84,7 @@ class ShmCache:
             # another worker's region (its output, or a BLS caller's input) may feed several readers at
             # once: the model gets its own copy, so editing an input in place changes nothing shared (one
             # memcpy from a mapping kept between uses: cheaper than page-faulting a fresh private mapping)
-            return memoryview(bytearray(region.buf[offset : offset + nbytes]))
+            return bulk_copy.private_copy(region.buf[offset : offset + nbytes])
         return region.buf[offset : offset + nbytes]
 
     def forget(self, names: Sequence[str]) -> None:

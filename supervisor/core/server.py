@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
@@ -266,8 +267,8 @@ class ServerDataPlane(DataPlane):
 
     # ---- settings ----
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
-        """GET / POST /v2/logging. A change applies to the supervisor's log at once; workers keep the
-        verbosity they started with."""
+        """GET / POST /v2/logging. A change applies to the supervisor's log at once, and to the workers'
+        model logging (pb_utils.Logger) when each reads the LogSettings message sent to it."""
         if update:
             settings = dict(self._log_settings)
             for key, value in update.items():
@@ -286,6 +287,10 @@ class ServerDataPlane(DataPlane):
             logs.apply(settings["log_verbose_level"], settings["log_format"], settings["log_info"],
                        settings["log_warning"], settings["log_error"])
             self._log_settings = settings
+            # running workers too: models' pb_utils.Logger follows the settings, as in Triton
+            runtime = getattr(getattr(self.manager, "settings", None), "runtime", None)
+            if runtime is not None:  # None: a server without workers (unit tests)
+                runtime.channel.broadcast(m.encode(m.LogSettings(*logs.worker_levels())))
         return dict(self._log_settings)
 
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -192,6 +192,17 @@ class Channel:
         else:
             transport.write(whole)
 
+    def broadcast(self, frames: Sequence[Any]) -> int:
+        """Best effort: send one message to every connected worker's main socket; how many got it."""
+        sent = 0
+        for identity in [i for i in self._handlers if not i.endswith(HB_SUFFIX)]:
+            try:
+                self.send(identity, frames)
+                sent += 1
+            except ChannelError:
+                pass  # not connected yet (it gets the settings before LoadModel) or gone
+        return sent
+
     def send_heartbeat(self, identity: str, frames: Sequence[Any]) -> bool:
         """Best effort: False when the worker's heartbeat socket is not (or no longer) connected."""
         try:

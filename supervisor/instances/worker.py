@@ -26,6 +26,7 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from inferd.supervisor import logs
 from inferd.supervisor.config import WorkerTimings
 from inferd.supervisor.core.types import InferRequest, InferResponse
 from inferd.worker.wire import messages as m
@@ -177,6 +178,7 @@ class WorkerProcess:
         """Spawn, handshake, load the model. Raises InferdError with the reason; leaves no process behind."""
         try:
             await self._spawn_and_hello()
+            self._send(m.LogSettings(*logs.worker_levels()))  # the current ones, also if changed since start
             self._send(load)
             timeout = self._timings.load_timeout_s
             result: m.LoadResult = await self._expect(m.LoadResult, timeout, "model load")
@@ -512,8 +514,11 @@ class WorkerProcess:
         elif self._kill_reason:
             err = InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} {self._kill_reason}; killed")
         else:
-            stage = " during start-up" if self.state is WorkerState.STARTING else ""
-            err = InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} died{stage}: {describe_exit(rc)}")
+            cause = f"{self._who()} died: {describe_exit(rc)}"
+            if self.state is WorkerState.STARTING:  # Triton's words first, so that what matches them still does
+                cause = (f"Stub process '{self.name}' is not healthy. {self._who()} died during start-up: "
+                         f"{describe_exit(rc)}")
+            err = InferdError(ErrorCode.UNAVAILABLE, cause)
         was = self.state
         unexpected = not self._stopping
         if self.error is None and unexpected:

@@ -32,6 +32,7 @@ import asyncio
 import collections
 import dataclasses
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Sequence as Seq
@@ -69,6 +70,8 @@ class SequenceScheduler:
         self.state_outputs = {s.output_name for s in self.states}
         self.output_names = [o["name"] for o in config.get("output") or []]
         self.idle_s = (int(sb.get("max_sequence_idle_microseconds") or 0) or 1_000_000) / 1e6
+        self.iterative = bool(sb.get("iterative_sequence"))  # requests may be rescheduled by the model
+        self._single_ids = itertools.count(1)
         self.lanes = [Lane(e, self.policy.slots) for e in executors]
         self.sequences: dict[int | str, Sequence] = {}
         self.backlog: collections.deque[Sequence] = collections.deque()
@@ -127,7 +130,7 @@ class SequenceScheduler:
         item = SeqItem(request, loop.create_future(), sequence)
         sequence.queue.append(item)
         sequence.last_ns = time.monotonic_ns()
-        if request.flags & SEQUENCE_END:
+        if request.flags & SEQUENCE_END or sequence.single:
             sequence.open = False
         self.queued += 1
         self._idle.clear()
@@ -146,6 +149,8 @@ class SequenceScheduler:
         corr = request.correlation_id
         if isinstance(corr, int) and corr < 0:  # a gRPC int64 id: Triton reads its bits as uint64
             corr = request.correlation_id = corr & 0xFFFFFFFFFFFFFFFF
+        if (corr == 0 or corr == "") and self.iterative:
+            return self._single()
         if corr == 0 or corr == "":
             raise invalid_arg("inference request to model '%s' must specify a non-zero or non-empty correlation ID"
                               % model)
@@ -174,6 +179,18 @@ class SequenceScheduler:
         self.idled.pop(corr, None)
         sequence = Sequence(corr)
         self.sequences[corr] = sequence
+        if not self._place(sequence):
+            self.backlog.append(sequence)
+        return sequence
+
+    def _single(self) -> Sequence:
+        """As Triton 2.51 accepts it: a request without a correlation id to an iterative_sequence model
+        runs as a sequence of its own (a key no client id can take: client ids are >= 0 or strings)."""
+        if len(self.sequences) >= MAX_SEQUENCES:
+            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' already tracks %d sequences; end some first"
+                              % (self.model_name, MAX_SEQUENCES))
+        sequence = Sequence(-next(self._single_ids), single=True)
+        self.sequences[sequence.correlation_id] = sequence
         if not self._place(sequence):
             self.backlog.append(sequence)
         return sequence
@@ -347,7 +364,7 @@ class SequenceScheduler:
             item.future.set_result(response)
         if sequence.dead:  # cancelled while this request ran
             self._release_slot(sequence)
-        elif item.request.flags & SEQUENCE_END and not sequence.queue:
+        elif (item.request.flags & SEQUENCE_END or sequence.single) and not sequence.queue:
             self._release(sequence)
 
     def _release_slot(self, sequence: Sequence) -> None:

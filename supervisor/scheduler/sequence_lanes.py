@@ -45,6 +45,7 @@ class Sequence:
     busy: bool = False  # one of its requests is running
     open: bool = True  # START seen, END not yet queued: more requests without START are accepted
     dead: bool = False  # released (idle, cancelled, unloaded): never scheduled again
+    single: bool = False  # a correlation-id-0 request of an iterative_sequence model: a sequence of one
     last_ns: int = 0  # last arrival or completion (idle clock)
     state: dict[str, Tensor] = field(default_factory=dict)  # implicit state inputs for the next request
 

@@ -4,8 +4,10 @@
   modules beside model.py import; the file itself is loaded under a module name unique to the model,
   so two models' `model.py` never clash in sys.modules.
 - `auto_complete_config(pb_utils.ModelConfig)` (static), `initialize(args)` with Triton's keys,
-  `execute(requests)` (plain or `async def`: coroutines run on a per-instance event loop thread),
-  `finalize()`.
+  `execute(requests)` (plain or `async def`: coroutines run on a per-instance event loop thread,
+  model_loop.py; a decoupled model's run in the background, so executions overlap), `finalize()`.
+  BLS only between initialize and finalize, as Triton.
+- Non-decoupled response senders: python_senders.py; request rescheduling: python_reschedule.py.
 - Return rules and error texts of Triton's stub; an exception escaping execute fails every request
   of the batch with `Failed to process the request(s) for model '<instance>', message: <Type>: <msg>`
   (traceback in the log, not in the reply). Outputs are pruned to the requested ones.
@@ -13,20 +15,21 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import os
 import re
 import sys
-import threading
 import traceback
 from collections.abc import Callable
 from typing import Any, Optional
 
 from ..compat import load_pb_utils
 from ..wire.errors import ErrorCode, InferdError
+from . import python_reschedule as reschedule
+from . import python_senders as senders
 from .base import ModelSpec, Request, Response, Tensor, WorkerContext
+from .model_loop import ModelLoop, is_awaitable
 
 DEFAULT_MODEL_FILENAME = "model.py"
 
@@ -76,12 +79,12 @@ class PythonBackend:
         self._spec: Optional[ModelSpec] = None
         self._model: Any = None
         self._model_path = ""
-        self._loop: Any = None
-        self._loop_thread: Optional[threading.Thread] = None
+        self._loop = ModelLoop()
         self._output_names: list[str] = []
         self._version = -1
         self._poll: Optional[Callable[[], None]] = None
         self._emit: Any = None  # WorkerContext.emit, for decoupled models
+        self._iterative = False  # sequence_batching.iterative_sequence: requests may be rescheduled
 
     # ---- import ---------------------------------------------------------------------------------
 
@@ -170,6 +173,7 @@ class PythonBackend:
         self._emit = context.emit if model.decoupled else None
         self._spec = model
         self._version = int(model.version) if model.version.isdigit() else -1
+        self._iterative = bool((model.config.get("sequence_batching") or {}).get("iterative_sequence"))
         self._output_names = model.output_names
         args = {
             "model_config": model.config_json,
@@ -189,6 +193,7 @@ class PythonBackend:
             self._log_exception("initialize")
             raise InferdError(ErrorCode.INTERNAL, _describe(exc)) from None
         self._model = instance
+        self._pb._state["bls_allowed"] = True  # as Triton's stub: BLS only once initialized, until finalize
 
     def execute(self, requests: list[Request]) -> list[Response]:
         spec = self._spec
@@ -219,14 +224,23 @@ class PythonBackend:
                 )
             returned = self._resolve(execute(pb_requests))
             pb_responses = self._check_returned(pb_requests, returned)
+            pb_responses = reschedule.run_again(pb_requests, pb_responses, lambda again: self._check_returned(
+                again, self._resolve(execute(again)))) if self._iterative else self._no_reschedule(
+                pb_requests, pb_responses)
         except (Exception, SystemExit) as exc:
             message = "Failed to process the request(s) for model '%s', message: %s" % (
                 spec.instance_name, _describe(exc),
             )
             self._log_exception(message)
-            error = InferdError(ErrorCode.INTERNAL, message)
-            return [Response(error=error) for _ in requests]
-        return [self._convert(req, resp) for req, resp in zip(pb_requests, pb_responses)]
+            return [senders.after_failure(req, message, self._convert) for req in pb_requests]
+        return [self._convert(req, resp) if resp is not None
+                else senders.await_sent(req, self._poll, self._convert, self._no_response)
+                for req, resp in zip(pb_requests, pb_responses)]
+
+    def _no_response(self) -> Response:
+        return Response(error=InferdError(
+            ErrorCode.INTERNAL, "Failed to process the request(s) for model '%s', message: no response was "
+            "returned or sent for the request" % (self._spec.instance_name if self._spec else "")))
 
     def _execute_decoupled(self, requests: list[Request], pb_requests: list[Any]) -> list[Response]:
         """Responses leave through each request's sender as the model sends them (any thread, also
@@ -240,12 +254,15 @@ class PythonBackend:
             execute = getattr(self._model, "execute", None)
             if execute is None:
                 raise _ReturnRuleError("Python model %s does not implement `execute` method." % self._model_path)
-            returned = self._resolve(execute(pb_requests))
-            if returned is not None:
-                raise _ReturnRuleError(
-                    "Python model '%s' is using the decoupled mode and the execute function must return None."
-                    % spec.instance_name
-                )
+            returned = execute(pb_requests)
+            if is_awaitable(returned):  # runs on the loop; the next batch is taken meanwhile
+                self._start_background(returned, requests, pb_requests)
+                return [Response() for _ in requests]
+            self._check_decoupled_return(returned)
+            if self._iterative:
+                reschedule.run_again(pb_requests, [None] * len(pb_requests), self._execute_again)
+            else:
+                self._no_reschedule(pb_requests, [])
         except (Exception, SystemExit) as exc:
             message = "Failed to process the request(s) for model '%s', message: %s" % (
                 spec.instance_name, _describe(exc),
@@ -259,6 +276,51 @@ class PythonBackend:
             return results
         return [Response() for _ in requests]
 
+    def _check_decoupled_return(self, returned: Any) -> None:
+        if returned is not None:
+            raise _ReturnRuleError(
+                "Python model '%s' is using the decoupled mode and the execute function must return None."
+                % (self._spec.instance_name if self._spec else ""))
+
+    def _execute_again(self, pb_requests: list[Any]) -> list[Any]:
+        """A decoupled model's rescheduled requests, run again (synchronous execute)."""
+        self._check_decoupled_return(self._model.execute(pb_requests))
+        return [None] * len(pb_requests)
+
+    def _no_reschedule(self, pb_requests: list[Any], responses: list[Any]) -> list[Any]:
+        if any(r._release_flags & reschedule.RESCHEDULE for r in pb_requests):
+            raise _ReturnRuleError(reschedule.NOT_ITERATIVE)
+        return responses
+
+    def _start_background(self, coroutine: Any, requests: list[Request], pb_requests: list[Any]) -> None:
+        self._loop.start(coroutine, lambda future: self._background_done(future, requests, pb_requests))
+
+    def _background_done(self, future: Any, requests: list[Request], pb_requests: list[Any]) -> None:
+        """A decoupled model's execute coroutine ended. Its result is not looked at (as Triton); if it
+        failed, the traceback is logged (as Triton) and, where Triton would leave them hanging, the
+        requests that have not sent FINAL end with the error."""
+        exc = future.exception()
+        if exc is None:
+            again = reschedule.rescheduled(pb_requests) if self._iterative else []
+            if again and self._model is not None:  # rescheduled: their execution runs again
+                try:
+                    self._start_background(self._model.execute([pb_requests[i] for i in again]),
+                                           [requests[i] for i in again], [pb_requests[i] for i in again])
+                    return
+                except Exception as failed:
+                    exc = failed
+            else:
+                return
+        spec = self._spec
+        message = "Failed to process the request(s) for model '%s', message: %s" % (
+            spec.instance_name if spec else "", _describe(exc))
+        self._pb.Logger._emit("%s\n%s" % (message, "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()), self._pb.Logger.ERROR, 2)
+        error = InferdError(ErrorCode.INTERNAL, message)
+        for request, pb_request in zip(requests, pb_requests):
+            if pb_request.get_response_sender()._close():
+                self._emit(request, Response(error=error), True)
+
     def _stream_to(self, request: Request, pb_request: Any) -> Callable[[Any, bool], None]:
         emit = self._emit
 
@@ -269,7 +331,9 @@ class PythonBackend:
         return stream
 
     def unload(self) -> Optional[InferdError]:
+        self._loop.drain()  # background executions of a decoupled model end before finalize
         model, self._model = self._model, None
+        self._pb._state["bls_allowed"] = False
         error = None
         finalize = getattr(model, "finalize", None) if model is not None else None
         if finalize is not None:
@@ -278,39 +342,16 @@ class PythonBackend:
             except Exception as exc:
                 self._log_exception("finalize")
                 error = InferdError(ErrorCode.INTERNAL, _describe(exc))
-        loop = self._loop
-        if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            if self._loop_thread is not None:
-                self._loop_thread.join(timeout=1.0)
-            self._loop = None
+        self._loop.stop()
         return error
 
     # ---- helpers --------------------------------------------------------------------------------
 
     def _resolve(self, value: Any) -> Any:
         """Run a coroutine returned by a model hook to completion on the instance's event loop."""
-        if type(value) is list or value is None:  # what execute usually returns: skip the hasattr probe
+        if not is_awaitable(value):
             return value
-        if type(value).__name__ != "coroutine" and not hasattr(value, "__await__"):
-            return value
-        import asyncio
-
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="inferd-model-loop", daemon=True)
-            thread.start()
-            self._loop, self._loop_thread = loop, thread
-        if not asyncio.iscoroutine(value):
-            value = _await(value)
-        future = asyncio.run_coroutine_threadsafe(value, self._loop)
-        if self._poll is None:
-            return future.result()
-        while True:  # keep serving cancellation probes while the coroutine runs
-            try:
-                return future.result(timeout=0.02)
-            except concurrent.futures.TimeoutError:
-                self._poll()
+        return self._loop.run(value, self._poll)
 
     def _check_returned(self, requests: list[Any], returned: Any) -> list[Any]:
         pb = self._pb
@@ -329,28 +370,25 @@ class PythonBackend:
         for request, response in zip(requests, returned):
             if response is None:
                 continue
+            if request._release_flags & reschedule.RESCHEDULE:
+                raise _ReturnRuleError(reschedule.NOT_NONE % _type_str(response))
             if not isinstance(response, pb.InferenceResponse):
                 raise _ReturnRuleError(
                     "Expected an 'InferenceResponse' object in the execute function return list, "
                     "found type '%s'." % _type_str(response)
                 )
             sender = request._sender
+            if sender is not None and sender.responses:
+                raise _ReturnRuleError(
+                    "Unable to send response. Non-decoupled model cannot send more than one response.")
             if sender is not None and sender.closed:
                 raise _ReturnRuleError("Unable to send response. Response sender has been closed.")
+        for request, response in zip(requests, returned):
+            if response is not None and request._sender is not None:
+                request._sender._close()  # answered by the return: a later send is refused
         return returned
 
     def _convert(self, request: Any, response: Any) -> Response:
-        if response is None:
-            sender = request._sender
-            if sender is None or not sender.responses:
-                return Response(
-                    error=InferdError(
-                        ErrorCode.INTERNAL,
-                        "Failed to process the request(s) for model '%s', message: no response was "
-                        "returned or sent for the request" % (self._spec.instance_name if self._spec else ""),
-                    )
-                )
-            response = sender.responses[0]
         params: dict[str, Any] = {}
         raw = response._parameters  # attributes, not the accessor methods: this runs per response
         if raw and raw != "{}":
@@ -377,5 +415,3 @@ class PythonBackend:
         )
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable

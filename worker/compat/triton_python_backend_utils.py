@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 from inferd.worker import custom_metrics as _custom
 from inferd.worker import device as _device
+from inferd.worker import log_levels as _log_levels
 from inferd.worker import pb_args as _args
 from inferd.worker.wire import bytes_codec, dtypes
 
@@ -58,7 +59,8 @@ _NUMBER_TO_NUMPY = {
 }
 
 # Set by the worker (see _configure); read by get_model_dir() and Logger.
-_state: dict[str, Any] = {"model_dir": "", "log_verbose": 0, "instance": "", "stream": None}
+_state: dict[str, Any] = {"model_dir": "", "log_verbose": 0, "instance": "", "stream": None,
+                          "bls_allowed": False}  # True between initialize and finalize (as Triton's stub)
 _log_lock = threading.Lock()
 _sender_lock = threading.Lock()
 
@@ -67,6 +69,7 @@ def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", st
                model: str = "") -> None:
     """Called by the worker before importing model.py."""
     _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
+    _log_levels.set_verbose(int(log_verbose))
     _custom.REGISTRY.instance = instance
     _custom.REGISTRY.source = ("model '%s' instance '%s'" % (model, instance)) if model else "instance '%s'" % instance
 
@@ -306,12 +309,15 @@ def _parameters_json(parameters: Any) -> str:
     return json.dumps(parameters)
 
 
-def _tensors(tensors: Any, what: str) -> list[Tensor]:
-    """A `std::vector<Tensor>` argument: a list or tuple of pb_utils.Tensor."""
+def _tensors(tensors: Any, what: str, empty: str = "") -> list[Tensor]:
+    """A `std::vector<std::shared_ptr<Tensor>>` argument: a list or tuple of pb_utils.Tensor. A None
+    entry is a null pointer there, which the constructor refuses with `empty` (TritonModelException)."""
     if isinstance(tensors, (str, bytes, dict)) or not hasattr(tensors, "__iter__"):
         raise TypeError("%s must be a list of pb_utils.Tensor, got %s" % (what, type(tensors).__name__))
     out = list(tensors)
     for tensor in out:
+        if tensor is None and empty:
+            raise TritonModelException(empty)
         if not isinstance(tensor, Tensor):
             raise TypeError("%s must hold pb_utils.Tensor objects, found %s" % (what, type(tensor).__name__))
     return out
@@ -351,7 +357,9 @@ class InferenceResponse:
         self, output_tensors: Optional[list[Tensor]] = None, error: Optional[TritonError] = None,
         parameters: Any = None,
     ) -> None:
-        outputs = _tensors(output_tensors, "output_tensors") if output_tensors is not None else []
+        outputs = (_tensors(output_tensors, "output_tensors",
+                            "Output tensor for inference response should not be empty.")
+                   if output_tensors is not None else [])
         if error is not None and not isinstance(error, TritonError):
             raise TypeError("error must be a pb_utils.TritonError, found %s" % type(error))
         self._outputs = outputs
@@ -380,6 +388,7 @@ class InferenceResponseSender:
         self._request = request
         self.responses: list[InferenceResponse] = []
         self.closed = False
+        self.done = threading.Event()  # set once closed: a non-decoupled request waits for it
         self._lock = threading.Lock()  # one send at a time per request: responses keep their order
 
     def send(self, response: Optional[InferenceResponse] = None, flags: int = 0) -> None:
@@ -404,6 +413,7 @@ class InferenceResponseSender:
                 self.responses.append(response)
             if final:
                 self.closed = True
+                self.done.set()
 
     def _check_non_decoupled(self, response: Optional[InferenceResponse], final: bool) -> None:
         if response is not None and self.responses:
@@ -421,6 +431,7 @@ class InferenceResponseSender:
         with self._lock:
             was_open = not self.closed
             self.closed = True
+            self.done.set()
             return was_open
 
     def is_cancelled(self) -> bool:
@@ -449,10 +460,15 @@ class InferenceRequest:
         self._correlation_id = _args.correlation_id(correlation_id)
         if self._correlation_id is None:
             raise TritonModelException("Correlation ID must be integer or string")
-        self._inputs = _tensors(inputs, "inputs") if inputs is not None else []
+        self._model_name = _args.text(model_name, "model_name")
+        self._inputs = _tensors(inputs, "inputs", "Input tensor for request with id '%s' and model name '%s' "
+                                "should not be empty." % (self._request_id, self._model_name)
+                                ) if inputs is not None else []
         self._requested = (_args.texts(requested_output_names, "requested_output_names")
                            if requested_output_names is not None else [])
-        self._model_name = _args.text(model_name, "model_name")
+        if "" in self._requested:
+            raise TritonModelException("Requested output name for request with id '%s' and model name '%s' "
+                                       "should not be empty." % (self._request_id, self._model_name))
         self._model_version = _args.integer(model_version, "model_version")
         self._flags = _args.integer(flags, "flags", _args.UINT32)
         self._timeout = _args.integer(timeout, "timeout", _args.UINT64)
@@ -522,9 +538,8 @@ class InferenceRequest:
         return bool(self._cancel_probe is not None and self._cancel_probe())
 
     def set_release_flags(self, flags: int) -> None:
-        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise _not_supported("Request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)")
-        self._release_flags = int(flags)
+        """RESCHEDULE: run this request again (iterative_sequence models; worker/backends/python_reschedule.py)."""
+        self._release_flags = _args.integer(flags, "flags", _args.UINT32)
 
     def release_flags(self) -> int:
         return self._release_flags
@@ -541,6 +556,8 @@ class InferenceRequest:
     # ---- BLS: this request sent to another model through the supervisor ----
 
     def _send_bls(self, decoupled: bool, direct: bool = False) -> Any:
+        if not _state["bls_allowed"]:
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
         if not self._model_name:
             raise TritonModelException("BLS request must specify 'model_name'")
         inputs = [(tensor._name, tensor._datatype, tensor._array) for tensor in self._inputs]
@@ -721,7 +738,7 @@ class Logger:
         level = int(level)
         if isinstance(message, (bytes, bytearray)):  # Triton's std::string: the text, not b'...'
             message = bytes(message).decode("utf-8", "replace")
-        if level == Logger.VERBOSE and _state["log_verbose"] <= 0:
+        if not _log_levels.enabled(level):  # the server's settings, also as changed at run time
             return
         try:
             frame = sys._getframe(depth)

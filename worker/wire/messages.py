@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
-WIRE_VERSION = 4  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
-# 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device
+WIRE_VERSION = 5  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
+# 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device;
+# 5: LogSettings
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -230,6 +231,17 @@ class Shutdown:
     pass
 
 
+@dataclass
+class LogSettings:
+    """The server's log settings for model logging (pb_utils.Logger): sent before LoadModel and again
+    after every change (POST /v2/logging); the worker applies them when its main thread reads them."""
+
+    verbose: int = 0
+    info: bool = True
+    warning: bool = True
+    errors: bool = True  # log_error ("error" names a WireError field in every message)
+
+
 # ---- BLS (worker <-> supervisor on the worker's "<identity>/bls" socket) ---------------------------
 
 
@@ -343,6 +355,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "cancel": Cancel,
     "release_outputs": ReleaseOutputs,
     "shutdown": Shutdown,
+    "log_settings": LogSettings,
     "heartbeat": Heartbeat,
     "bls_request": BlsRequest,
     "bls_response": BlsResponse,

@@ -14,6 +14,7 @@ import zmq
 from inferd.worker import custom_metrics as cm
 from inferd.worker.channel import HeartbeatThread
 from inferd.worker.compat import load_pb_utils
+from inferd.worker.metrics_sender import MetricsSender
 from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire import messages as m
 
@@ -262,7 +263,8 @@ def test_heartbeat_thread_sends_reports_on_the_metrics_socket():
     router = ctx.socket(zmq.ROUTER)
     router.bind("ipc://" + path)
     lost = []
-    thread = HeartbeatThread(ctx, "ipc://" + path, "w7", 0.02, 0.0, lost.append, metrics=cm.REGISTRY)
+    sender = MetricsSender(ctx, "ipc://" + path, "w7", cm.REGISTRY)
+    thread = HeartbeatThread(ctx, "ipc://" + path, "w7", 0.02, 0.0, lost.append, metrics=sender)
     try:
         thread.start()
         seen: dict[bytes, list] = {}
