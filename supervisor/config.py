@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from . import access, rundir, triton_flags
 from .cache import parse_cache_config
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
+from .tracing import options as trace_options
+from .tracing.options import TraceOptions
 
 # API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
 RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -118,6 +120,7 @@ class ServerConfig:
     log_warning: bool = True
     log_error: bool = True
     response_cache_bytes: int | None = None  # --cache-config local,size=N; None: no response cache
+    trace: TraceOptions = field(default_factory=TraceOptions)  # --trace-config (and the deprecated --trace-*)
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
@@ -211,10 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-load-retry-count", type=int, default=0, help="times a failed model load is retried")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-file", default="", help="write the log (the workers' output too) to this file")
-    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-format", choices=("default", "ISO8601", "json"), default="default",
+                   help="default and ISO8601 as tritonserver; json: one JSON object per line")
     p.add_argument("--log-info", type=_bool, default=True)
     p.add_argument("--log-warning", type=_bool, default=True)
     p.add_argument("--log-error", type=_bool, default=True)
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="request tracing, as tritonserver: rate=, level=, count=, mode=triton|opentelemetry, "
+                        "triton,file=, triton,log-frequency=, opentelemetry,url=, opentelemetry,resource=K=V "
+                        "(repeatable)")
+    for flag in ("--trace-file", "--trace-level", "--trace-rate", "--trace-count", "--trace-log-frequency"):
+        p.add_argument(flag, action="append", default=[], help="deprecated tritonserver spelling of --trace-config")
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
                    help="response cache, as tritonserver: local,size=<bytes> (repeatable)")
     p.add_argument("--response-cache-byte-size", type=int, default=None,
@@ -351,6 +361,12 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         metrics_latency, metrics_notes = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
         errors.append(str(exc))
+    trace = TraceOptions()
+    try:
+        trace = trace_options.parse(args.trace_config, args.trace_file, args.trace_level, args.trace_rate,
+                                    args.trace_count, args.trace_log_frequency)
+    except ValueError as exc:
+        errors.append(str(exc))
     if errors:
         raise SystemExit("error: " + "\nerror: ".join(errors))
     cache_values = list(args.cache_config)
@@ -427,6 +443,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         log_error=args.log_error,
         inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
+        trace=replace(trace, file=os.path.abspath(trace.file)) if trace.file else trace,
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,
         max_queue_size=args.max_queue_size,

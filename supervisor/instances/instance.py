@@ -24,6 +24,8 @@ from inferd.supervisor.core.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..tracing import live
+from ..tracing.record import watch_batch
 from .channel import Channel
 from .codec import BatchResult
 from .launcher import Launcher
@@ -251,6 +253,8 @@ class Instance:
         if self.state is not InstanceState.READY or worker is None:
             raise self._not_ready()
         fut = worker.launch(requests)
+        if live.armed:  # tracing: the one check a batch pays while it is off
+            watch_batch(fut, requests, self.name)
         n = len(requests)
         self._inflight += n
         self._idle.clear()

@@ -1,0 +1,111 @@
+"""Mode `triton`: traces written as Triton 2.51 writes them, one JSON array of records per file.
+
+Per trace: `{"id","model_name","model_version","request_id"[,"parent_id"]}`, then one
+`{"id","timestamps":[{"name","ns"}]}` per timestamp and, at level TENSORS, one `{"id","activity","tensor"}`
+per tensor. With log_frequency N every N traces go to `<file>.<k>` (k = 0, 1, ...), each a complete
+array; with 0 they go to `<file>`, one array closed when the server stops (as Triton; written out every
+_BUFFERED traces so memory stays bounded). Files are written on one background thread, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .record import Trace
+
+log = logging.getLogger("inferd.trace")
+_BUFFERED = 1000  # traces held before they are written when log_frequency is 0
+
+
+def records(trace: Trace) -> list[dict[str, Any]]:
+    head: dict[str, Any] = {"id": trace.id, "model_name": trace.model_name,
+                            "model_version": int(trace.model_version) if trace.model_version.isdigit()
+                            else trace.model_version, "request_id": trace.request_id}
+    if trace.parent is not None:
+        head["parent_id"] = trace.parent.id
+    out = [head]
+    inputs = [_tensor(trace.id, t) for t in trace.tensors if t[0] == "TENSOR_QUEUE_INPUT"]
+    outputs = [_tensor(trace.id, t) for t in trace.tensors if t[0] != "TENSOR_QUEUE_INPUT"]
+    for name, ns in trace.stamps:
+        if name == "INFER_RESPONSE_COMPLETE":  # the outputs, as the response completes
+            out += outputs
+            outputs = []
+        out.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
+        if name == "QUEUE_START":  # the inputs, as they enter the queue
+            out += inputs
+            inputs = []
+    out += inputs + outputs
+    for child in trace.children:  # ensemble steps and BLS calls, written with their root
+        out += records(child)
+    return out
+
+
+def _tensor(trace_id: int, t: tuple[str, str, str, str, str]) -> dict[str, Any]:
+    activity, name, data, shape, dtype = t
+    return {"id": trace_id, "activity": activity, "tensor": {"name": name, "data": data, "shape": shape,
+                                                             "dtype": dtype}}
+
+
+class TraceFileWriter:
+    def __init__(self, path: str, log_frequency: int) -> None:
+        self.path = path
+        self.log_frequency = log_frequency
+        self._pending: list[Trace] = []
+        self._index = 0
+        self._main_open = False  # `<path>` holds "[" and records, "]" still to come
+        self._lock = threading.Lock()  # the main file, between the writer thread and close()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inferd-trace")
+
+    def add(self, trace: Trace) -> None:
+        self._pending.append(trace)
+        limit = self.log_frequency or _BUFFERED
+        if len(self._pending) >= limit:
+            self.flush()
+
+    def set_frequency(self, log_frequency: int) -> None:
+        """A settings change writes out what was collected under the old one (as Triton does)."""
+        if log_frequency != self.log_frequency:
+            self.flush()
+            self.log_frequency = log_frequency
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        batch = [r for t in self._pending for r in records(t)]
+        self._pending = []
+        if self.log_frequency:
+            path = "%s.%d" % (self.path, self._index)
+            self._index += 1
+            self._pool.submit(self._write_whole, path, batch)
+        else:
+            self._pool.submit(self._append_main, batch)
+
+    def close(self) -> None:
+        """At shutdown: everything collected written, the main file's array closed."""
+        self.flush()
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            if self._main_open:
+                self._write(self.path, "]", "a")
+                self._main_open = False
+
+    def _write_whole(self, path: str, batch: list[dict[str, Any]]) -> None:
+        self._write(path, json.dumps(batch, separators=(",", ":")), "w")
+
+    def _append_main(self, batch: list[dict[str, Any]]) -> None:
+        text = json.dumps(batch, separators=(",", ":"))[1:-1]
+        with self._lock:
+            self._write(self.path, ("," if self._main_open else "[") + text, "a" if self._main_open else "w")
+            self._main_open = True
+
+    @staticmethod
+    def _write(path: str, text: str, mode: str) -> None:
+        try:
+            with open(path, mode, encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:  # a full disk must not take the server down
+            log.error("cannot write trace file %s: %s", path, exc)
