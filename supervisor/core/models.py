@@ -24,6 +24,7 @@ from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
+from ..tracing import live
 from . import loader, warmup
 from .streaming import ResponseStream
 from .types import InferRequest, InferResponse
@@ -100,6 +101,7 @@ class ModelManager:
         self.settings = settings
         self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry
+        self.tracer: Any = None  # the data plane's tracing.Tracer: ensemble steps of traced requests are traced
         self.entries: dict[str, ModelEntry] = {}
         # name -> the version a request without a version resolves to, only while it is ready; cleared on
         # every change that can alter readiness or the version set (instance state, load, unload)
@@ -325,7 +327,10 @@ class ModelManager:
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
+        traced = live.armed and self.tracer is not None and self.tracer.begin(mv.name, str(mv.version), request)
         future = mv.scheduler.submit(request)
+        if traced:
+            self.tracer.watch(request.trace, future)
         try:
             return await future
         except asyncio.CancelledError:

@@ -73,6 +73,7 @@ class ServerDataPlane(DataPlane):
         }
         self._log_settings.update(log_settings or {})
         self.tracer = tracer if tracer is not None else Tracer(TraceOptions())
+        manager.tracer = self.tracer
 
     # ---- health and metadata ----
     def live(self) -> bool:

@@ -33,6 +33,7 @@ class Tracer:
             mode=options.mode)
         self._ids = itertools.count(1)
         self._samples: dict[str, int] = {}
+        self._inflight = 0  # traces begun, not ended: the instances stamp them even once settings turn off
         self._file: Any = None
         self._otel: Any = None
         if options.mode == "opentelemetry":
@@ -56,7 +57,7 @@ class Tracer:
         self._samples.pop(model, None)
 
     def rearm(self) -> None:
-        live.armed = self.settings.any_on()
+        live.armed = self._inflight > 0 or self.settings.any_on()
 
     def close(self) -> None:
         live.armed = False
@@ -77,13 +78,13 @@ class Tracer:
             return False
         if isinstance(parent, Trace):
             trace = Trace(next(self._ids), model_name, model_version, request.id, parent, parent.tensors_on,
-                          _child_done)
+                          self._ended)
         else:
             remote = parent if isinstance(parent, str) and self._otel is not None else ""
             if not remote and not self._sample(model_name, values):
                 return False
             trace = Trace(next(self._ids), model_name, model_version, request.id, None,
-                          "TENSORS" in values["trace_level"], self._sink, remote)
+                          "TENSORS" in values["trace_level"], self._ended, remote)
         now = time.monotonic_ns()
         trace.stamp("REQUEST_START", min(request.arrival_ns, now))
         trace.stamp("QUEUE_START", now)
@@ -91,7 +92,16 @@ class Tracer:
             for t in request.inputs:
                 trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
         request.trace = trace
+        self._inflight += 1
         return True
+
+    def _ended(self, trace: Trace) -> None:
+        """A root trace goes to the sink with its children (ensemble steps, BLS calls) inside it."""
+        self._inflight -= 1
+        if trace.parent is None:
+            self._sink(trace)
+        if not self._inflight:
+            self.rearm()
 
     def _sample(self, model_name: str, values: dict[str, Any]) -> bool:
         rate, count = values["trace_rate"], values["trace_count"]
@@ -104,8 +114,6 @@ class Tracer:
             return False
         if count > 0:
             self.settings.count_down(model_name)
-            if count == 1:
-                self.rearm()
         return True
 
     @staticmethod
@@ -118,6 +126,3 @@ class Tracer:
 def _drop(trace: Trace) -> None:
     pass
 
-
-def _child_done(trace: Trace) -> None:
-    """A child trace goes out with its root's (the root's sink writes or exports the whole tree)."""
