@@ -227,7 +227,7 @@ class ModelManager:
                 if v not in new_versions:
                     self.stats_registry.remove(name, str(v))
             log.info("successfully loaded '%s' version(s) %s in %.2fs", name,
-                     ",".join(str(v) for v in sorted(new_versions)), elapsed)
+                     ",".join(str(v) for v in sorted(new_versions)), elapsed, extra={"model": name})
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload every version; with unload_dependents an ensemble's composing models go too (those no
@@ -252,7 +252,7 @@ class ModelManager:
             if not versions:
                 e.records = {None: (UNAVAILABLE, "unloaded")}
             loader.release_env(self.settings, name)
-            log.info("successfully unloaded '%s'", name)
+            log.info("successfully unloaded '%s'", name, extra={"model": name})
         if unload_dependents:
             composing = {c for mv in versions.values() if mv.ensemble is not None
                          for c in mv.ensemble.composing_models}

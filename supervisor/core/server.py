@@ -290,8 +290,8 @@ class ServerDataPlane(DataPlane):
                     raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
                 if key in ("log_info", "log_warning", "log_error") and not isinstance(value, bool):
                     raise InferdError(ErrorCode.INVALID_ARG, "%s must be a boolean" % key)
-                if key == "log_format" and value not in ("default", "ISO8601"):
-                    raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default' or 'ISO8601'")
+                if key == "log_format" and value not in ("default", "ISO8601", "json"):
+                    raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default', 'ISO8601' or 'json'")
                 settings[key] = value
             logs.apply(settings["log_verbose_level"], settings["log_format"], settings["log_info"],
                        settings["log_warning"], settings["log_error"])

@@ -203,7 +203,8 @@ class Instance:
 
     async def _restart(self, delay: float) -> None:
         if delay > 0:
-            log.info("restarting instance '%s' of model '%s' in %.2f s", self.name, self.model_name, delay)
+            log.info("restarting instance '%s' of model '%s' in %.2f s", self.name, self.model_name, delay,
+                     extra={"model": self.model_name, "instance": self.name})
             await asyncio.sleep(delay)
         self.restarts += 1
         worker = self._new_worker()
@@ -219,7 +220,8 @@ class Instance:
         if self.state is not InstanceState.RESTARTING:  # drained meanwhile
             await worker.stop()
             return
-        log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid)
+        log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid,
+                 extra={"model": self.model_name, "instance": self.name})
         self._set_state(InstanceState.READY)
 
     async def drain_and_stop(self, timeout: float | None = None) -> None:

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from inferd.supervisor import logs
 from inferd.supervisor.config import WorkerTimings
 from inferd.supervisor.core.types import InferRequest, InferResponse
 from inferd.worker.wire import messages as m
@@ -214,6 +215,7 @@ class WorkerProcess:
             heartbeat_interval_s=t.heartbeat_interval_s,
             heartbeat_timeout_s=max(t.heartbeat_interval_s * t.heartbeat_misses * 2, STARTING_SILENCE_S),
             log_verbose=self._log_verbose,
+            log_format=logs.current_format(),
         )
         hello_fut = self._expect_future(m.Hello)
         self._proc = await self._launcher.spawn(

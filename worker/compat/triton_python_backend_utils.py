@@ -23,6 +23,7 @@ from typing import Any, Optional
 import numpy as np
 from inferd.worker import custom_metrics as _custom
 from inferd.worker import device as _device
+from inferd.worker import log_lines as _log_lines
 from inferd.worker import pb_args as _args
 from inferd.worker.wire import bytes_codec, dtypes
 
@@ -67,6 +68,7 @@ def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", st
                model: str = "") -> None:
     """Called by the worker before importing model.py."""
     _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
+    _log_lines.configure(model=model, instance=instance)
     _custom.REGISTRY.instance = instance
     _custom.REGISTRY.source = ("model '%s' instance '%s'" % (model, instance)) if model else "instance '%s'" % instance
 
@@ -740,6 +742,8 @@ class Logger:
         now = time.time()
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + ".%06d" % int((now % 1) * 1e6)
         line = "%s%s %d %s] %s\n" % (Logger._LETTER.get(level, "I"), stamp, os.getpid(), where, message)
+        if _log_lines.is_json():
+            line = _log_lines.json_line(Logger._LETTER.get(level, "I"), where, str(message))
         stream = _state["stream"] or sys.stderr
         with _log_lock:
             try:
