@@ -119,7 +119,8 @@ platform: "ensemble"
 input [ { name: "A" data_type: TYPE_FP32 dims: [16] }, { name: "B" data_type: TYPE_FP32 dims: [16] } ]
 output [ { name: "S" data_type: TYPE_FP32 dims: [16] } ]
 ensemble_scheduling { step [
-  { model_name: "add_sub" model_version: -1 input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
     output_map { key: "OUTPUT0" value: "S" } }
 ] }
 '''
