@@ -62,7 +62,8 @@ class Trace:
         if self.tensors_on and response is not None:
             for t in response.outputs:
                 self.tensor("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
-        self.stamp("INFER_RESPONSE_COMPLETE", ns)
+        if self.parent is None:  # the frontend's response (Triton writes none for an ensemble step)
+            self.stamp("INFER_RESPONSE_COMPLETE", ns)
         self.stamp("REQUEST_END", ns)
         self.sink(self)
 

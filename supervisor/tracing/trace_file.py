@@ -19,29 +19,31 @@ from .record import Trace
 
 log = logging.getLogger("inferd.trace")
 _BUFFERED = 1000  # traces held before they are written when log_frequency is 0
+_RANK = {name: i for i, name in enumerate((
+    "REQUEST_START", "QUEUE_START", "INFER_RESPONSE_COMPLETE", "COMPUTE_START", "COMPUTE_INPUT_END",
+    "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"))}
 
 
 def records(trace: Trace) -> list[dict[str, Any]]:
+    """The records of `trace` in Triton's order: its children (finished first) before it, then the head,
+    REQUEST_START, QUEUE_START, the inputs, the outputs, INFER_RESPONSE_COMPLETE, COMPUTE_*, REQUEST_END."""
+    out: list[dict[str, Any]] = []
+    for child in trace.children:  # ensemble steps and BLS calls, written with their root
+        out += records(child)
     head: dict[str, Any] = {"id": trace.id, "model_name": trace.model_name,
                             "model_version": int(trace.model_version) if trace.model_version.isdigit()
                             else trace.model_version, "request_id": trace.request_id}
     if trace.parent is not None:
         head["parent_id"] = trace.parent.id
-    out = [head]
-    inputs = [_tensor(trace.id, t) for t in trace.tensors if t[0] == "TENSOR_QUEUE_INPUT"]
-    outputs = [_tensor(trace.id, t) for t in trace.tensors if t[0] != "TENSOR_QUEUE_INPUT"]
-    for name, ns in trace.stamps:
-        if name == "INFER_RESPONSE_COMPLETE":  # the outputs, as the response completes
-            out += outputs
-            outputs = []
+    out.append(head)
+    stamps = sorted(trace.stamps, key=lambda s: _RANK.get(s[0], len(_RANK)))
+    tensors = [_tensor(trace.id, t) for t in trace.tensors]  # the inputs, then the outputs
+    for name, ns in stamps:
+        if name in ("INFER_RESPONSE_COMPLETE", "COMPUTE_START", "REQUEST_END"):
+            out += tensors
+            tensors = []
         out.append({"id": trace.id, "timestamps": [{"name": name, "ns": ns}]})
-        if name == "QUEUE_START":  # the inputs, as they enter the queue
-            out += inputs
-            inputs = []
-    out += inputs + outputs
-    for child in trace.children:  # ensemble steps and BLS calls, written with their root
-        out += records(child)
-    return out
+    return out + tensors
 
 
 def _tensor(trace_id: int, t: tuple[str, str, str, str, str]) -> dict[str, Any]:

@@ -17,9 +17,11 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from conftest import REPO_ROOT, wait_for
 
+# trace files the real Triton 2.51 wrote on this machine (tools/triton_reference.sh): add_sub over HTTP and
+# gRPC at TIMESTAMPS; an ensemble over add_sub at TIMESTAMPS + TENSORS
 TRITON_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "triton_2.51_trace_timestamps.json"
-ORDER = ("REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
-         "COMPUTE_END", "REQUEST_END")
+TRITON_ENSEMBLE_FIXTURE = REPO_ROOT / "tests" / "fixtures" / "triton_2.51_trace_ensemble_tensors.json"
+COMPUTE = ("COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END")
 HEAD_KEYS = {"id", "model_name", "model_version", "request_id"}
 
 
@@ -44,14 +46,25 @@ def read_traces(records: list[dict]) -> dict[int, dict]:
             t["tensors"].append(rec)
     for trace_id, t in traces.items():
         assert "model_name" in t, f"trace {trace_id} has no model record"
-        stamps = [t["timestamps"][name] for name in ORDER]  # every one of Triton's core timestamps
-        assert stamps == sorted(stamps), (trace_id, t["timestamps"])
+        ts = t["timestamps"]
+        # an ensemble's own trace has no compute (its steps do); every other has all of Triton's
+        order = ("REQUEST_START", "QUEUE_START", *(COMPUTE if "COMPUTE_START" in ts else ()), "REQUEST_END")
+        stamps = [ts[name] for name in order]
+        assert stamps == sorted(stamps), (trace_id, ts)
+        if "parent_id" in t:
+            assert t["parent_id"] in traces and "INFER_RESPONSE_COMPLETE" not in ts
+        else:
+            assert "INFER_RESPONSE_COMPLETE" in ts
     return traces
 
 
-def test_the_reader_accepts_a_real_triton_trace():
+def test_the_reader_accepts_real_triton_traces():
     traces = read_traces(json.loads(TRITON_FIXTURE.read_text()))
     assert {t["request_id"] for t in traces.values()} == {"r1", "g1"}
+    traces = read_traces(json.loads(TRITON_ENSEMBLE_FIXTURE.read_text()))
+    ens, step = sorted(traces.values(), key=lambda t: t["id"])
+    assert step["parent_id"] == ens["id"] and "COMPUTE_START" not in ens["timestamps"]
+    assert [r["activity"] for r in step["tensors"]] == ["TENSOR_QUEUE_INPUT"] * 2 + ["TENSOR_BACKEND_OUTPUT"]
 
 
 def _add_sub_inputs(mod, n: int = 16):
@@ -147,6 +160,8 @@ def test_ensemble_steps_are_children_of_their_request(server_factory, tmp_path):
     server.http_client().infer("ens", _ens_inputs(httpclient), request_id="e1")
     _stop(server)
     records = json.loads(path.read_text())
+    read_traces(records)
+    assert [r["model_name"] for r in _heads(records)] == ["add_sub", "ens"]  # as Triton: the step first
     traces = {t["model_name"]: t for t in (dict(v) for v in _heads(records))}
     assert traces["add_sub"]["parent_id"] == traces["ens"]["id"] and "parent_id" not in traces["ens"]
     stamps = {r["id"]: {} for r in records}
