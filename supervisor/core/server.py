@@ -298,6 +298,11 @@ class ServerDataPlane(DataPlane):
             self._log_settings = settings
         return dict(self._log_settings)
 
+    def trace_of(self, context: str) -> Any:
+        """What a BLS call continues: its caller's trace (pb_utils InferenceRequest(trace=request.trace())),
+        or tracing.record.UNTRACED (as Triton, a BLS call is traced only with its caller's trace)."""
+        return self.tracer.trace_of(context)
+
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
         if model:
             try:

@@ -33,7 +33,7 @@ class Tracer:
             mode=options.mode)
         self._ids = itertools.count(1)
         self._samples: dict[str, int] = {}
-        self._inflight = 0  # traces begun, not ended: the instances stamp them even once settings turn off
+        self._inflight: dict[int, Trace] = {}  # traces begun, not ended (by id): BLS calls find their parent
         self._file: Any = None
         self._otel: Any = None
         if options.mode == "opentelemetry":
@@ -57,7 +57,7 @@ class Tracer:
         self._samples.pop(model, None)
 
     def rearm(self) -> None:
-        live.armed = self._inflight > 0 or self.settings.any_on()
+        live.armed = bool(self._inflight) or self.settings.any_on()
 
     def close(self) -> None:
         live.armed = False
@@ -92,12 +92,20 @@ class Tracer:
             for t in request.inputs:
                 trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, t.data)
         request.trace = trace
-        self._inflight += 1
+        self._inflight[trace.id] = trace
         return True
+
+    def trace_of(self, context: str) -> Any:
+        """The trace in flight a BLS call names (pb_utils request.trace()), else UNTRACED."""
+        if context and context.isdigit() and len(context) < 20:
+            trace = self._inflight.get(int(context))
+            if trace is not None:
+                return trace
+        return UNTRACED
 
     def _ended(self, trace: Trace) -> None:
         """A root trace goes to the sink with its children (ensemble steps, BLS calls) inside it."""
-        self._inflight -= 1
+        self._inflight.pop(trace.id, None)
         if trace.parent is None:
             self._sink(trace)
         if not self._inflight:

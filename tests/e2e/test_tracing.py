@@ -261,3 +261,43 @@ def test_opentelemetry_spans_continue_the_clients_trace(server_factory, receiver
     assert ens.parent_span_id == b"" and ens.trace_id.hex() not in (http_parent[0], grpc_parent[0])
     steps = [s for s in receiver.spans if s.parent_span_id == ens.span_id and s.name == "add_sub"]
     assert len(steps) == 1 and steps[0].trace_id == ens.trace_id
+
+
+BLS_MODEL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            inputs = [pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", b)]
+            # traced with its caller (trace=request.trace()), and a call that is not (as Triton)
+            traced = pb_utils.InferenceRequest(model_name="add_sub", inputs=inputs,
+                                               requested_output_names=["OUTPUT0"], trace=request.trace()).exec()
+            pb_utils.InferenceRequest(model_name="add_sub", inputs=inputs,
+                                      requested_output_names=["OUTPUT1"]).exec()
+            out = pb_utils.get_output_tensor_by_name(traced, "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]))
+        return responses
+'''
+
+
+def test_bls_calls_given_the_callers_trace_are_its_children(server_factory, tmp_path):
+    repo = server_factory.make_repo(["add_sub"])
+    (repo / "bls_caller" / "1").mkdir(parents=True)
+    (repo / "bls_caller" / "1" / "model.py").write_text(BLS_MODEL)
+    (repo / "bls_caller" / "config.pbtxt").write_text(
+        (repo / "add_sub" / "config.pbtxt").read_text().replace('name: "add_sub"', 'name: "bls_caller"'))
+    path = tmp_path / "b.json"
+    server = server_factory(["add_sub", "bls_caller"], repo=repo, extra_args=[
+        "--trace-config", f"triton,file={path}", "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"])
+    result = server.http_client().infer("bls_caller", _add_sub_inputs(httpclient), request_id="b1")
+    assert result.as_numpy("OUTPUT0").tolist() == [i + 1.0 for i in range(16)]
+    _stop(server)
+    traces = read_traces(json.loads(path.read_text()))
+    by_model = sorted(((t["model_name"], t.get("parent_id")) for t in traces.values()))
+    root = next(t["id"] for t in traces.values() if t["model_name"] == "bls_caller")
+    assert by_model == [("add_sub", root), ("bls_caller", None)]  # the untraced call left no trace

@@ -206,7 +206,7 @@ class PythonBackend:
             pb_requests.append(
                 from_worker(
                     r.id, r.correlation_id, inputs, requested, model_name, version, r.flags,
-                    r.timeout_us, r.parameters, r.is_cancelled,
+                    r.timeout_us, r.parameters, r.is_cancelled, r.trace,
                 )
             )
         if self._emit is not None:

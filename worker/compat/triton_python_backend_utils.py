@@ -479,7 +479,7 @@ class InferenceRequest:
     def _from_worker(
         cls, request_id: str, correlation_id: Any, inputs: list[Tensor], requested: list[str],
         model_name: str, model_version: int, flags: int, timeout: int, parameters: str,
-        cancel_probe: Optional[Callable[[], bool]],
+        cancel_probe: Optional[Callable[[], bool]], trace: str = "",
     ) -> InferenceRequest:
         req = cls.__new__(cls)
         req._request_id = request_id
@@ -491,7 +491,7 @@ class InferenceRequest:
         req._flags = flags
         req._timeout = timeout
         req._preferred_memory = PreferredMemory()
-        req._trace = None  # type: ignore[assignment]
+        req._trace = InferenceTrace(trace) if trace else None  # type: ignore[assignment]
         req._parameters = parameters
         req._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         req._cancel_probe = cancel_probe
@@ -556,9 +556,10 @@ class InferenceRequest:
             raise TritonModelException("BLS request must specify 'model_name'")
         inputs = [(tensor._name, tensor._datatype, tensor._array) for tensor in self._inputs]
         version = "" if self._model_version < 0 else str(self._model_version)
+        trace = (self._trace.get_context() or "") if self._trace is not None else ""
         return _bls().infer(self._model_name, version, self._request_id, inputs, self._requested,
                             self._correlation_id, self._flags, int(self._timeout or 0), self._parameters, decoupled,
-                            direct)
+                            direct, str(trace))
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on `model_name` and wait: an InferenceResponse (errors inside it, as
