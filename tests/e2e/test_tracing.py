@@ -298,6 +298,6 @@ def test_bls_calls_given_the_callers_trace_are_its_children(server_factory, tmp_
     assert result.as_numpy("OUTPUT0").tolist() == [i + 1.0 for i in range(16)]
     _stop(server)
     traces = read_traces(json.loads(path.read_text()))
-    by_model = sorted(((t["model_name"], t.get("parent_id")) for t in traces.values()))
+    by_model = sorted((t["model_name"], t.get("parent_id")) for t in traces.values())
     root = next(t["id"] for t in traces.values() if t["model_name"] == "bls_caller")
     assert by_model == [("add_sub", root), ("bls_caller", None)]  # the untraced call left no trace
