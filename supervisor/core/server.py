@@ -194,9 +194,10 @@ class ServerDataPlane(DataPlane):
         wanted = classification.requested(request.outputs) if request.outputs else None
         stream = ResponseStream()
         request.response_sink = stream
-        if live.armed:
-            self.tracer.begin(mv.name, str(mv.version), request)
+        traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)
         future = mv.scheduler.submit(request)
+        if traced:  # ends with the execution (its compute stamps come as it returns), not the last response
+            self.tracer.watch(request.trace, future)
         stream.watch(future)
         name, version = mv.name, str(mv.version)
         ended = False
@@ -217,8 +218,6 @@ class ServerDataPlane(DataPlane):
                 if final:
                     return
         finally:
-            if request.trace is not None:  # traced: REQUEST_END as the stream ends
-                request.trace.end(time.monotonic_ns())
             if not ended:  # the consumer left early
                 if not future.done():
                     future.cancel()  # queued: leaves the queue; running: its worker gets Cancel

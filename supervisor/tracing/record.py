@@ -60,7 +60,7 @@ class Trace:
             return
         self.ended = True
         if self.tensors_on and response is not None:
-            for t in response.outputs:
+            for t in getattr(response, "outputs", ()):  # a decoupled execution's result has none here
                 self.tensor("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
         if self.parent is None:  # the frontend's response (Triton writes none for an ensemble step)
             self.stamp("INFER_RESPONSE_COMPLETE", ns)

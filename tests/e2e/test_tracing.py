@@ -301,3 +301,29 @@ def test_bls_calls_given_the_callers_trace_are_its_children(server_factory, tmp_
     by_model = sorted((t["model_name"], t.get("parent_id")) for t in traces.values())
     root = next(t["id"] for t in traces.values() if t["model_name"] == "bls_caller")
     assert by_model == [("add_sub", root), ("bls_caller", None)]  # the untraced call left no trace
+
+
+def test_a_decoupled_stream_request_is_traced_with_the_streams_traceparent(server_factory, receiver):
+    import queue
+
+    server = server_factory(["decoupled_repeat"], extra_args=[
+        "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+        "--trace-config", f"opentelemetry,url=http://127.0.0.1:{receiver.port}/v1/traces",
+        "--trace-config", "opentelemetry,bsp_schedule_delay=50"])
+    parent = ("5bf92f3577b34da6a3ce929d0e0e4737", "10f067aa0ba902b8")
+    events: queue.Queue = queue.Queue()
+    client = server.grpc_client()
+    client.start_stream(callback=lambda result, error: events.put((result, error)),
+                        headers={"traceparent": "00-%s-%s-01" % parent})
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([3], dtype=np.int32))
+    client.async_stream_infer("decoupled_repeat", [tensor], request_id="s1")
+    for _ in range(3):
+        result, error = events.get(timeout=30)
+        assert error is None
+    client.stop_stream()
+    wait_for(lambda: any(s.name == "decoupled_repeat" for s in receiver.spans), 30, "the stream request's span")
+    (span,) = [s for s in receiver.spans if s.name == "decoupled_repeat"]
+    assert (span.trace_id.hex(), span.parent_span_id.hex()) == parent
+    assert _attrs(span)["triton.request_id"] == "s1" and span.end_time_unix_nano >= span.start_time_unix_nano
+    assert {e.name for e in span.events} >= {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "REQUEST_END"}
