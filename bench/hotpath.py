@@ -78,7 +78,7 @@ class Instance:
     def launch(self, requests: list[InferRequest]) -> asyncio.Future[Result]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         if live.armed:  # as instances.instance.Instance.launch
-            watch_batch(future, requests, self.name)
+            watch_batch(future, requests, self.name, time.monotonic_ns())
         self.sent.append((future, requests))
         return future
 

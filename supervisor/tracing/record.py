@@ -51,9 +51,10 @@ class Trace:
         the batch ends when its result is read here, and started no earlier than it was sent."""
         input_ns, infer_ns, output_ns = result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns
         start = max(start_ns, end_ns - (input_ns + infer_ns + output_ns))
+        input_end = min(end_ns, start + input_ns)
         self.instance = instance
-        self.stamps += [("COMPUTE_START", start), ("COMPUTE_INPUT_END", min(end_ns, start + input_ns)),
-                        ("COMPUTE_OUTPUT_START", max(start, end_ns - output_ns)), ("COMPUTE_END", end_ns)]
+        self.stamps += [("COMPUTE_START", start), ("COMPUTE_INPUT_END", input_end),
+                        ("COMPUTE_OUTPUT_START", max(input_end, end_ns - output_ns)), ("COMPUTE_END", end_ns)]
 
     def end(self, ns: int, response: Any = None) -> None:
         if self.ended:
@@ -87,12 +88,11 @@ def tensor_text(datatype: str, shape: Any, data: Any) -> str:
     return text if len(text) <= _MAX_TENSOR_TEXT else text[:_MAX_TENSOR_TEXT] + "..."
 
 
-def watch_batch(future: asyncio.Future[Any], requests: Sequence[Any], instance: str) -> None:
-    """The COMPUTE_* timestamps of the traced requests of a batch just sent to `instance`."""
+def watch_batch(future: asyncio.Future[Any], requests: Sequence[Any], instance: str, start: int) -> None:
+    """The COMPUTE_* timestamps of the traced requests of a batch sent to `instance` at `start`."""
     traces = [r.trace for r in requests if r.trace is not None]
     if not traces:
         return
-    start = time.monotonic_ns()
 
     def done(f: asyncio.Future[Any]) -> None:
         if f.cancelled() or f.exception() is not None:

@@ -44,3 +44,22 @@ def test_an_unwritable_file_is_logged_not_raised(tmp_path, caplog):
     writer.add(_trace(1))
     writer.close()
     assert "cannot write trace file" in caplog.text
+
+
+class _Result:
+    def __init__(self, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.compute_input_ns, self.compute_infer_ns, self.compute_output_ns = input_ns, infer_ns, output_ns
+
+
+def test_compute_stamps_stay_in_order_whatever_the_worker_measured():
+    # the worker's durations are placed before the batch's end; where they exceed the time the supervisor saw
+    # (its start is taken just before the send), the stamps still never run backwards
+    cases = ((_Result(10, 20, 5), 100, 200), (_Result(60, 60, 60), 100, 150), (_Result(0, 0, 0), 5, 5))
+    for result, start, end in cases:
+        t = _trace(1)
+        t.computed(start, end, result, "m_0")
+        stamps = [ns for name, ns in t.stamps if name.startswith("COMPUTE")]
+        assert stamps == sorted(stamps) and stamps[0] >= start and stamps[-1] == end
+    t = _trace(2)
+    t.computed(100, 200, _Result(10, 20, 5), "m_0")
+    assert dict(t.stamps)["COMPUTE_START"] == 165 and dict(t.stamps)["COMPUTE_OUTPUT_START"] == 195
