@@ -31,9 +31,11 @@ def _bad(message: str) -> InferdError:
 
 
 class TraceSettings:
-    def __init__(self, defaults: Mapping[str, Any] | None = None, mode: str = "triton") -> None:
+    def __init__(self, defaults: Mapping[str, Any] | None = None, mode: str = "triton",
+                 shown: Mapping[str, str] | None = None) -> None:
         self._defaults = {**DEFAULTS, **(defaults or {})}
         self._mode = mode
+        self._shown = dict(shown or {})  # opentelemetry: its url and bsp_* settings, shown as Triton shows them
         self._global: dict[str, Any] = {}  # fields set globally
         self._models: dict[str, dict[str, Any]] = {}  # model -> fields set for that model
 
@@ -46,11 +48,12 @@ class TraceSettings:
     def get(self, model: str = "") -> dict[str, Any]:
         """The settings as the HTTP response shows them (every value a string, the level a list)."""
         v = self.effective(model)
-        return {
-            "trace_level": list(v["trace_level"]), "trace_rate": str(v["trace_rate"]),
-            "trace_count": str(v["trace_count"]), "log_frequency": str(v["log_frequency"]),
-            "trace_file": v["trace_file"], "trace_mode": self._mode,
-        }
+        common = {"trace_level": list(v["trace_level"]), "trace_rate": str(v["trace_rate"]),
+                  "trace_count": str(v["trace_count"])}
+        if self._mode == "opentelemetry":  # as Triton 2.51: no file settings, the exporter's instead
+            return {**common, "trace_mode": self._mode, **self._shown}
+        return {**common, "log_frequency": str(v["log_frequency"]), "trace_file": v["trace_file"],
+                "trace_mode": self._mode}
 
     def any_on(self) -> bool:
         """Whether any model may be traced now (a level other than OFF and traces left to take)."""

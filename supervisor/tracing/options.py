@@ -84,7 +84,7 @@ def parse(trace_config: list[str], file: list[str] | None = None, level: list[st
                 raise ValueError(f"{flag}: unknown triton trace setting '{key}' (file, log-frequency)")
         elif mode == "opentelemetry":
             if key == "url":
-                v["otel_url"] = value if "://" in value else "http://" + value
+                v["otel_url"] = value  # shown as given; http:// is assumed where no scheme is named
             elif key == "resource":
                 rkey, req, rvalue = value.partition("=")
                 if not req or not rkey.strip():

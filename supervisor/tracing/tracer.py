@@ -30,7 +30,10 @@ class Tracer:
         self.settings = TraceSettings(
             defaults={"trace_level": options.level, "trace_rate": options.rate, "trace_count": options.count,
                       "log_frequency": options.log_frequency, "trace_file": options.file},
-            mode=options.mode)
+            mode=options.mode,
+            shown={"url": options.otel_url, "bsp_schedule_delay": str(options.bsp_schedule_delay_ms),
+                   "bsp_max_export_batch_size": str(options.bsp_max_export_batch_size),
+                   "bsp_max_queue_size": str(options.bsp_max_queue_size)})
         self._ids = itertools.count(1)
         self._samples: dict[str, int] = {}
         self._inflight: dict[int, Trace] = {}  # traces begun, not ended (by id): BLS calls find their parent

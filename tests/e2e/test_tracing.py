@@ -229,12 +229,17 @@ def _attrs(span) -> dict:
 
 
 def test_opentelemetry_spans_continue_the_clients_trace(server_factory, receiver):
+    """The spans are Triton 2.51's (recorded from it here with this receiver): InferRequest > <model> >
+    compute, ensemble steps as model spans under their ensemble's; inferd adds a queue span."""
     server = server_factory(["add_sub", "ens"], repo=_ensemble_repo(server_factory), extra_args=[
         "--trace-config", "mode=opentelemetry", "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
         "--trace-config", f"opentelemetry,url=127.0.0.1:{receiver.port}/v1/traces",
         "--trace-config", "opentelemetry,resource=service.name=inferd-test",
         "--trace-config", "opentelemetry,bsp_schedule_delay=50"])
-    assert server.http_client().get_trace_settings()["trace_mode"] == "opentelemetry"
+    assert server.http_client().get_trace_settings() == {  # as Triton 2.51 shows them in this mode
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1", "trace_mode": "opentelemetry",
+        "url": f"127.0.0.1:{receiver.port}/v1/traces", "bsp_schedule_delay": "50",
+        "bsp_max_export_batch_size": "512", "bsp_max_queue_size": "2048"}
     http_parent = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
     grpc_parent = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
     server.http_client().infer("add_sub", _add_sub_inputs(httpclient), request_id="h1",
@@ -242,25 +247,41 @@ def test_opentelemetry_spans_continue_the_clients_trace(server_factory, receiver
     server.grpc_client().infer("add_sub", _add_sub_inputs(grpcclient), request_id="g1",
                                headers={"traceparent": "00-%s-%s-01" % grpc_parent})
     server.http_client().infer("ens", _ens_inputs(httpclient), request_id="e1")
-    wait_for(lambda: len(receiver.spans) >= 3 + 3 + 4, 30, "the spans of 3 requests at the receiver")
+    # add_sub: InferRequest, add_sub, queue, compute; the ensemble: InferRequest, ens, and add_sub's three
+    wait_for(lambda: len(receiver.spans) >= 4 + 4 + 5, 30, "the spans of 3 requests at the receiver")
     assert set(receiver.paths) == {"/v1/traces"}
     assert receiver.resources[0]["service.name"] == "inferd-test"
     by_id = {s.span_id: s for s in receiver.spans}
-    roots = {_attrs(s)["triton.request_id"]: s for s in receiver.spans if s.name in ("add_sub", "ens")
-             and by_id.get(s.parent_span_id) is None}
+
+    def kids(span) -> dict:
+        return {s.name: s for s in receiver.spans if s.parent_span_id == span.span_id}
+
+    models = {_attrs(s)["triton.request_id"] + "/" + s.name: s for s in receiver.spans if s.name in ("add_sub", "ens")}
     for rid, (trace_hex, parent_hex) in (("h1", http_parent), ("g1", grpc_parent)):
-        span = roots[rid]
-        assert span.trace_id.hex() == trace_hex and span.parent_span_id.hex() == parent_hex
-        kids = {s.name: s for s in receiver.spans if s.parent_span_id == span.span_id}
-        assert set(kids) == {"queue", "compute"}
-        assert span.start_time_unix_nano <= kids["queue"].start_time_unix_nano <= kids["queue"].end_time_unix_nano \
-            <= kids["compute"].start_time_unix_nano <= kids["compute"].end_time_unix_nano <= span.end_time_unix_nano
-        assert {e.name for e in kids["compute"].events} >= {"COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START"}
-        assert _attrs(span)["triton.model_name"] == "add_sub"
-    ens = roots["e1"]  # no traceparent: a trace of its own, with its step as a child request span
-    assert ens.parent_span_id == b"" and ens.trace_id.hex() not in (http_parent[0], grpc_parent[0])
-    steps = [s for s in receiver.spans if s.parent_span_id == ens.span_id and s.name == "add_sub"]
-    assert len(steps) == 1 and steps[0].trace_id == ens.trace_id
+        span = models[rid + "/add_sub"]
+        top = by_id[span.parent_span_id]
+        assert top.name == "InferRequest" and {e.name for e in top.events} == {"INFER_RESPONSE_COMPLETE"}
+        assert top.trace_id.hex() == trace_hex and top.parent_span_id.hex() == parent_hex
+        assert span.trace_id.hex() == trace_hex
+        assert [e.name for e in span.events] == ["REQUEST_START", "QUEUE_START", "REQUEST_END"]
+        attrs = _attrs(span)
+        assert (attrs["triton.model_name"], attrs["triton.model_version"], attrs["triton.trace_parent_id"]) == (
+            "add_sub", 1, 0)
+        k = kids(span)
+        assert set(k) == {"queue", "compute"}
+        assert top.start_time_unix_nano <= span.start_time_unix_nano <= k["queue"].start_time_unix_nano \
+            <= k["queue"].end_time_unix_nano <= k["compute"].start_time_unix_nano \
+            <= k["compute"].end_time_unix_nano <= span.end_time_unix_nano <= top.end_time_unix_nano
+        assert [e.name for e in k["compute"].events] == [
+            "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
+    ens = models["e1/ens"]  # no traceparent: a trace of its own, its step a model span under it
+    top = by_id[ens.parent_span_id]
+    assert top.name == "InferRequest" and top.parent_span_id == b""
+    assert top.trace_id.hex() not in (http_parent[0], grpc_parent[0])
+    step = models["e1/add_sub"]
+    assert step.parent_span_id == ens.span_id and step.trace_id == ens.trace_id
+    assert _attrs(step)["triton.trace_parent_id"] == _attrs(ens)["triton.trace_id"]
+    assert set(kids(step)) == {"queue", "compute"} and set(kids(ens)) == {"add_sub"}
 
 
 BLS_MODEL = '''
@@ -322,8 +343,10 @@ def test_a_decoupled_stream_request_is_traced_with_the_streams_traceparent(serve
         result, error = events.get(timeout=30)
         assert error is None
     client.stop_stream()
-    wait_for(lambda: any(s.name == "decoupled_repeat" for s in receiver.spans), 30, "the stream request's span")
+    wait_for(lambda: any(s.name == "compute" for s in receiver.spans), 30, "the stream request's spans")
     (span,) = [s for s in receiver.spans if s.name == "decoupled_repeat"]
-    assert (span.trace_id.hex(), span.parent_span_id.hex()) == parent
+    top = next(s for s in receiver.spans if s.span_id == span.parent_span_id)
+    assert (top.trace_id.hex(), top.parent_span_id.hex()) == parent and top.name == "InferRequest"
     assert _attrs(span)["triton.request_id"] == "s1" and span.end_time_unix_nano >= span.start_time_unix_nano
-    assert {e.name for e in span.events} >= {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "REQUEST_END"}
+    (compute,) = [s for s in receiver.spans if s.name == "compute"]
+    assert compute.parent_span_id == span.span_id and compute.end_time_unix_nano <= span.end_time_unix_nano

@@ -31,7 +31,7 @@ def test_opentelemetry_settings():
                   "opentelemetry,bsp_schedule_delay=100", "opentelemetry,bsp_max_queue_size=10",
                   "opentelemetry,bsp_max_export_batch_size=5"])
     assert opts.mode == "opentelemetry" and opts.rate == 0
-    assert opts.otel_url == "http://collector:4318/v1/traces"
+    assert opts.otel_url == "collector:4318/v1/traces"  # shown as given, as Triton shows it
     assert dict(opts.otel_resource) == {"service.name": "inferd", "deployment": "test"}
     assert (opts.bsp_schedule_delay_ms, opts.bsp_max_queue_size, opts.bsp_max_export_batch_size) == (100, 10, 5)
     assert parse(["mode=opentelemetry"]).otel_url == OTEL_DEFAULT_URL
