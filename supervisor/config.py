@@ -300,6 +300,14 @@ def parse_metrics_config(values: list[str]) -> tuple[LatencyMetricsConfig, list[
     return cfg, notes
 
 
+def _trace_notes(trace: TraceOptions) -> list[str]:
+    if trace.mode == "triton" and trace.level != ("OFF",) and not trace.file:
+        # tritonserver 2.51 starts so too, and writes nothing
+        return [f"--trace-config level={trace.level[0]} without a trace file (--trace-config triton,file=<path>): "
+                "no traces are written"]
+    return []
+
+
 def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     """What is wrong with the flags, a line each (all of them at once, not the first only)."""
     errors = triton_flags.refusals(args)
@@ -441,7 +449,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         log_info=args.log_info,
         log_warning=args.log_warning,
         log_error=args.log_error,
-        inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes),
+        inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes) + tuple(_trace_notes(trace)),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
         trace=replace(trace, file=os.path.abspath(trace.file)) if trace.file else trace,
         run_dir=run_dir,

@@ -58,6 +58,8 @@ class TraceSettings:
     def any_on(self) -> bool:
         """Whether any model may be traced now (a level other than OFF and traces left to take)."""
         top = self.effective()
+        if self._mode == "triton" and not top["trace_file"]:
+            return False  # nowhere to write (tritonserver starts so, and writes nothing)
         if top["trace_level"] != ("OFF",) and top["trace_count"] != 0:
             return True
         return any(self.effective(m)["trace_level"] != ("OFF",) and self.effective(m)["trace_count"] != 0

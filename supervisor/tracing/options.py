@@ -112,9 +112,6 @@ def parse(trace_config: list[str], file: list[str] | None = None, level: list[st
     opts = TraceOptions(**v)  # type: ignore[arg-type]
     if opts.bsp_max_export_batch_size > opts.bsp_max_queue_size:
         raise ValueError("--trace-config opentelemetry,bsp_max_export_batch_size must not exceed bsp_max_queue_size")
-    if opts.mode == "triton" and opts.level != ("OFF",) and not opts.file:
-        raise ValueError("--trace-config level=%s needs a trace file (--trace-config triton,file=<path>)"
-                         % opts.level[0])
     if opts.mode == "opentelemetry" and "TENSORS" in opts.level:
         raise ValueError("--trace-config level=TENSORS: the opentelemetry mode does not support the TENSORS level")
     return opts

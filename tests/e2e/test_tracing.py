@@ -127,6 +127,17 @@ def test_settings_need_a_file_in_triton_mode_and_refuse_nothing_with_one(server_
     assert got["trace_level"] == ["TIMESTAMPS"] and got["trace_file"] == str(tmp_path / "x.json")
 
 
+def test_a_level_without_a_file_starts_and_traces_nothing(server_factory):
+    """As tritonserver 2.51 (checked here): it starts, shows the level, refuses updates for want of a file."""
+    server = server_factory(["add_sub"], extra_args=["--trace-config", "level=TIMESTAMPS"])
+    http = server.http_client()
+    assert http.get_trace_settings()["trace_level"] == ["TIMESTAMPS"]
+    http.infer("add_sub", _add_sub_inputs(httpclient))
+    with pytest.raises(Exception, match="trace file name is not given"):
+        http.update_trace_settings(settings={"trace_rate": "5"})
+    assert "no traces are written" in server.log()
+
+
 ENSEMBLE = '''name: "ens"
 platform: "ensemble"
 input [ { name: "A" data_type: TYPE_FP32 dims: [16] }, { name: "B" data_type: TYPE_FP32 dims: [16] } ]
