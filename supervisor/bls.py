@@ -125,7 +125,7 @@ class BlsService:
         except InferdError as exc:
             self._reply(identity, caller, msg.call_id, exc, True)
         except Exception as exc:  # a bug on our side: answer so the model does not wait forever
-            log.exception("BLS request failed")
+            log.exception("BLS request failed", extra={"model": msg.model_name, "request_id": msg.request_id})
             self._reply(identity, caller, msg.call_id, InferdError(ErrorCode.INTERNAL, str(exc)), True)
         finally:
             caller.waiting -= 1

@@ -7,15 +7,16 @@ import json
 import os
 import time
 
-_STATE = {"json": False, "model": "", "instance": ""}
+_STATE = {"json": False, "model": "", "version": "", "instance": ""}
 _SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR"}
 
 
-def configure(log_format: str = "", model: str = "", instance: str = "") -> None:
+def configure(log_format: str = "", model: str = "", instance: str = "", version: str = "") -> None:
     """What is given changes ("" keeps the current value)."""
     if log_format:
         _STATE["json"] = log_format == "json"
-    _STATE.update(model=model or _STATE["model"], instance=instance or _STATE["instance"])
+    _STATE.update(model=model or _STATE["model"], instance=instance or _STATE["instance"],
+                  version=version or _STATE["version"])
 
 
 def is_json() -> bool:
@@ -26,8 +27,7 @@ def json_line(letter: str, source: str, message: str) -> str:
     now = time.time()
     doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + ".%06dZ" % int((now % 1) * 1e6),
            "severity": _SEVERITY.get(letter, "INFO"), "pid": os.getpid(), "source": source, "message": message}
-    if _STATE["model"]:
-        doc["model"] = _STATE["model"]
-    if _STATE["instance"]:
-        doc["instance"] = _STATE["instance"]
+    for key in ("model", "version", "instance"):
+        if _STATE[key]:
+            doc[key] = _STATE[key]
     return json.dumps(doc, ensure_ascii=False) + "\n"

@@ -16,4 +16,5 @@ def test_every_log_line_is_a_json_object(server_factory):
     assert any(d["message"].startswith("successfully loaded 'add_sub'") and d["model"] == "add_sub" for d in docs)
     # the worker's own lines (add_sub logs through pb_utils.Logger as it finalizes)
     worker = [d for d in docs if d.get("instance", "").startswith("add_sub_")]
-    assert worker and all(d["model"] == "add_sub" and d["pid"] != server.pid for d in worker)
+    assert worker and all(d["model"] == "add_sub" and d["version"] == "1" and d["pid"] != server.pid
+                          for d in worker)

@@ -65,10 +65,10 @@ _sender_lock = threading.Lock()
 
 
 def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", stream: Any = None,
-               model: str = "") -> None:
+               model: str = "", version: str = "") -> None:
     """Called by the worker before importing model.py."""
     _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
-    _log_lines.configure(model=model, instance=instance)
+    _log_lines.configure(model=model, instance=instance, version=version)
     _custom.REGISTRY.instance = instance
     _custom.REGISTRY.source = ("model '%s' instance '%s'" % (model, instance)) if model else "instance '%s'" % instance
 
