@@ -19,6 +19,7 @@ from .record import Trace
 
 log = logging.getLogger("inferd.trace")
 _BUFFERED = 1000  # traces held before they are written when log_frequency is 0
+_BUFFERED_BYTES = 16 << 20  # ... or once their tensors' text reaches this (level TENSORS)
 _RANK = {name: i for i, name in enumerate((
     "REQUEST_START", "QUEUE_START", "INFER_RESPONSE_COMPLETE", "COMPUTE_START", "COMPUTE_INPUT_END",
     "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END"))}
@@ -46,6 +47,10 @@ def records(trace: Trace) -> list[dict[str, Any]]:
     return out + tensors
 
 
+def _tensor_bytes(trace: Trace) -> int:
+    return sum(len(t[2]) for t in trace.tensors) + sum(_tensor_bytes(c) for c in trace.children)
+
+
 def _tensor(trace_id: int, t: tuple[str, str, str, str, str]) -> dict[str, Any]:
     activity, name, data, shape, dtype = t
     return {"id": trace_id, "activity": activity, "tensor": {"name": name, "data": data, "shape": shape,
@@ -57,6 +62,7 @@ class TraceFileWriter:
         self.path = path
         self.log_frequency = log_frequency
         self._pending: list[Trace] = []
+        self._pending_bytes = 0
         self._index = 0
         self._main_open = False  # `<path>` holds "[" and records, "]" still to come
         self._lock = threading.Lock()  # the main file, between the writer thread and close()
@@ -64,8 +70,11 @@ class TraceFileWriter:
 
     def add(self, trace: Trace) -> None:
         self._pending.append(trace)
-        limit = self.log_frequency or _BUFFERED
-        if len(self._pending) >= limit:
+        self._pending_bytes += _tensor_bytes(trace)
+        if self.log_frequency:
+            if len(self._pending) >= self.log_frequency:
+                self.flush()
+        elif len(self._pending) >= _BUFFERED or self._pending_bytes >= _BUFFERED_BYTES:
             self.flush()
 
     def set_frequency(self, log_frequency: int) -> None:
@@ -79,6 +88,7 @@ class TraceFileWriter:
             return
         batch = [r for t in self._pending for r in records(t)]
         self._pending = []
+        self._pending_bytes = 0
         if self.log_frequency:
             path = "%s.%d" % (self.path, self._index)
             self._index += 1

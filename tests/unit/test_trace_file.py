@@ -63,3 +63,13 @@ def test_compute_stamps_stay_in_order_whatever_the_worker_measured():
     t = _trace(2)
     t.computed(100, 200, _Result(10, 20, 5), "m_0")
     assert dict(t.stamps)["COMPUTE_START"] == 165 and dict(t.stamps)["COMPUTE_OUTPUT_START"] == 195
+
+
+def test_tensor_text_bounds_what_is_held(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_file, "_BUFFERED_BYTES", 100)
+    writer = trace_file.TraceFileWriter(str(tmp_path / "t.json"), 0)
+    big = _trace(1)
+    big.tensor("TENSOR_QUEUE_INPUT", "X", "INT8", [200], bytes(200))
+    writer.add(big)
+    writer._pool.shutdown(wait=True)  # the write it queued is done
+    assert (tmp_path / "t.json").read_text().startswith("[")  # written before close: not held in memory
