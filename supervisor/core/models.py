@@ -328,7 +328,12 @@ class ModelManager:
             mv.stats.record_failure("OTHER", 0)
             raise
         traced = live.armed and self.tracer is not None and self.tracer.begin(mv.name, str(mv.version), request)
-        future = mv.scheduler.submit(request)
+        try:
+            future = mv.scheduler.submit(request)
+        except BaseException:
+            if traced:
+                self.tracer.abandon(request)
+            raise
         if traced:
             self.tracer.watch(request.trace, future)
         try:

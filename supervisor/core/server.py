@@ -134,11 +134,16 @@ class ServerDataPlane(DataPlane):
             raise
         wanted = classification.requested(request.outputs) if request.outputs else None
         traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)  # off: one check
-        if mv.cache_generation and self.response_cache is not None:
-            future: asyncio.Future[InferResponse] = asyncio.ensure_future(
-                self._infer_cached(mv, request, self.response_cache))
-        else:
-            future = mv.scheduler.submit(request)
+        try:
+            if mv.cache_generation and self.response_cache is not None:
+                future: asyncio.Future[InferResponse] = asyncio.ensure_future(
+                    self._infer_cached(mv, request, self.response_cache))
+            else:
+                future = mv.scheduler.submit(request)
+        except BaseException:
+            if traced:  # refused at once (a full queue...): the trace ends here
+                self.tracer.abandon(request)
+            raise
         if traced:
             self.tracer.watch(request.trace, future)
         if wanted is not None:
@@ -195,7 +200,12 @@ class ServerDataPlane(DataPlane):
         stream = ResponseStream()
         request.response_sink = stream
         traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)
-        future = mv.scheduler.submit(request)
+        try:
+            future = mv.scheduler.submit(request)
+        except BaseException:
+            if traced:
+                self.tracer.abandon(request)
+            raise
         if traced:  # ends with the execution (its compute stamps come as it returns), not the last response
             self.tracer.watch(request.trace, future)
         stream.watch(future)

@@ -56,9 +56,6 @@ class Tracer:
             self._file.set_frequency(int(self.settings.effective()["log_frequency"]))
         self.rearm()
 
-    def forget_model(self, model: str) -> None:
-        self._samples.pop(model, None)
-
     def rearm(self) -> None:
         live.armed = bool(self._inflight) or self.settings.any_on()
 
@@ -126,6 +123,11 @@ class Tracer:
         if count > 0:
             self.settings.count_down(model_name)
         return True
+
+    @staticmethod
+    def abandon(request: Any) -> None:
+        """The request was refused before it was queued: its trace ends now (and stops counting as in flight)."""
+        request.trace.end(time.monotonic_ns())
 
     @staticmethod
     def watch(trace: Trace, future: asyncio.Future[Any]) -> None:
