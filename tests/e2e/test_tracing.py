@@ -121,10 +121,18 @@ def test_rate_count_rotation_and_tensors(server_factory, tmp_path):
     assert got[("TENSOR_BACKEND_OUTPUT", "OUTPUT0")]["data"] == ",".join(str(i + 1) for i in range(16))
 
 
-def test_settings_need_a_file_in_triton_mode_and_refuse_nothing_with_one(server_factory, tmp_path):
-    server = server_factory(["add_sub"], extra_args=["--trace-config", f"triton,file={tmp_path / 'x.json'}"])
-    got = server.http_client().update_trace_settings("add_sub", {"trace_level": ["TIMESTAMPS"]})
-    assert got["trace_level"] == ["TIMESTAMPS"] and got["trace_file"] == str(tmp_path / "x.json")
+def test_one_models_settings_trace_that_model_only(server_factory, tmp_path):
+    path = tmp_path / "x.json"
+    server = server_factory({"add_sub": "add_sub", "other": "add_sub"},
+                            extra_args=["--trace-config", f"triton,file={path}"])
+    http = server.http_client()
+    got = http.update_trace_settings("add_sub", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
+    assert got["trace_level"] == ["TIMESTAMPS"] and got["trace_file"] == str(path)
+    for model in ("add_sub", "other", "add_sub"):
+        http.infer(model, _add_sub_inputs(httpclient), request_id=model)
+    _stop(server)
+    traces = read_traces(json.loads(path.read_text()))
+    assert [t["request_id"] for t in traces.values()] == ["add_sub", "add_sub"]
 
 
 def test_a_level_without_a_file_starts_and_traces_nothing(server_factory):
