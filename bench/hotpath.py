@@ -8,6 +8,7 @@ instance answers at once; the answers are built and written by the same code as 
 
     .venv/bin/python bench/hotpath.py               # median µs per request: intake, answer, total
     .venv/bin/python bench/hotpath.py --profile     # the same under cProfile, top functions by own time
+    .venv/bin/python bench/hotpath.py --trace-file /tmp/t.json   # every request traced (level TIMESTAMPS)
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ from supervisor.http_api.server import HttpServer  # noqa: E402
 from supervisor.scheduler.batching import BatchRules  # noqa: E402
 from supervisor.scheduler.dynamic import DynamicBatcher  # noqa: E402
 from supervisor.scheduler.policy import PriorityPolicy  # noqa: E402
+from supervisor.tracing import live  # noqa: E402
+from supervisor.tracing.options import TraceOptions  # noqa: E402
+from supervisor.tracing.record import watch_batch  # noqa: E402
+from supervisor.tracing.tracer import Tracer  # noqa: E402
 
 BATCH = 32
 BODY = b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}'
@@ -72,6 +77,8 @@ class Instance:
 
     def launch(self, requests: list[InferRequest]) -> asyncio.Future[Result]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        if live.armed:  # as instances.instance.Instance.launch
+            watch_batch(future, requests, self.name, time.monotonic_ns())
         self.sent.append((future, requests))
         return future
 
@@ -126,14 +133,16 @@ class Transport:
         return None
 
 
-async def measure(rounds: int) -> tuple[list[float], list[float]]:
+async def measure(rounds: int, trace_file: str = "") -> tuple[list[float], list[float]]:
     instance = Instance()
     policy = PriorityPolicy.from_dynamic_batching(CONFIG["dynamic_batching"], 0)
     batcher = DynamicBatcher("m", [instance], Stats(), BatchRules.from_config(CONFIG),  # type: ignore[list-item,arg-type]
                              policy)
     batcher.start()
     dataplane = ServerDataPlane(Manager(Version(batcher)), server_id="bench", control_mode="none",  # type: ignore[arg-type]
-                                strict_readiness=False, stats_registry=None, metrics_renderer=None)
+                                strict_readiness=False, stats_registry=None, metrics_renderer=None,
+                                tracer=Tracer(TraceOptions(level=("TIMESTAMPS",), rate=1, file=trace_file))
+                                if trace_file else None)
     dataplane.started = True
     server = HttpServer(Router(dataplane), max_body=1 << 26)
     connections = []
@@ -160,6 +169,7 @@ async def measure(rounds: int) -> tuple[list[float], list[float]]:
     if any(transport.writes != rounds for _conn, transport in connections):
         raise SystemExit("not every request was answered: the benchmark is out of step with the code")
     await batcher.close()
+    dataplane.tracer.close()
     return intake[rounds // 5:], answer[rounds // 5:]  # the first fifth warms up
 
 
@@ -167,11 +177,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3000, help="batches of 32 requests")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--trace-file", default="", help="trace every request (rate 1, TIMESTAMPS) into this file")
     args = ap.parse_args()
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()
-    intake, answer = uvloop.run(measure(args.rounds))
+    intake, answer = uvloop.run(measure(args.rounds, args.trace_file))
     if profiler is not None:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)

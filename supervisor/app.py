@@ -28,6 +28,7 @@ from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.server import ServerDataPlane
 from .custom_metrics import CustomMetrics
 from .gpu_metrics import GpuMetrics
+from .tracing.tracer import Tracer
 
 log = logging.getLogger("inferd")
 
@@ -100,6 +101,7 @@ class App:
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
+            tracer=Tracer(self.config.trace),
         )
         BlsService(dataplane, manager, runtime.channel, runtime.pool)  # Python models calling models
         poller: RepositoryPoller | None = None
@@ -134,6 +136,7 @@ class App:
             if busy_poll is not None:
                 busy_poll.close()
             manager.settings.repos.close()
+            dataplane.tracer.close()  # the trace file completed, the last spans exported
             await runtime.close()
             # NVML is shut down only once no poll is inside it (a wedged driver call keeps its daemon thread)
             if gpu_metrics is None or await asyncio.to_thread(gpu_metrics.stop):

@@ -125,7 +125,7 @@ class BlsService:
         except InferdError as exc:
             self._reply(identity, caller, msg.call_id, exc, True)
         except Exception as exc:  # a bug on our side: answer so the model does not wait forever
-            log.exception("BLS request failed")
+            log.exception("BLS request failed", extra={"model": msg.model_name, "request_id": msg.request_id})
             self._reply(identity, caller, msg.call_id, InferdError(ErrorCode.INTERNAL, str(exc)), True)
         finally:
             caller.waiting -= 1
@@ -184,7 +184,8 @@ class BlsService:
             outputs=[RequestedOutput(name) for name in msg.requested_outputs],
             parameters=params if isinstance(params, dict) else {}, correlation_id=msg.correlation_id,
             flags=msg.flags, timeout_us=msg.timeout_us,
-            device_outputs=bool(msg.device_outputs))  # a caller that can open device outputs gets them so
+            device_outputs=bool(msg.device_outputs),  # a caller that can open device outputs gets them so
+            trace_parent=self.dataplane.trace_of(msg.trace))
 
     @staticmethod
     def _device_input(ref: m.TensorRef, worker: str) -> Tensor:

@@ -19,6 +19,8 @@ from .cache import parse_cache_config
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository.cloud import credentials as cloud_credentials
 from .repository.cloud import location as cloud_location
+from .tracing import options as trace_options
+from .tracing.options import TraceOptions
 
 # API categories that --http-restricted-api / --grpc-restricted-protocol name (tritonserver's)
 RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -124,6 +126,7 @@ class ServerConfig:
     log_warning: bool = True
     log_error: bool = True
     response_cache_bytes: int | None = None  # --cache-config local,size=N; None: no response cache
+    trace: TraceOptions = field(default_factory=TraceOptions)  # --trace-config (and the deprecated --trace-*)
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
@@ -227,10 +230,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-load-retry-count", type=int, default=0, help="times a failed model load is retried")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-file", default="", help="write the log (the workers' output too) to this file")
-    p.add_argument("--log-format", choices=("default", "ISO8601"), default="default")
+    p.add_argument("--log-format", choices=("default", "ISO8601", "json"), default="default",
+                   help="default and ISO8601 as tritonserver; json: one JSON object per line")
     p.add_argument("--log-info", type=_bool, default=True)
     p.add_argument("--log-warning", type=_bool, default=True)
     p.add_argument("--log-error", type=_bool, default=True)
+    p.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
+                   help="request tracing, as tritonserver: rate=, level=, count=, mode=triton|opentelemetry, "
+                        "triton,file=, triton,log-frequency=, opentelemetry,url=, opentelemetry,resource=K=V "
+                        "(repeatable)")
+    for flag in ("--trace-file", "--trace-level", "--trace-rate", "--trace-count", "--trace-log-frequency"):
+        p.add_argument(flag, action="append", default=[], help="deprecated tritonserver spelling of --trace-config")
     p.add_argument("--cache-config", action="append", default=[], metavar="CACHE,KEY=VALUE",
                    help="response cache, as tritonserver: local,size=<bytes> (repeatable)")
     p.add_argument("--response-cache-byte-size", type=int, default=None,
@@ -308,6 +318,14 @@ def parse_metrics_config(values: list[str]) -> tuple[LatencyMetricsConfig, list[
         else:
             notes.append(f"--metrics-config {item}: unknown setting, ignored (as tritonserver does)")
     return cfg, notes
+
+
+def _trace_notes(trace: TraceOptions) -> list[str]:
+    if trace.mode == "triton" and trace.level != ("OFF",) and not trace.file:
+        # tritonserver 2.51 starts so too, and writes nothing
+        return [f"--trace-config level={trace.level[0]} without a trace file (--trace-config triton,file=<path>): "
+                "no traces are written"]
+    return []
 
 
 def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
@@ -390,6 +408,12 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         metrics_latency, metrics_notes = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
         errors.append(str(exc))
+    trace = TraceOptions()
+    try:
+        trace = trace_options.parse(args.trace_config, args.trace_file, args.trace_level, args.trace_rate,
+                                    args.trace_count, args.trace_log_frequency)
+    except ValueError as exc:
+        errors.append(str(exc))
     if errors:
         raise SystemExit("error: " + "\nerror: ".join(errors))
     cache_values = list(args.cache_config)
@@ -467,8 +491,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         log_info=args.log_info,
         log_warning=args.log_warning,
         log_error=args.log_error,
-        inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes),
+        inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes) + tuple(_trace_notes(trace)),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
+        trace=replace(trace, file=os.path.abspath(trace.file)) if trace.file else trace,
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,
         max_queue_size=args.max_queue_size,

@@ -5,10 +5,16 @@ Lines look like Triton's: `I1126 02:15:40.123456 4242 inferd.http] Started HTTPS
 `2026-11-26T02:15:40Z I 4242 inferd.http] ...` (UTC). Verbose lines (--log-verbose) are written with
 "I", as Triton does. With --log-file the process's standard output and error go to the file, so the
 workers' output (they inherit both) lands there too.
+
+--log-format json (inferd's addition) writes one JSON object per line: time (UTC, ISO 8601 to the
+microsecond), severity, pid, source, message, and model, version, instance, request_id where the line is
+about one (a log call's `extra`). Workers get the format at start (their bootstrap) and write their lines,
+model code's pb_utils.Logger ones included, as the same objects with their model and instance.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,13 +23,20 @@ import time
 _SEVERITY = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
 
 
+_JSON_SEVERITY = {"I": "INFO", "W": "WARNING", "E": "ERROR"}
+CONTEXT_KEYS = ("model", "version", "instance", "request_id")  # a log call's extra={...} keys kept in json
+
+
 class TritonFormatter(logging.Formatter):
     def __init__(self, iso8601: bool = False) -> None:
         super().__init__()
         self.iso8601 = iso8601
+        self.json = False
 
     def format(self, record: logging.LogRecord) -> str:
         severity = _SEVERITY.get(record.levelno, "I")
+        if self.json:
+            return self._json(record, severity)
         if self.iso8601:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))
             head = f"{stamp} {severity} {record.process} {record.name}] "
@@ -35,6 +48,21 @@ class TritonFormatter(logging.Formatter):
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
+
+
+    def _json(self, record: logging.LogRecord, severity: str) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        doc: dict[str, object] = {
+            "time": "%s.%06dZ" % (stamp, int((record.created % 1) * 1_000_000)),
+            "severity": _JSON_SEVERITY[severity], "pid": record.process, "source": record.name,
+            "message": record.getMessage()}
+        for key in CONTEXT_KEYS:
+            value = record.__dict__.get(key)
+            if value is not None and value != "":
+                doc[key] = str(value)
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
 
 
 class LevelSwitch(logging.Filter):
@@ -84,6 +112,7 @@ def configure(verbose: int, log_format: str = "default", log_file: str = "", inf
 def apply(verbose: int, log_format: str, info: bool, warning: bool, error: bool) -> None:
     """Change the log settings of a running server (POST /v2/logging)."""
     _formatter.iso8601 = log_format == "ISO8601"
+    _formatter.json = log_format == "json"
     global _worker_levels
     _switch.set(info, warning, error)
     logging.getLogger().setLevel(logging.DEBUG if verbose > 0 else logging.INFO)
@@ -93,3 +122,8 @@ def apply(verbose: int, log_format: str, info: bool, warning: bool, error: bool)
 def worker_levels() -> tuple[int, bool, bool, bool]:
     """(verbose level, info, warning, error) as workers apply them to model logging (LogSettings)."""
     return _worker_levels
+
+
+def current_format() -> str:
+    """The log format now (workers started from now on write their lines in it)."""
+    return "json" if _formatter.json else "ISO8601" if _formatter.iso8601 else "default"

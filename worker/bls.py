@@ -112,7 +112,7 @@ class BlsClient:
     def infer(self, model_name: str, model_version: str, request_id: str,
               inputs: Sequence[tuple[str, str, np.ndarray]], requested_outputs: Sequence[str],
               correlation_id: Any = 0, flags: int = 0, timeout_us: int = 0, parameters: str = "{}",
-              decoupled: bool = False, direct: bool = False) -> tuple[int, _Call]:
+              decoupled: bool = False, direct: bool = False, trace: str = "") -> tuple[int, _Call]:
         """Send one request; returns (call id, call) whose future / stream yields BlsReply objects.
         `direct`: send it on the calling thread's own socket and take the reply with `wait_direct`."""
         call = _Call(decoupled)
@@ -142,7 +142,7 @@ class BlsClient:
             self._calls[call_id] = call
         message = BlsRequest(call_id, model_name, model_version, request_id, refs, list(requested_outputs),
                              correlation_id, int(flags), int(timeout_us), parameters, bool(decoupled),
-                             _takes_device_tensors())
+                             _takes_device_tensors(), trace)
         if direct:
             try:
                 self._thread_socket().send_multipart([encode_header(message), *frames])

@@ -14,6 +14,8 @@ import sys
 import threading
 from typing import Any, Optional
 
+from . import log_lines
+
 EXIT_OK = 0
 EXIT_BOOTSTRAP = 2
 EXIT_PROTOCOL = 3
@@ -26,7 +28,10 @@ _PREFIX = ["inferd-worker[%d]" % os.getpid()]
 
 def log(message: str) -> None:
     try:
-        sys.stderr.write("%s: %s\n" % (_PREFIX[0], message))
+        if log_lines.is_json():
+            sys.stderr.write(log_lines.json_line("E", _PREFIX[0], message))
+        else:
+            sys.stderr.write("%s: %s\n" % (_PREFIX[0], message))
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
@@ -115,6 +120,7 @@ def main(argv: Optional[list] = None) -> int:
         return EXIT_BOOTSTRAP
     instance = str(boot.get("instance_name") or boot["identity"])
     _PREFIX[0] = "inferd-worker[%s %d]" % (instance, os.getpid())
+    log_lines.configure(str(boot.get("log_format") or "default"), instance=instance)
     supervisor_pid = boot.get("supervisor_pid")
     tighten_timer_slack()  # before any thread starts: threads inherit it
     lifeline.arm(int(supervisor_pid) if supervisor_pid else None, _lost)

@@ -299,6 +299,8 @@ class Runtime:
             )
             if item.device_outputs:
                 request.device_outputs = True
+            if item.trace:
+                request.trace = item.trace
             entries.append(request)
             runnable.append(request)
         last = message.requests[-1].request_id if message.requests else None

@@ -101,6 +101,10 @@ class DataPlane(abc.ABC):
         """The trace settings of `model` ("" the global ones) after applying `update` (key -> str, [str] or
         None to clear), as the HTTP JSON shows them; a refused update changes nothing."""
 
+    def trace_of(self, context: str) -> Any:
+        """What a BLS call naming trace `context` continues (see ServerDataPlane); None: not traced here."""
+        return None
+
     # ---- system shared memory extension ----
     def shm_check_allowed(self) -> None:
         """Raise as Triton does when client shared memory is disabled (before a register body is read);

@@ -24,6 +24,7 @@ from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
+from ..tracing import live
 from . import loader, warmup
 from .streaming import ResponseStream
 from .types import InferRequest, InferResponse
@@ -100,6 +101,7 @@ class ModelManager:
         self.settings = settings
         self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry
+        self.tracer: Any = None  # the data plane's tracing.Tracer: ensemble steps of traced requests are traced
         self.entries: dict[str, ModelEntry] = {}
         # name -> the version a request without a version resolves to, only while it is ready; cleared on
         # every change that can alter readiness or the version set (instance state, load, unload)
@@ -232,7 +234,7 @@ class ModelManager:
                 if v not in new_versions:
                     self.stats_registry.remove(name, str(v))
             log.info("successfully loaded '%s' version(s) %s in %.2fs", name,
-                     ",".join(str(v) for v in sorted(new_versions)), elapsed)
+                     ",".join(str(v) for v in sorted(new_versions)), elapsed, extra={"model": name})
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload every version; with unload_dependents an ensemble's composing models go too (those no
@@ -257,7 +259,7 @@ class ModelManager:
             if not versions and not e.records:  # a failed load keeps its reason, as Triton
                 e.records = {None: (UNAVAILABLE, "unloaded")}
             loader.release_env(self.settings, name)
-            log.info("successfully unloaded '%s'", name)
+            log.info("successfully unloaded '%s'", name, extra={"model": name})
         if unload_dependents:
             composing = {c for mv in versions.values() if mv.ensemble is not None
                          for c in mv.ensemble.composing_models}
@@ -332,7 +334,15 @@ class ModelManager:
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
-        future = mv.scheduler.submit(request)
+        traced = live.armed and self.tracer is not None and self.tracer.begin(mv.name, str(mv.version), request)
+        try:
+            future = mv.scheduler.submit(request)
+        except BaseException:
+            if traced:
+                self.tracer.abandon(request)
+            raise
+        if traced:
+            self.tracer.watch(request.trace, future)
         try:
             return await future
         except asyncio.CancelledError:

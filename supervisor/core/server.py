@@ -15,12 +15,14 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from .. import logs
 from ..cache import ResponseCache, request_key
 from ..memory.cuda_regions import CudaSpan
+from ..tracing import live
+from ..tracing.options import TraceOptions
+from ..tracing.tracer import Tracer
 from . import classification, loader
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
 from .streaming import ResponseStream
-from .trace_settings import TraceSettings
 from .types import InferRequest, InferResponse
 from .validate import validate_request
 
@@ -30,8 +32,7 @@ SERVER_VERSION = "2.51.0"
 CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
 # Triton's extension names in Triton's order. Server metadata lists only those that work here:
-# `cuda_shared_memory` when the CUDA shm data path says so, `trace` never yet (settings are kept, no trace
-# is written).
+# `cuda_shared_memory` when the CUDA shm data path says so.
 TRITON_EXTENSIONS = (
     "classification", "sequence", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
     "model_configuration", "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters",
@@ -49,7 +50,8 @@ class ServerDataPlane(DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
-                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool | None = None) -> None:
+                 busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool | None = None,
+                 tracer: Tracer | None = None) -> None:
         self.manager = manager
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
@@ -71,7 +73,8 @@ class ServerDataPlane(DataPlane):
             "log_verbose_level": 0, "log_format": "default",
         }
         self._log_settings.update(log_settings or {})
-        self._trace_settings = TraceSettings()
+        self.tracer = tracer if tracer is not None else Tracer(TraceOptions())
+        manager.tracer = self.tracer
 
     # ---- health and metadata ----
     def live(self) -> bool:
@@ -84,7 +87,7 @@ class ServerDataPlane(DataPlane):
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.server_id, "version": SERVER_VERSION,
-                "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported)}
+                "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported, trace=True)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.manager.resolve_ready(name, version)
@@ -131,11 +134,19 @@ class ServerDataPlane(DataPlane):
             mv.stats.record_failure("OTHER", 0)
             raise
         wanted = classification.requested(request.outputs) if request.outputs else None
-        if mv.cache_generation and self.response_cache is not None:
-            future: asyncio.Future[InferResponse] = asyncio.ensure_future(
-                self._infer_cached(mv, request, self.response_cache))
-        else:
-            future = mv.scheduler.submit(request)
+        traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)  # off: one check
+        try:
+            if mv.cache_generation and self.response_cache is not None:
+                future: asyncio.Future[InferResponse] = asyncio.ensure_future(
+                    self._infer_cached(mv, request, self.response_cache))
+            else:
+                future = mv.scheduler.submit(request)
+        except BaseException:
+            if traced:  # refused at once (a full queue...): the trace ends here
+                self.tracer.abandon(request)
+            raise
+        if traced:
+            self.tracer.watch(request.trace, future)
         if wanted is not None:
             return asyncio.ensure_future(_classified(future, mv, wanted))
         return future
@@ -189,7 +200,15 @@ class ServerDataPlane(DataPlane):
         wanted = classification.requested(request.outputs) if request.outputs else None
         stream = ResponseStream()
         request.response_sink = stream
-        future = mv.scheduler.submit(request)
+        traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)
+        try:
+            future = mv.scheduler.submit(request)
+        except BaseException:
+            if traced:
+                self.tracer.abandon(request)
+            raise
+        if traced:  # ends with the execution (its compute stamps come as it returns), not the last response
+            self.tracer.watch(request.trace, future)
         stream.watch(future)
         name, version = mv.name, str(mv.version)
         ended = False
@@ -281,8 +300,8 @@ class ServerDataPlane(DataPlane):
                     raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
                 if key in ("log_info", "log_warning", "log_error") and not isinstance(value, bool):
                     raise InferdError(ErrorCode.INVALID_ARG, "%s must be a boolean" % key)
-                if key == "log_format" and value not in ("default", "ISO8601"):
-                    raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default' or 'ISO8601'")
+                if key == "log_format" and value not in ("default", "ISO8601", "json"):
+                    raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default', 'ISO8601' or 'json'")
                 settings[key] = value
             logs.apply(settings["log_verbose_level"], settings["log_format"], settings["log_info"],
                        settings["log_warning"], settings["log_error"])
@@ -293,6 +312,11 @@ class ServerDataPlane(DataPlane):
                 runtime.channel.broadcast(m.encode(m.LogSettings(*logs.worker_levels())))
         return dict(self._log_settings)
 
+    def trace_of(self, context: str) -> Any:
+        """What a BLS call continues: its caller's trace (pb_utils InferenceRequest(trace=request.trace())),
+        or tracing.record.UNTRACED (as Triton, a BLS call is traced only with its caller's trace)."""
+        return self.tracer.trace_of(context)
+
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
         if model:
             try:
@@ -300,8 +324,8 @@ class ServerDataPlane(DataPlane):
             except InferdError:  # as Triton: a model with no ready version is unknown here
                 raise InferdError(ErrorCode.INVALID_ARG, "Request for unknown model : %s" % model) from None
         if update is not None:
-            self._trace_settings.update(model, update)
-        return self._trace_settings.get(model)
+            self.tracer.update(model, update)
+        return self.tracer.settings.get(model)
 
     # ---- shared memory ----
     # With client shm disabled (the default, as Triton 2.70+): register and unregister are refused with

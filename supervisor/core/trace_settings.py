@@ -4,8 +4,8 @@ The global settings start at the defaults; a model's settings are only the field
 the rest follow the global ones (also when those change later). `null` (HTTP) or an empty value list
 (gRPC) clears a field: a model field then follows the global one again, a global field its default.
 An update is parsed and checked whole before anything changes, so a refused update changes nothing.
-No traces are written (the trace file cannot be set, so any level other than OFF is refused, as
-Triton refuses it without a trace file).
+The global defaults are the command line's (--trace-config); in mode `triton` a level other than OFF needs
+the trace file given there (it cannot be set over the network), as Triton requires.
 """
 
 from __future__ import annotations
@@ -31,12 +31,16 @@ def _bad(message: str) -> InferdError:
 
 
 class TraceSettings:
-    def __init__(self) -> None:
+    def __init__(self, defaults: Mapping[str, Any] | None = None, mode: str = "triton",
+                 shown: Mapping[str, str] | None = None) -> None:
+        self._defaults = {**DEFAULTS, **(defaults or {})}
+        self._mode = mode
+        self._shown = dict(shown or {})  # opentelemetry: its url and bsp_* settings, shown as Triton shows them
         self._global: dict[str, Any] = {}  # fields set globally
         self._models: dict[str, dict[str, Any]] = {}  # model -> fields set for that model
 
     def effective(self, model: str = "") -> dict[str, Any]:
-        values = {**DEFAULTS, **self._global}
+        values = {**self._defaults, **self._global}
         if model:
             values.update(self._models.get(model, {}))
         return values
@@ -44,11 +48,34 @@ class TraceSettings:
     def get(self, model: str = "") -> dict[str, Any]:
         """The settings as the HTTP response shows them (every value a string, the level a list)."""
         v = self.effective(model)
-        return {
-            "trace_level": list(v["trace_level"]), "trace_rate": str(v["trace_rate"]),
-            "trace_count": str(v["trace_count"]), "log_frequency": str(v["log_frequency"]),
-            "trace_file": v["trace_file"], "trace_mode": "triton",
-        }
+        common = {"trace_level": list(v["trace_level"]), "trace_rate": str(v["trace_rate"]),
+                  "trace_count": str(v["trace_count"])}
+        if self._mode == "opentelemetry":  # as Triton 2.51: no file settings, the exporter's instead
+            return {**common, "trace_mode": self._mode, **self._shown}
+        return {**common, "log_frequency": str(v["log_frequency"]), "trace_file": v["trace_file"],
+                "trace_mode": self._mode}
+
+    def any_on(self) -> bool:
+        """Whether any model may be traced now (a level other than OFF and traces left to take)."""
+        top = self.effective()
+        if self._mode == "triton" and not top["trace_file"]:
+            return False  # nowhere to write (tritonserver starts so, and writes nothing)
+        if top["trace_level"] != ("OFF",) and top["trace_count"] != 0:
+            return True
+        return any(self.effective(m)["trace_level"] != ("OFF",) and self.effective(m)["trace_count"] != 0
+                   for m in self._models)
+
+    def owner(self, model: str) -> str:
+        """Whose settings `model` follows for sampling: its own ("model") or the global ones ("")."""
+        return model if model in self._models else ""
+
+    def count_down(self, model: str) -> None:
+        """One trace taken: the remaining trace_count (where it is set) drops by one, as Triton shows it."""
+        fields = self._models.get(model, {})
+        target = fields if "trace_count" in fields else self._global
+        current = target.get("trace_count", self._defaults["trace_count"])
+        if current > 0:
+            target["trace_count"] = current - 1
 
     def update(self, model: str, update: Mapping[str, Any]) -> None:
         """Apply `update` (key -> str | [str] | None) to `model`'s settings ("" the global ones)."""
@@ -69,8 +96,8 @@ class TraceSettings:
                 target.pop(key, None)
             else:
                 target[key] = value
-        merged = {**DEFAULTS, **(self._global if model else {}), **target}
-        _check(merged)
+        merged = {**self._defaults, **(self._global if model else {}), **target}
+        _check(merged, self._mode)
         if not model:
             self._global = target
         elif target:
@@ -118,11 +145,11 @@ def _number(key: str, value: Any, low: int | None) -> Any:
     return n & _UINT32_MAX  # an unsigned setting: Triton stores stoi's result in a uint32
 
 
-def _check(values: dict[str, Any]) -> None:
+def _check(values: dict[str, Any], mode: str = "triton") -> None:
     """Triton's rule: a setting that would trace needs a non-zero rate and a trace file."""
     if values["trace_level"] == ("OFF",):
         return
-    if values["trace_rate"] == 0:
+    if values["trace_rate"] == 0 and mode == "triton":  # opentelemetry: rate 0 traces propagated contexts only
         raise _bad("Attempting to set invalid trace setting :sample rate must be non-zero")
-    if not values["trace_file"]:
+    if mode == "triton" and not values["trace_file"]:
         raise _bad("Attempting to set invalid trace setting :trace file name is not given")

@@ -54,6 +54,10 @@ class InferRequest:
     # the outputs go to another worker (a BLS caller, a later ensemble step), not to a client: device
     # outputs may stay on the GPU and travel by CUDA IPC handle
     device_outputs: bool = False
+    # tracing (supervisor.tracing): this request's trace while it is traced, and what it would continue:
+    # its ensemble's or BLS caller's trace, tracing.record.UNTRACED, or a client's W3C traceparent
+    trace: Any = None
+    trace_parent: Any = None
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..tracing.record import UNTRACED
 from .graph import EnsemblePlan, Step
 
 # Runs one request on a composing model: resolve, validate, schedule, await its response.
@@ -236,7 +237,8 @@ class EnsembleScheduler:
             model_name=step.model_name, model_version=step.version_str, id=request.id, inputs=inputs,
             outputs=[RequestedOutput(name) for name in step.output_map],
             parameters=request.parameters, correlation_id=request.correlation_id, flags=request.flags,
-            priority=request.priority, timeout_us=request.timeout_us, device_outputs=internal)
+            priority=request.priority, timeout_us=request.timeout_us, device_outputs=internal,
+            trace_parent=request.trace if request.trace is not None else UNTRACED)
 
     def _batch_items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:

@@ -24,6 +24,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
 from .. import access
 from ..core.dataplane import DataPlane
+from ..tracing import live
 from . import convert, wire
 from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
@@ -202,6 +203,10 @@ class InferenceService:
         req, shm_out = convert.to_core(request, dp)
         if self.forward is not None and context is not None:
             access.forward_grpc(self.forward, context.invocation_metadata() or (), req.parameters)
+        if live.armed and context is not None:  # tracing: a client's W3C trace context is continued
+            parent = access.first_value(context.invocation_metadata() or (), "traceparent")
+            if parent:
+                req.trace_parent = parent if isinstance(parent, str) else parent.decode("latin-1")
         return dp.infer_nowait(req), shm_out
 
     def infer_finish(self, resp: Any, shm_out: Any) -> tuple[list[Any], int]:

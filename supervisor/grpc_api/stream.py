@@ -27,6 +27,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 from .. import access
 from ..core.dataplane import DataPlane
 from ..core.types import InferRequest, InferResponse
+from ..tracing import live
 from . import convert, wire
 from .errors import status_of
 
@@ -69,7 +70,7 @@ class StreamInfer:
             access.forward_grpc(self.forward, context.invocation_metadata() or (), forwarded)
         queue: asyncio.Queue[Any] = asyncio.Queue(self.window)
         producers: set[asyncio.Task[None]] = set()
-        reader = asyncio.create_task(self._read(request_iterator, queue, producers, forwarded))
+        reader = asyncio.create_task(self._read(request_iterator, queue, producers, forwarded, context))
         try:
             while True:
                 item = await queue.get()
@@ -95,7 +96,7 @@ class StreamInfer:
                     item.cancel()
 
     async def _read(self, request_iterator: Any, queue: asyncio.Queue[Any], producers: set[Any],
-                    forwarded: dict[str, Any]) -> None:
+                    forwarded: dict[str, Any], context: Any = None) -> None:
         dp = self.dp
         try:
             async for msg in request_iterator:
@@ -110,6 +111,8 @@ class StreamInfer:
                     continue
                 if forwarded:
                     req.parameters.update(forwarded)
+                if live.armed:  # tracing: the stream's W3C trace context is continued by each request
+                    req.trace_parent = _traceparent(context)
                 if decoupled:
                     flag = msg.parameters.get(EMPTY_FINAL)
                     empty_final = flag is not None and flag[0] == "bool_param" and bool(flag[1])
@@ -172,3 +175,8 @@ class StreamInfer:
             await queue.put(exc)
         except Exception as exc:
             await queue.put(_internal(exc))
+
+
+def _traceparent(context: Any) -> str | None:
+    value = access.first_value(context.invocation_metadata() or (), "traceparent") if context is not None else None
+    return value.decode("latin-1") if isinstance(value, bytes) else value

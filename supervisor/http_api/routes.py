@@ -20,6 +20,7 @@ import orjson
 from inferd.supervisor import access
 from inferd.supervisor.core.dataplane import DataPlane
 from inferd.supervisor.core.types import InferResponse
+from inferd.supervisor.tracing import live
 from inferd.worker.wire.errors import invalid_arg
 
 from . import errors
@@ -243,6 +244,8 @@ class Router:
         parsed = self.codec.parse(model, version, req.headers, req.body)
         if self.forward is not None:
             self._forward(req, parsed)
+        if live.armed:  # tracing: a client's W3C trace context is continued
+            parsed.request.trace_parent = req.headers.get("traceparent")
         if pick_encoding(req.headers.get("accept-encoding")) is None:
             # the common case: no task per request, the response is built in a done-callback
             return Deferred(self.dp.infer_nowait(parsed.request), functools.partial(self._infer_done, parsed))
@@ -265,6 +268,8 @@ class Router:
             parsed = self.codec.parse(model, version, req.headers, body)
             if self.forward is not None:
                 self._forward(req, parsed)
+            if live.armed:
+                parsed.request.trace_parent = req.headers.get("traceparent")
         except Exception as exc:
             return errors.from_exception(exc)
         return await self._infer_run(req, parsed)

@@ -52,6 +52,8 @@ def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]
         item["timeout_us"] = req.timeout_us
     if req.device_outputs:
         item["device_outputs"] = True
+    if req.trace is not None:
+        item["trace"] = str(req.trace.id)
     return item
 
 

@@ -18,6 +18,7 @@ import asyncio
 import enum
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,8 @@ from inferd.supervisor.core.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..tracing import live
+from ..tracing.record import watch_batch
 from .channel import Channel
 from .codec import BatchResult
 from .launcher import Launcher
@@ -206,7 +209,8 @@ class Instance:
 
     async def _restart(self, delay: float) -> None:
         if delay > 0:
-            log.info("restarting instance '%s' of model '%s' in %.2f s", self.name, self.model_name, delay)
+            log.info("restarting instance '%s' of model '%s' in %.2f s", self.name, self.model_name, delay,
+                     extra={"model": self.model_name, "instance": self.name})
             await asyncio.sleep(delay)
         self.restarts += 1
         worker = self._new_worker()
@@ -223,7 +227,8 @@ class Instance:
         if self.state is not InstanceState.RESTARTING:  # drained meanwhile
             await worker.stop()
             return
-        log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid)
+        log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid,
+                 extra={"model": self.model_name, "instance": self.name})
         self.start_failures = 0
         self._set_state(InstanceState.READY)
 
@@ -257,7 +262,11 @@ class Instance:
         worker = self._worker
         if self.state is not InstanceState.READY or worker is None:
             raise self._not_ready()
+        traced = live.armed  # tracing: the one check a batch pays while it is off
+        sent_ns = time.monotonic_ns() if traced else 0  # before the send: the worker may start at once
         fut = worker.launch(requests)
+        if traced:
+            watch_batch(fut, requests, self.name, sent_ns)
         n = len(requests)
         self._inflight += n
         self._idle.clear()

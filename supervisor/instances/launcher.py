@@ -134,6 +134,7 @@ class Bootstrap:
     heartbeat_interval_s: float
     heartbeat_timeout_s: float
     log_verbose: int = 0
+    log_format: str = "default"  # the server's --log-format: the worker writes its lines in it
 
     def line(self) -> bytes:
         doc = {
@@ -145,6 +146,7 @@ class Bootstrap:
             "heartbeat_interval_s": self.heartbeat_interval_s,
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
             "log_verbose": self.log_verbose,
+            "log_format": self.log_format,
         }
         return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 

@@ -218,6 +218,7 @@ class WorkerProcess:
             heartbeat_interval_s=t.heartbeat_interval_s,
             heartbeat_timeout_s=max(t.heartbeat_interval_s * t.heartbeat_misses * 2, STARTING_SILENCE_S),
             log_verbose=self._log_verbose,
+            log_format=logs.current_format(),
         )
         hello_fut = self._expect_future(m.Hello)
         self._proc = await self._launcher.spawn(

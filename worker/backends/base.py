@@ -77,7 +77,7 @@ class Tensor:
 class Request:
     __slots__ = (
         "request_id", "id", "inputs", "requested_outputs", "parameters", "correlation_id", "flags",
-        "timeout_us", "_cancelled", "device_outputs",
+        "timeout_us", "_cancelled", "device_outputs", "trace",
     )
 
     def __init__(
@@ -104,6 +104,7 @@ class Request:
         # set when the consumer of this request's outputs is another worker (BLS, an ensemble step):
         # device outputs may then stay on the GPU and go by CUDA IPC handle
         self.device_outputs = False
+        self.trace = ""  # the supervisor's trace id while this request is traced
 
     def is_cancelled(self) -> bool:
         return bool(self._cancelled and self._cancelled(self.request_id))

@@ -100,7 +100,7 @@ class PythonBackend:
             raise InferdError(ErrorCode.NOT_FOUND, "Python model file not found in '%s'" % path)
         self._model_path = path
         self._pb._configure(model_dir=version_dir, log_verbose=log_verbose, instance=spec.instance_name,
-                            model=spec.model_name)
+                            model=spec.model_name, version=spec.version)
         for entry in (version_dir, spec.model_dir):
             if entry not in sys.path:
                 sys.path.append(entry)
@@ -211,7 +211,7 @@ class PythonBackend:
             pb_requests.append(
                 from_worker(
                     r.id, r.correlation_id, inputs, requested, model_name, version, r.flags,
-                    r.timeout_us, r.parameters, r.is_cancelled,
+                    r.timeout_us, r.parameters, r.is_cancelled, r.trace,
                 )
             )
         if self._emit is not None:

@@ -24,6 +24,7 @@ import numpy as np
 from inferd.worker import custom_metrics as _custom
 from inferd.worker import device as _device
 from inferd.worker import log_levels as _log_levels
+from inferd.worker import log_lines as _log_lines
 from inferd.worker import pb_args as _args
 from inferd.worker.wire import bytes_codec, dtypes
 
@@ -66,10 +67,11 @@ _sender_lock = threading.Lock()
 
 
 def _configure(model_dir: str = "", log_verbose: int = 0, instance: str = "", stream: Any = None,
-               model: str = "") -> None:
+               model: str = "", version: str = "") -> None:
     """Called by the worker before importing model.py."""
     _state.update(model_dir=model_dir, log_verbose=int(log_verbose), instance=instance, stream=stream)
     _log_levels.set_verbose(int(log_verbose))
+    _log_lines.configure(model=model, instance=instance, version=version)
     _custom.REGISTRY.instance = instance
     _custom.REGISTRY.source = ("model '%s' instance '%s'" % (model, instance)) if model else "instance '%s'" % instance
 
@@ -484,7 +486,7 @@ class InferenceRequest:
     def _from_worker(
         cls, request_id: str, correlation_id: Any, inputs: list[Tensor], requested: list[str],
         model_name: str, model_version: int, flags: int, timeout: int, parameters: str,
-        cancel_probe: Optional[Callable[[], bool]],
+        cancel_probe: Optional[Callable[[], bool]], trace: str = "",
     ) -> InferenceRequest:
         req = cls.__new__(cls)
         req._request_id = request_id
@@ -496,7 +498,7 @@ class InferenceRequest:
         req._flags = flags
         req._timeout = timeout
         req._preferred_memory = PreferredMemory()
-        req._trace = None  # type: ignore[assignment]
+        req._trace = InferenceTrace(trace) if trace else None  # type: ignore[assignment]
         req._parameters = parameters
         req._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         req._cancel_probe = cancel_probe
@@ -562,9 +564,10 @@ class InferenceRequest:
             raise TritonModelException("BLS request must specify 'model_name'")
         inputs = [(tensor._name, tensor._datatype, tensor._array) for tensor in self._inputs]
         version = "" if self._model_version < 0 else str(self._model_version)
+        trace = (self._trace.get_context() or "") if self._trace is not None else ""
         return _bls().infer(self._model_name, version, self._request_id, inputs, self._requested,
                             self._correlation_id, self._flags, int(self._timeout or 0), self._parameters, decoupled,
-                            direct)
+                            direct, str(trace))
 
     def exec(self, decoupled: bool = False) -> Any:
         """Run this request on `model_name` and wait: an InferenceResponse (errors inside it, as
@@ -748,6 +751,8 @@ class Logger:
         now = time.time()
         stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now)) + ".%06d" % int((now % 1) * 1e6)
         line = "%s%s %d %s] %s\n" % (Logger._LETTER.get(level, "I"), stamp, os.getpid(), where, message)
+        if _log_lines.is_json():
+            line = _log_lines.json_line(Logger._LETTER.get(level, "I"), where, str(message))
         stream = _state["stream"] or sys.stderr
         with _log_lock:
             try:

@@ -70,6 +70,7 @@ class RequestItem:
     flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START=1, _END=2
     timeout_us: int = 0
     device_outputs: bool = False  # another worker consumes the outputs: device outputs may stay on the GPU
+    trace: str = ""  # the supervisor's trace of this request, while traced (pb_utils request.trace())
 
 
 @dataclass
@@ -261,6 +262,7 @@ class BlsRequest:
     parameters: str = "{}"
     decoupled: bool = False  # exec(decoupled=True): any number of BlsResponses, the last one final
     device_outputs: bool = False  # the caller can open device tensors (CUDA IPC): outputs may stay on the GPU
+    trace: str = ""  # InferenceRequest(trace=request.trace()): the caller's trace, which this call continues
 
 
 @dataclass

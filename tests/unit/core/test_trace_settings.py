@@ -46,3 +46,20 @@ def test_model_override_ends_when_its_last_field_is_cleared():
     t.update("m", {"trace_rate": None})
     assert t.get("m")["trace_rate"] == "7"
     assert t.effective("m") == t.effective()
+
+
+def test_tracing_is_on_only_where_a_trace_can_be_written():
+    from inferd.supervisor.core.trace_settings import TraceSettings as Settings
+
+    on = {"trace_level": ("TIMESTAMPS",), "trace_file": "/tmp/t.json"}
+    assert not Settings().any_on()
+    assert not Settings(defaults={"trace_level": ("TIMESTAMPS",)}).any_on()  # triton mode without a file
+    assert Settings(defaults={"trace_level": ("TIMESTAMPS",)}, mode="opentelemetry").any_on()
+    assert Settings(defaults=on).any_on()
+    assert not Settings(defaults={**on, "trace_count": 0}).any_on()
+    one_model = Settings(defaults={"trace_file": "/tmp/t.json"})
+    one_model.update("m", {"trace_level": ["TIMESTAMPS"]})
+    assert one_model.any_on() and one_model.owner("m") == "m" and one_model.owner("other") == ""
+    counted = Settings(defaults={**on, "trace_count": 2})
+    counted.count_down("m")
+    assert counted.get()["trace_count"] == "1"

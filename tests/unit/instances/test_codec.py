@@ -7,6 +7,7 @@ import json
 import pytest
 from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
 from inferd.supervisor.instances import codec
+from inferd.supervisor.tracing.record import Trace
 from inferd.worker.wire import messages as m
 
 
@@ -17,6 +18,7 @@ def Frame(data: bytes) -> memoryview:  # noqa: N802 - frames arrive from the cha
 def test_execute_header_matches_wire_encoding():
     req = InferRequest("m", id="abc", outputs=[RequestedOutput("OUT")], parameters={"p": 1},
                        correlation_id="seq-1", flags=3, timeout_us=5, device_outputs=True)
+    req.trace = Trace(42, "m", "1", "abc", None, False, lambda t: None)  # a traced request names its trace
     refs = [codec.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
             codec.tensor_ref("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")]
     fast = codec.execute_header(7, [codec.request_item(11, req, refs)], ["inferd_1_9"])
@@ -24,7 +26,7 @@ def test_execute_header_matches_wire_encoding():
         11, "abc",
         [m.TensorRef("IN", "FP32", [2], "frame", 0, "", 0, 8),
          m.TensorRef("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")],
-        ["OUT"], json.dumps({"p": 1}), "seq-1", 3, 5, True)], ["inferd_1_9"])
+        ["OUT"], json.dumps({"p": 1}), "seq-1", 3, 5, True, "42")], ["inferd_1_9"])
     generic = json.loads(m.encode(typed)[0])
     for key in ("loc", "region", "device", "owner"):  # a frame reference leaves its defaults out
         del generic["requests"][0]["inputs"][0][key]
