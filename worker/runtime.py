@@ -91,9 +91,14 @@ def wire_error(exc: BaseException) -> WireError:
 
 class Runtime:
     def __init__(
-        self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None
+        self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
+        backend_factory: Optional[Callable[[str], Backend]] = None,
     ) -> None:
         self._channel = channel
+        # the Python API (inferd.pytriton) runs Runtimes in its user's process, with backends of its own;
+        # the process is the user's, so its collector settings are left alone (settle_heap)
+        self._create_backend = backend_factory or backends.create
+        self._owns_process = backend_factory is None
         self._log = log or (lambda message: None)
         self._cache = tensors.ShmCache()
         self._out_arena = Arena("o")  # large outputs (worker/arena.py), released by the supervisor
@@ -205,7 +210,7 @@ class Runtime:
         try:
             spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
                              message.backend, message.instance_name, message.instance_kind, message.device_id)
-            backend = backends.create(message.backend)
+            backend = self._create_backend(message.backend)
             if spec.instance_kind == "GPU":  # its device is current before initialize (main thread)
                 from . import cuda_device
 
@@ -228,7 +233,8 @@ class Runtime:
             self._poller = zmq.Poller()
             self._poller.register(self._channel.fileno(), zmq.POLLIN)
             self._poller.register(self._outbox.fileno(), zmq.POLLIN)
-        settle_heap()
+        if self._owns_process:
+            settle_heap()
         self._channel.send(LoadResult(backend=backend.name))
 
     def _execute_thread_start(self) -> None:

@@ -26,6 +26,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .channel import Channel
 from .codec import BatchResult
+from .external import ExternalLauncher
 from .launcher import Launcher
 from .worker import WorkerProcess
 
@@ -56,7 +57,7 @@ class Instance:
         load: m.LoadModel,
         *,
         channel: Channel,
-        launcher: Launcher,
+        launcher: Launcher | ExternalLauncher,
         timings: WorkerTimings,
         pool: Any = None,
         python: str | None = None,
