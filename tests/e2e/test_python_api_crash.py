@@ -1,0 +1,66 @@
+"""kill -9 of the process hosting bound functions (issue 27 item 2): the server it started exits and
+nothing is left: no process, nothing in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.conftest import free_ports, pid_alive, shm_snapshot, wait_for
+
+pytestmark = pytest.mark.inferd_only
+
+PROGRAM = Path(__file__).with_name("pyapi_user_program.py")
+
+
+def test_kill_9_of_the_user_process_stops_the_server_and_leaves_nothing():
+    before = shm_snapshot()
+    http, grpc, metrics = free_ports(3)
+    user = subprocess.Popen([sys.executable, str(PROGRAM), str(http), str(grpc), str(metrics)],
+                            stdout=subprocess.PIPE, text=True, cwd=str(PROGRAM.parents[2]))
+    try:
+        assert user.stdout is not None
+        line = user.stdout.readline()  # READY <server pid> (or EOF if it failed)
+        assert line.startswith("READY"), "the user program did not start: %r" % line
+        server_pid = int(line.split()[1])
+        client = httpclient.InferenceServerClient("127.0.0.1:%d" % http, network_timeout=30)
+        data = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: in through the pool, out through the host's arena
+        inp = httpclient.InferInput("INPUT0", [1, data.size], "FP32")
+        inp.set_data_from_numpy(data[None])
+        np.testing.assert_array_equal(client.infer("identity", [inp]).as_numpy("OUTPUT0")[0], data)
+        client.close()
+        user.send_signal(signal.SIGKILL)
+        user.wait(timeout=30)
+        wait_for(lambda: not pid_alive(server_pid), 60, "the server to exit after its host process died")
+        wait_for(lambda: shm_snapshot() == before, 30, "/dev/shm to be as it was")
+        leftovers = [n for n in os.listdir("/dev/shm") if n.startswith(("inferd_%d_" % server_pid,
+                                                                         "inferd_%d_" % user.pid))]
+        assert leftovers == []
+    finally:
+        if user.poll() is None:
+            user.kill()
+            user.wait()
+
+
+def test_server_death_is_seen_by_the_user_process(tmp_path):
+    from inferd.pytriton.decorators import batch
+    from inferd.pytriton.model_config import ModelConfig, Tensor
+    from inferd.pytriton.triton import Triton, TritonConfig
+
+    http, grpc, metrics = free_ports(3)
+    t = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
+    t.bind("m", batch(lambda X: {"Y": X}), [Tensor(name="X", dtype=np.float32, shape=(1,))],
+           [Tensor(name="Y", dtype=np.float32, shape=(1,))], config=ModelConfig(max_batch_size=2))
+    t.run()
+    assert t.is_alive()
+    assert t._proc is not None
+    t._proc.send_signal(signal.SIGKILL)
+    wait_for(lambda: not t.is_alive(), 30, "is_alive() to turn false")
+    t.stop()
