@@ -4,7 +4,6 @@ shared memory), prints READY <supervisor pid>, then serves until killed."""
 import sys
 
 import numpy as np
-
 from inferd.pytriton.decorators import batch
 from inferd.pytriton.model_config import ModelConfig, Tensor
 from inferd.pytriton.triton import Triton, TritonConfig

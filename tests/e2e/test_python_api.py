@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-
 from inferd.pytriton.client import AsyncioModelClient, DecoupledModelClient, FuturesModelClient, ModelClient
 from inferd.pytriton.client.exceptions import (
     PyTritonClientInferenceServerError,
@@ -192,9 +191,9 @@ def test_asyncio_client(triton):
 
 
 def test_strict_output_check_and_lenient_conversion(triton):
-    with ModelClient(http_url(triton), "strict") as client:
-        with pytest.raises(PyTritonClientInferenceServerError, match="dtype float64, expected float32"):
-            client.infer_sample(X=np.ones(2, F32))
+    with ModelClient(http_url(triton), "strict") as client, pytest.raises(
+            PyTritonClientInferenceServerError, match="dtype float64, expected float32"):
+        client.infer_sample(X=np.ones(2, F32))
     with ModelClient(http_url(triton), "lenient") as client:
         out = client.infer_sample(X=np.ones(2, F32))
         assert out["Y"].dtype == F32
