@@ -118,6 +118,8 @@ class App:
             dataplane.started = True
             if ok or not self.config.exit_on_error:
                 log.info("inferd ready")
+                if runtime.host is not None:  # the Python API waits for this instead of polling
+                    runtime.host.send({"op": "ready"})
             if self.config.model_control_mode == "poll" and not self.stop_event.is_set():
                 poller = RepositoryPoller(manager, self.config.model_repositories,
                                           self.config.repository_poll_secs, seen)

@@ -5,7 +5,8 @@ its own process. The two are linked by one inherited Unix stream socket (`--host
 lines (docs/worker-protocol.md, "External workers"):
 
     supervisor -> host   {"op": "start", "identity", "instance_name", "model", "bootstrap": {...}}
-                         {"op": "kill", "identity", "reason"}
+                         {"op": "kill", "identity"}
+                         {"op": "ready"}  (frontends up, start-up loads done)
     host -> supervisor   {"op": "exited", "identity", "code"}
 
 Everything else is the ordinary worker protocol: the host connects a worker (Hello, LoadModel,

@@ -114,6 +114,7 @@ class Host:
         self._instances: dict[str, _Instance] = {}
         self.context = zmq.Context()
         self.closed = False
+        self.ready = threading.Event()  # the server said it serves (or it is gone: check `closed`)
         self._reader = threading.Thread(target=self._read, name="inferd-host-link", daemon=True)
 
     def start(self) -> None:
@@ -139,6 +140,9 @@ class Host:
 
     def _handle(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
+        if op == "ready":
+            self.ready.set()
+            return
         identity = str(msg["identity"])
         if op == "start":
             model = self._models.get(str(msg["model"]))
@@ -172,6 +176,7 @@ class Host:
 
     def _gone(self) -> None:
         self.closed = True
+        self.ready.set()
         with self._lock:
             instances = list(self._instances.values())
         for inst in instances:

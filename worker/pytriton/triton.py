@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
@@ -176,7 +175,7 @@ class Triton:
     def _http_port(self) -> int:
         return int(self._config.http_port or 8000)
 
-    def _http_host(self) -> str:
+    def _http_host(self) -> str:  # the server is ours: reach it on loopback unless it listens elsewhere only
         address = self._config.http_address or "127.0.0.1"
         return "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
 
@@ -195,7 +194,6 @@ class Triton:
         if self._proc is not None:
             model.write(self._repository())
             self._load(model_name)
-            self._wait_ready([model_name])
 
     # ---- lifecycle ----
     def __enter__(self) -> Triton:
@@ -232,7 +230,7 @@ class Triton:
         """Wait until the server answers and every bound model is ready (TimeoutError after 120 s)."""
         if self._proc is None:
             raise PyTritonInvalidOperationError("the server is not running: call run() or serve()")
-        self._wait_ready(list(self._models))
+        self._wait_ready()
         self._connected = True
 
     def is_connected(self) -> bool:
@@ -312,42 +310,32 @@ class Triton:
             conn.close()
 
     def _load(self, name: str) -> None:
+        """Load a model bound while the server runs; the answer comes once it is loaded (ready) or failed."""
+        if self._config.allow_http is False:
+            from tritonclient.grpc import InferenceServerClient, InferenceServerException
+
+            client = InferenceServerClient("127.0.0.1:%d" % int(self._config.grpc_port or 8001))
+            try:
+                client.load_model(name)
+            except InferenceServerException as exc:
+                raise PyTritonBadParameterError("loading model '%s' failed: %s" % (name, exc.message())) from None
+            finally:
+                client.close()
+            return
         status, body = self._request("POST", "/v2/repository/models/%s/load" % name, timeout=DEFAULT_TIMEOUT_S)
         if status != 200:
             raise PyTritonBadParameterError("loading model '%s' failed: %s" % (name, _error_text(body)))
 
-    def _wait_ready(self, names: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        """Poll the server's readiness (every 5 ms at first, then less often) until ready or dead."""
-        if self._config.allow_http is False:
-            self._wait_ready_grpc(names, timeout_s)
-            return
-        deadline = time.monotonic() + timeout_s
-        pending = ["/v2/health/ready"] + ["/v2/models/%s/ready" % n for n in names]
-        pause = 0.005
-        while pending:
-            proc = self._proc
-            if proc is None or proc.poll() is not None:
-                raise PyTritonUnrecoverableError("the server exited during start-up (code %s)"
-                                                 % (proc.returncode if proc else "?"))
-            try:
-                status, _ = self._request("GET", pending[0], timeout=2.0)
-                if status == 200:
-                    pending.pop(0)
-                    continue
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the server is not ready after %g s (%s)" % (timeout_s, pending[0]))
-            self._server_gone.wait(pause)
-            pause = min(pause * 1.5, 0.1)
-
-    def _wait_ready_grpc(self, names: list[str], timeout_s: float) -> None:
-        from .client import ModelClient
-
-        url = "grpc://127.0.0.1:%d" % int(self._config.grpc_port or 8001)
-        for name in names:
-            with ModelClient(url, name, init_timeout_s=timeout_s):
-                pass
+    def _wait_ready(self, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Until the server says (on the host link) that it serves and its start-up loads are done."""
+        host = self._host
+        assert host is not None
+        if not host.ready.wait(timeout_s):
+            raise TimeoutError("the server is not ready after %g s" % timeout_s)
+        proc = self._proc
+        if host.closed or proc is None:
+            code = proc.wait() if proc is not None else "?"
+            raise PyTritonUnrecoverableError("the server exited during start-up (code %s): see its log above" % code)
 
 
 def _error_text(body: bytes) -> str:
