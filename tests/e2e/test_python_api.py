@@ -68,6 +68,15 @@ def wrong_dtype(X):
     return {"Y": X.astype(np.float64)}
 
 
+SLOW = threading.Event()
+
+
+@batch
+def slow(X):
+    SLOW.wait(30)  # released by the test once the client has timed out
+    return {"Y": X}
+
+
 @batch
 def failing(X):
     raise ValueError("the model refuses %d rows" % len(X))
@@ -115,6 +124,7 @@ def triton(tmp_path_factory):
            config=ModelConfig(batching=False))
     t.bind("strict", wrong_dtype, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))), strict=True)
     t.bind("lenient", wrong_dtype, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
+    t.bind("slow", slow, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
     t.bind("failing", failing, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
     t.bind("decorated", decorated, [Tensor(name="A", dtype=F32, shape=(2,)),
                                     Tensor(name="B", dtype=F32, shape=(2,), optional=True),
@@ -122,6 +132,7 @@ def triton(tmp_path_factory):
            tensors(("OUT", F32, (2,))), config=ModelConfig(max_batch_size=8))
     t.run()
     yield t
+    SLOW.set()
     t.stop()
 
 
@@ -208,6 +219,13 @@ def test_exception_in_the_function_reaches_the_client(triton):
             np.full(4, 2, F32))
 
 
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_inference_timeout_is_pytriton_timeout_error(triton, scheme):
+    url = http_url(triton) if scheme == "http" else grpc_url(triton)
+    with ModelClient(url, "slow", inference_timeout_s=0.5) as client, pytest.raises(PyTritonClientTimeoutError):
+        client.infer_sample(X=np.ones(2, F32))
+
+
 def test_decorators_fill_optionals_first_value_context(triton):
     with ModelClient(http_url(triton), "decorated") as client:
         out = client.infer_sample(A=np.array([1, 2], F32), SCALE=np.array([2], F32))
@@ -219,7 +237,7 @@ def test_decorators_fill_optionals_first_value_context(triton):
 def test_group_by_values_and_pad_batch_in_process():
     from inferd.pytriton import backend
     from inferd.pytriton.model_spec import BoundModel
-    from inferd.pytriton.proxy import Request
+    from inferd.pytriton.proxy.types import Request
 
     reqs = [Request({"X": np.ones((1, 2), F32), "MODE": np.array([[m]], np.int64)}) for m in (1, 2, 1)]
     outs = by_mode(reqs)

@@ -64,3 +64,36 @@ def test_server_death_is_seen_by_the_user_process(tmp_path):
     t._proc.send_signal(signal.SIGKILL)
     wait_for(lambda: not t.is_alive(), 30, "is_alive() to turn false")
     t.stop()
+
+
+def test_external_model_without_a_host_fails_to_load(tmp_path):
+    """backend "external" in a server started without --host-fd: the load fails, naming the reason."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    model = tmp_path / "ext"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "ext"\nbackend: "external"\nmax_batch_size: 0\n'
+                                        'input { name: "X" data_type: TYPE_FP32 dims: [1] }\n'
+                                        'output { name: "Y" data_type: TYPE_FP32 dims: [1] }\n')
+    http, grpc, metrics = free_ports(3)
+    proc = subprocess.Popen([sys.executable, "-m", "inferd.supervisor", "--model-repository", str(tmp_path),
+                             "--model-control-mode", "explicit", "--http-port", str(http),
+                             "--grpc-port", str(grpc), "--metrics-port", str(metrics)])
+    try:
+        def live():
+            try:
+                return urllib.request.urlopen("http://127.0.0.1:%d/v2/health/live" % http, timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(live, 60, "the server to start")
+        req = urllib.request.Request("http://127.0.0.1:%d/v2/repository/models/ext/load" % http, data=b"",
+                                     method="POST")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=60)
+        assert "no host process is connected" in json.loads(err.value.read())["error"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

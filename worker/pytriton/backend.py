@@ -20,7 +20,7 @@ from inferd.worker.backends.base import ModelSpec, Request, Response, Tensor, Wo
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import proxy
+from .proxy import types as proxy
 from .exceptions import PyTritonValidationError
 from .model_spec import BoundModel
 
