@@ -20,9 +20,9 @@ from inferd.worker.backends.base import ModelSpec, Request, Response, Tensor, Wo
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .proxy import types as proxy
 from .exceptions import PyTritonValidationError
 from .model_spec import BoundModel
+from .proxy import types as proxy
 
 _current = threading.local()  # the model being served on this thread (decorators read its config)
 
