@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from inferd.pytriton.exceptions import PyTritonBadParameterError, PyTritonModelConfigError
 from inferd.pytriton.model_config import DynamicBatcher, ModelConfig, QueuePolicy, Tensor, TimeoutAction
 from inferd.pytriton.model_spec import BoundModel, to_pbtxt
