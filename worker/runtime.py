@@ -245,6 +245,12 @@ class Runtime:
 
             cuda_device.make_current_or_warn(spec.device_id, spec.instance_name)
 
+    def release(self) -> None:
+        """Unmap the input regions and free the output arena. Shutdown does it; a runtime that ends
+        otherwise in a process that lives on (the Python API's host after the server died) calls it."""
+        self._cache.close()
+        self._out_arena.close()
+
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
         error = None
         backend, self._backend = self._backend, None
@@ -258,8 +264,7 @@ class Runtime:
                 error = wire_error(exc)
         if self._outbox is not None:
             self._outbox.flush(self._channel)
-        self._cache.close()
-        self._out_arena.close()
+        self.release()
         self.bye_error = error
         self._channel.send(Bye(error=error))
         self._running = False

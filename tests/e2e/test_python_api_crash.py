@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.conftest import free_ports, pid_alive, shm_snapshot, wait_for
+from tests.conftest import free_ports, leak_free, pid_alive, shm_snapshot, wait_for
 
 pytestmark = pytest.mark.inferd_only
 
@@ -49,20 +49,29 @@ def test_kill_9_of_the_user_process_stops_the_server_and_leaves_nothing():
             user.wait()
 
 
-def test_server_death_is_seen_by_the_user_process(tmp_path):
+def test_server_death_is_seen_by_the_user_process_which_keeps_no_shared_memory():
     from inferd.pytriton.decorators import batch
     from inferd.pytriton.model_config import ModelConfig, Tensor
     from inferd.pytriton.triton import Triton, TritonConfig
 
+    before = shm_snapshot()
     http, grpc, metrics = free_ports(3)
     t = Triton(config=TritonConfig(http_port=http, grpc_port=grpc, metrics_port=metrics))
-    t.bind("m", batch(lambda X: {"Y": X}), [Tensor(name="X", dtype=np.float32, shape=(1,))],
-           [Tensor(name="Y", dtype=np.float32, shape=(1,))], config=ModelConfig(max_batch_size=2))
+    t.bind("m", batch(lambda X: {"Y": X}), [Tensor(name="X", dtype=np.float32, shape=(-1,))],
+           [Tensor(name="Y", dtype=np.float32, shape=(-1,))], config=ModelConfig(max_batch_size=2))
     t.run()
-    assert t.is_alive()
-    assert t._proc is not None
+    assert t.is_alive() and t._proc is not None
+    server_pid = t._proc.pid
+    client = httpclient.InferenceServerClient("127.0.0.1:%d" % http, network_timeout=30)
+    data = np.arange(1 << 18, dtype=np.float32)[None]  # 1 MiB out: a region of this process's output arena
+    inp = httpclient.InferInput("X", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    np.testing.assert_array_equal(client.infer("m", [inp]).as_numpy("Y"), data)
+    client.close()
     t._proc.send_signal(signal.SIGKILL)
     wait_for(lambda: not t.is_alive(), 30, "is_alive() to turn false")
+    owners = {os.getpid(), server_pid}
+    wait_for(lambda: leak_free(before, shm_snapshot(), owners), 30, "the host's regions to be released")
     t.stop()
 
 

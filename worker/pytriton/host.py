@@ -48,6 +48,7 @@ class _Instance:
     def run(self) -> None:
         code = 0
         heartbeat = None
+        runtime: Optional[Runtime] = None
         try:
             endpoint = str(self.boot["endpoint"])
             self.channel = Channel(endpoint, self.identity)
@@ -71,6 +72,8 @@ class _Instance:
             _log("instance %s failed: %s: %s" % (self.instance_name, type(exc).__name__, exc))
             code = 5
         finally:
+            if runtime is not None:
+                runtime.release()  # this process lives on: its regions and mappings must not
             if heartbeat is not None:
                 heartbeat.stop()
                 heartbeat.join(timeout=1.0)
