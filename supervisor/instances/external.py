@@ -61,9 +61,13 @@ class ExternalProcess:
         return self.returncode
 
     def kill(self) -> None:
-        """The host drops the instance (its sockets close) and answers `exited`."""
+        """As SIGKILL: the instance is gone now (requests fail, a replacement may start) even if the host
+        is frozen; the host drops it (its sockets close) when it reads the line, and its late `exited`
+        is ignored."""
         if self.returncode is None:
             self._link.send({"op": "kill", "identity": self.identity})
+            self._link.forget(self.identity)
+            self.exited(HOST_LOST_CODE)
 
 
 class HostLink:
@@ -121,6 +125,9 @@ class HostLink:
             self._writer.write(json.dumps(msg, separators=(",", ":")).encode() + b"\n")
         except (OSError, RuntimeError):
             self._gone()
+
+    def forget(self, identity: str) -> None:
+        self._procs.pop(identity, None)
 
     def spawn(self, bootstrap: Bootstrap, model: str) -> ExternalProcess:
         if self.lost:

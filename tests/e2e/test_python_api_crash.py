@@ -49,6 +49,39 @@ def test_kill_9_of_the_user_process_stops_the_server_and_leaves_nothing():
             user.wait()
 
 
+def test_a_frozen_host_is_killed_as_hung_and_its_instance_restarted():
+    """SIGSTOP of the host: the server hears no heartbeat, kills the instance (a `kill` on the link, answered
+    with `exited` once the host runs again) and starts a new one, which serves."""
+    import json
+    import urllib.request
+
+    http, grpc, metrics = free_ports(3)
+    user = subprocess.Popen([sys.executable, str(PROGRAM), str(http), str(grpc), str(metrics)],
+                            stdout=subprocess.PIPE, text=True, cwd=str(PROGRAM.parents[2]))
+
+    def instance() -> dict:
+        body = urllib.request.urlopen("http://127.0.0.1:%d/v2/inferd/status" % http, timeout=10).read()
+        return json.loads(body)["models"][0]["instances"][0]
+
+    try:
+        assert user.stdout is not None and user.stdout.readline().startswith("READY")
+        user.send_signal(signal.SIGSTOP)
+        wait_for(lambda: instance()["state"] != "ready", 60, "the frozen instance to be taken out")
+        user.send_signal(signal.SIGCONT)
+        wait_for(lambda: instance()["state"] == "ready" and instance()["restarts"] >= 1, 60,
+                 "a new instance to serve")
+        assert "hung" in instance()["last_error"]
+        client = httpclient.InferenceServerClient("127.0.0.1:%d" % http, network_timeout=30)
+        inp = httpclient.InferInput("INPUT0", [1, 3], "FP32")
+        inp.set_data_from_numpy(np.ones((1, 3), np.float32))
+        np.testing.assert_array_equal(client.infer("identity", [inp]).as_numpy("OUTPUT0"), np.ones((1, 3)))
+        client.close()
+    finally:
+        user.send_signal(signal.SIGCONT)
+        user.kill()
+        user.wait()
+
+
 def test_server_death_is_seen_by_the_user_process_which_keeps_no_shared_memory():
     from inferd.pytriton.decorators import batch
     from inferd.pytriton.model_config import ModelConfig, Tensor

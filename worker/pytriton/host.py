@@ -3,7 +3,8 @@
 The server, our child, asks for workers over the `--host-fd` socket (JSON lines; see
 docs/worker-protocol.md, "External workers"). For each `start` a thread connects to the server as that
 worker (Hello, then the ordinary message loop of worker/runtime.py with a `FunctionBackend`) and says
-`exited` when it ends; `kill` closes its sockets. EOF on the link means the server is gone.
+`exited` when it ends; `kill` closes its sockets and is answered `exited` at once (a function stuck in
+user code keeps its thread until it returns). EOF on the link means the server is gone.
 """
 
 from __future__ import annotations
@@ -162,12 +163,15 @@ class Host:
         elif op == "kill":
             with self._lock:
                 found = self._instances.get(identity)
-            if found is not None:
+            if found is not None:  # as SIGKILL would: the instance is gone now, even if its function is stuck
                 found.kill()
+                self.exited(found, -9)
 
     def exited(self, inst: _Instance, code: int) -> None:
+        """Report an instance's end once (a killed one is reported at once; its thread ends later)."""
         with self._lock:
-            self._instances.pop(inst.identity, None)
+            if self._instances.pop(inst.identity, None) is None:
+                return
         self._send({"op": "exited", "identity": inst.identity, "code": code})
 
     def _send(self, msg: dict[str, Any]) -> None:
