@@ -77,6 +77,11 @@ def slow(X):
     return {"Y": X}
 
 
+def tag_length(requests):
+    """Request parameters reach the function (PyTriton's Request.parameters)."""
+    return [{"Y": np.full((len(r["X"]), 2), len(str(r.parameters.get("tag", ""))), F32)} for r in requests]
+
+
 @batch
 def failing(X):
     raise ValueError("the model refuses %d rows" % len(X))
@@ -124,6 +129,7 @@ def triton(tmp_path_factory):
            config=ModelConfig(batching=False))
     t.bind("strict", wrong_dtype, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))), strict=True)
     t.bind("lenient", wrong_dtype, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
+    t.bind("tag_length", tag_length, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
     t.bind("slow", slow, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
     t.bind("failing", failing, tensors(("X", F32, (2,))), tensors(("Y", F32, (2,))))
     t.bind("decorated", decorated, [Tensor(name="A", dtype=F32, shape=(2,)),
@@ -224,6 +230,13 @@ def test_inference_timeout_is_pytriton_timeout_error(triton, scheme):
     url = http_url(triton) if scheme == "http" else grpc_url(triton)
     with ModelClient(url, "slow", inference_timeout_s=0.5) as client, pytest.raises(PyTritonClientTimeoutError):
         client.infer_sample(X=np.ones(2, F32))
+
+
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_request_parameters_reach_the_function(triton, scheme):
+    url = http_url(triton) if scheme == "http" else grpc_url(triton)
+    with ModelClient(url, "tag_length") as client:
+        assert client.infer_sample(X=np.ones(2, F32), parameters={"tag": "abcd"})["Y"][0] == 4
 
 
 def test_decorators_fill_optionals_first_value_context(triton):
