@@ -295,7 +295,8 @@ class Triton:
         self._host = Host(ours, self._models, self._server_gone.set)
         self._host.start()
         try:
-            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), close_fds=True)
+            # its own session: a terminal's Ctrl-C reaches this process only, whose stop() drains the server
+            self._proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), close_fds=True, start_new_session=True)
         finally:
             theirs.close()
         atexit.register(self.stop)
