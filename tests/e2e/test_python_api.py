@@ -31,7 +31,7 @@ from inferd.pytriton.decorators import (
     sample,
     triton_context,
 )
-from inferd.pytriton.exceptions import PyTritonInvalidOperationError
+from inferd.pytriton.exceptions import PyTritonBadParameterError, PyTritonInvalidOperationError
 from inferd.pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from inferd.pytriton.triton import Triton, TritonConfig
 
@@ -276,6 +276,11 @@ def test_bind_while_running_and_unknown_model(triton):
         assert client.infer_sample(X=np.array([4], F32))["Y"][0] == 8
     with pytest.raises(PyTritonInvalidOperationError):
         triton.bind("late", lambda r: r, [], [])
+    bad = ModelConfig(max_batch_size=4, batcher=DynamicBatcher(preferred_batch_size=[100]))
+    with pytest.raises(PyTritonBadParameterError, match="preferred"):
+        triton.bind("broken", batch(lambda X: {"Y": X}), tensors(("X", F32, (1,))), tensors(("Y", F32, (1,))),
+                    config=bad)
+    triton.bind("broken", batch(lambda X: {"Y": X}), tensors(("X", F32, (1,))), tensors(("Y", F32, (1,))))
     with pytest.raises((PyTritonClientTimeoutError, PyTritonClientModelUnavailableError)):
         ModelClient(http_url(triton), "nope", init_timeout_s=0.5).infer_sample(X=np.ones(1, F32))
 

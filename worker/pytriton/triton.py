@@ -193,7 +193,12 @@ class Triton:
             self._models[model_name] = model
         if self._proc is not None:
             model.write(self._repository())
-            self._load(model_name)
+            try:
+                self._load(model_name)
+            except BaseException:
+                with self._lock:
+                    self._models.pop(model_name, None)  # the name may be bound again
+                raise
 
     # ---- lifecycle ----
     def __enter__(self) -> Triton:
