@@ -308,6 +308,21 @@ def test_context_manager_stops_everything(tmp_path):
     assert os.path.isdir(tmp_path / "ws")  # a given workspace is the user's: kept
 
 
+def test_grpc_only_server_binds_while_running_and_unloads(tmp_path):
+    """allow_http=False: start-up and loads go without HTTP (the host link, then gRPC)."""
+    _, grpc, metrics = free_ports(3)
+    with Triton(config=TritonConfig(allow_http=False, grpc_port=grpc, metrics_port=metrics)) as t:
+        t.bind("echo", sample(lambda X: {"Y": X}), tensors(("X", F32, (1,))), tensors(("Y", F32, (1,))),
+               config=ModelConfig(batching=False))
+        with ModelClient("grpc://127.0.0.1:%d" % grpc, "echo") as client:
+            assert client.infer_sample(X=np.array([7], F32))["Y"][0] == 7
+            client.unload_model()
+            with pytest.raises(PyTritonClientModelUnavailableError):
+                client.infer_sample(X=np.array([7], F32))
+            client.load_model()
+            assert client.infer_sample(X=np.array([8], F32))["Y"][0] == 8
+
+
 def test_examples_directory_still_serves_as_a_repository():
     """examples/python_api holds scripts: `make run` (the whole examples/ repository, control mode none)
     must still start and serve every example model."""

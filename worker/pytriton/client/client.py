@@ -254,6 +254,22 @@ class ModelClient(BaseModelClient):
     def is_batching_supported(self) -> bool:
         return self.model_config.batching
 
+    def load_model(self, config: Optional[str] = None, files: Optional[dict] = None) -> None:
+        """Ask the server to load (or reload) this model (explicit model control)."""
+        self._check_open()
+        try:
+            self._client.load_model(self._model_name, config=config, files=files)
+        except Exception as exc:
+            raise _translate(exc, self._model_name) from None
+        self._model_config = None
+
+    def unload_model(self) -> None:
+        self._check_open()
+        try:
+            self._client.unload_model(self._model_name)
+        except Exception as exc:
+            raise _translate(exc, self._model_name) from None
+
     def infer_sample(self, *inputs: Any, parameters: Optional[dict[str, Any]] = None,
                      headers: Optional[dict[str, Any]] = None, **named_inputs: Any) -> dict[str, np.ndarray]:
         config = self.model_config
