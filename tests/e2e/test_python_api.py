@@ -198,6 +198,16 @@ def test_decoupled_generator_streams(triton):
         assert list(client.infer_sample(np.array([0], np.int64))) == []
 
 
+def test_asyncio_decoupled_client_streams(triton):
+    from inferd.pytriton.client import AsyncioDecoupledModelClient
+
+    async def run():
+        async with AsyncioDecoupledModelClient(grpc_url(triton), "counter") as client:
+            return [int(r["OUT"][0]) async for r in client.infer_sample(np.array([3], np.int64))]
+
+    assert asyncio.run(run()) == [0, 1, 2]
+
+
 def test_asyncio_client(triton):
     async def run():
         async with AsyncioModelClient(http_url(triton), "add_sub") as client:

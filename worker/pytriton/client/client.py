@@ -448,6 +448,80 @@ class AsyncioModelClient(BaseModelClient):
         yield {}  # pragma: no cover
 
 
+class AsyncioDecoupledModelClient(AsyncioModelClient):
+    """asyncio streaming client for decoupled models (gRPC): `async for out in client.infer_sample(...)`."""
+
+    def __init__(self, url: str, model_name: str, model_version: Optional[str] = None, **kwargs: Any) -> None:
+        super().__init__(url, model_name, model_version, **kwargs)
+        if self._scheme != "grpc":
+            raise PyTritonClientInvalidUrlError("AsyncioDecoupledModelClient works over gRPC only (grpc://host:port)")
+
+    async def infer_sample(self, *inputs: Any, parameters: Optional[dict[str, Any]] = None,  # type: ignore[override]
+                           headers: Optional[dict[str, Any]] = None,
+                           **named_inputs: Any) -> AsyncIterator[dict[str, np.ndarray]]:
+        config = await self.model_config
+        arrays = _named(config, inputs, named_inputs)
+        if config.batching:
+            arrays = {k: v[np.newaxis, ...] for k, v in arrays.items()}
+        async for out in self._stream(config, arrays, parameters, headers):
+            yield _unbatch(out) if config.batching else out
+
+    async def infer_batch(self, *inputs: Any, parameters: Optional[dict[str, Any]] = None,  # type: ignore[override]
+                          headers: Optional[dict[str, Any]] = None,
+                          **named_inputs: Any) -> AsyncIterator[dict[str, np.ndarray]]:
+        config = await self.model_config
+        if not config.batching:
+            raise PyTritonClientModelDoesntSupportBatchingError(
+                "model '%s' does not support batching (max_batch_size 0)" % self._model_name)
+        async for out in self._stream(config, _named(config, inputs, named_inputs), parameters, headers):
+            yield out
+
+    async def _stream(self, config: TritonModelConfig, arrays: dict[str, np.ndarray], parameters: Any,
+                      headers: Any) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One ModelStreamInfer call with Triton's empty final response switched on (tritonclient's aio
+        stream refuses that reserved parameter, so the request is built here)."""
+        import grpc
+        from tritonclient.grpc import InferResult, service_pb2_grpc
+        from tritonclient.grpc._utils import _get_inference_request
+
+        self._check_open()
+        infer_inputs, outputs = _prepare(self._lib, config, arrays, self._scheme)
+        request = _get_inference_request(model_name=self._model_name, inputs=infer_inputs,
+                                         model_version=self._model_version, request_id=str(next(self._ids)),
+                                         outputs=outputs, sequence_id=0, sequence_start=False, sequence_end=False,
+                                         priority=0, timeout=None, parameters=parameters)
+        request.parameters["triton_enable_empty_final_response"].bool_param = True
+        metadata = tuple((k.lower(), str(v)) for k, v in {**(self._headers or {}), **(headers or {})}.items())
+
+        async def requests() -> AsyncIterator[Any]:
+            yield request
+
+        async with grpc.aio.insecure_channel(self._address) as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                requests(), metadata=metadata or None)
+            try:
+                while True:
+                    try:
+                        reply = await asyncio.wait_for(call.read(), self._inference_timeout_s)
+                    except asyncio.TimeoutError:
+                        raise PyTritonClientTimeoutError("no response from model '%s' within %g s"
+                                                         % (self._model_name, self._inference_timeout_s)) from None
+                    if reply is grpc.aio.EOF:
+                        return
+                    if reply.error_message:
+                        raise _translate(RuntimeError(reply.error_message), self._model_name)
+                    response = reply.infer_response
+                    if response.outputs:
+                        yield _results(InferResult(response), config)
+                    final = response.parameters.get("triton_final_response")
+                    if final is not None and final.bool_param:
+                        return
+            except grpc.aio.AioRpcError as exc:
+                raise _translate(RuntimeError("%s: %s" % (exc.code(), exc.details())), self._model_name) from None
+            finally:
+                call.cancel()
+
+
 class FuturesModelClient:
     """A pool of threads, each with its own ModelClient; every call returns a concurrent.futures.Future."""
 
