@@ -9,7 +9,10 @@ import os
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-ROOTS = {"supervisor": "inferd.supervisor", "worker": "inferd.worker", "envs": "inferd.envs"}
+# worker/pytriton is the Python API (inferd.pytriton, PyTriton's surface): worker-side code, but its own
+# import name, so that PyTriton users change `pytriton.` to `inferd.pytriton.` and nothing else
+ROOTS = {"supervisor": "inferd.supervisor", "worker": "inferd.worker", "envs": "inferd.envs",
+         os.path.join("worker", "pytriton"): "inferd.pytriton"}
 GEN_PACKAGE, GEN_DIR = "inferd.supervisor._gen", os.path.join("supervisor", "_gen")
 
 
@@ -18,7 +21,7 @@ def find_packages() -> tuple[list[str], dict[str, str]]:
     package_dir: dict[str, str] = {}
     for folder, name in ROOTS.items():
         for dirpath, dirnames, filenames in os.walk(folder):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            dirnames[:] = [d for d in dirnames if d != "__pycache__" and os.path.join(dirpath, d) not in ROOTS]
             if "__init__.py" in filenames:
                 pkg = name + dirpath[len(folder):].replace(os.sep, ".")
                 packages.append(pkg)

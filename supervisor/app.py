@@ -75,6 +75,11 @@ class App:
             self.config.cuda_visible_devices, self.config.cuda_device_order)
         gpu_metrics = self._gpu_metrics(discovery)
         runtime = await loader.Runtime.start(self.config)
+        if self.config.host_fd >= 0:  # models hosted by the Python API's process: its exit stops the server
+            from .instances.external import HostLink
+
+            runtime.host = HostLink(self.config.host_fd, self._host_lost)
+            await runtime.host.start()
         registry = stats_mod.StatsRegistry(self.config.metrics_latency)
         cache_bytes = self.config.response_cache_bytes
         response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
@@ -118,6 +123,8 @@ class App:
                 log.info("inferd ready")
                 sdnotify.notify(self.config.notify_socket, "READY=1",
                                 "STATUS=serving %d model version(s)" % len(manager.loaded_versions()))
+                if runtime.host is not None:  # the Python API waits for this instead of polling
+                    runtime.host.send({"op": "ready"})
             if self.config.model_control_mode == "poll" and not self.stop_event.is_set():
                 poller = RepositoryPoller(manager, manager.settings.repos,
                                           self.config.repository_poll_secs, seen)
@@ -143,6 +150,11 @@ class App:
                 discovery.close()
         log.info("inferd stopped")
         return self.exit_code
+
+    def _host_lost(self) -> None:
+        if self.stop_event is not None and not self.stop_event.is_set():
+            log.info("the host process exited: shutting down")
+            self.stop_event.set()
 
     def _gpu_metrics(self, discovery: gpus_mod.Discovery) -> GpuMetrics | None:
         """The NVML poller behind the nv_gpu_* metrics, started; None without. Logs what discovery found,

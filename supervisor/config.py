@@ -147,6 +147,7 @@ class ServerConfig:
     # start, instead of the host's NVML; lets CPU-only tests reach GPU placement and GPU metrics
     test_only_fake_gpus: str = ""
     notify_socket: str = ""  # $NOTIFY_SOCKET (systemd Type=notify): READY=1 and STOPPING=1 go there
+    host_fd: int = -1  # --host-fd: link to the process hosting 'external' models (instances/external.py)
     inert_flags: tuple[str, ...] = ()  # tritonserver flags given that change nothing here (logged at start)
 
 
@@ -266,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-start-timeout", type=float, default=30.0)
     p.add_argument("--restart-base-delay", type=float, default=0.25)
     p.add_argument("--restart-max-delay", type=float, default=10.0)
+    p.add_argument("--host-fd", type=int, default=-1,
+                   help="inherited Unix socket to the process that hosts the 'external' backend's models (the "
+                        "Python API, inferd.pytriton); its EOF shuts the server down")
     triton_flags.add_to(p)
     return p
 
@@ -496,6 +500,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         trace=replace(trace, file=os.path.abspath(trace.file)) if trace.file else trace,
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,
+        host_fd=args.host_fd,
         max_queue_size=args.max_queue_size,
         busy_poll_us=args.busy_poll_us,
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir

@@ -94,10 +94,15 @@ class Runtime:
     def __init__(
         self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
         metrics: Optional[Callable[[], None]] = None,
+        backend_factory: Optional[Callable[[str], Backend]] = None,
     ) -> None:
         self._channel = channel
         # sends the custom metrics' changes before an answer leaves (worker/metrics_sender.py)
         self._flush_metrics = metrics or (lambda: None)
+        # the Python API (inferd.pytriton) runs Runtimes in its user's process, with backends of its own;
+        # the process is the user's, so its collector settings are left alone (settle_heap)
+        self._create_backend = backend_factory or backends.create
+        self._owns_process = backend_factory is None
         self._log = log or (lambda message: None)
         self._cache = tensors.ShmCache()
         self._out_arena = Arena("o")  # large outputs (worker/arena.py), released by the supervisor
@@ -217,7 +222,7 @@ class Runtime:
         try:
             spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
                              message.backend, message.instance_name, message.instance_kind, message.device_id)
-            backend = backends.create(message.backend)
+            backend = self._create_backend(message.backend)
             if spec.instance_kind == "GPU":  # its device is current before initialize (main thread)
                 from . import cuda_device
 
@@ -240,7 +245,8 @@ class Runtime:
             self._poller = zmq.Poller()
             self._poller.register(self._channel.fileno(), zmq.POLLIN)
             self._poller.register(self._outbox.fileno(), zmq.POLLIN)
-        settle_heap()
+        if self._owns_process:
+            settle_heap()
         self._flush_metrics()  # what initialize made is on /metrics once the load is answered
         self._channel.send(LoadResult(backend=backend.name))
 
@@ -251,6 +257,12 @@ class Runtime:
             from . import cuda_device
 
             cuda_device.make_current_or_warn(spec.device_id, spec.instance_name)
+
+    def release(self) -> None:
+        """Unmap the input regions and free the output arena. Shutdown does it; a runtime that ends
+        otherwise in a process that lives on (the Python API's host after the server died) calls it."""
+        self._cache.close()
+        self._out_arena.close()
 
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
         error = None
@@ -265,8 +277,7 @@ class Runtime:
                 error = wire_error(exc)
         if self._outbox is not None:
             self._outbox.flush(self._channel)
-        self._cache.close()
-        self._out_arena.close()
+        self.release()
         self.bye_error = error
         self._channel.send(Bye(error=error))
         self._running = False

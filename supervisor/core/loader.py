@@ -20,6 +20,8 @@ from .. import rundir
 from ..config import ServerConfig, WorkerTimings
 from ..envs import EnvironmentManager, ExecEnv
 from ..instances.channel import Channel
+from ..instances.external import BACKEND as EXTERNAL_BACKEND
+from ..instances.external import ExternalLauncher, HostLink
 from ..instances.instance import Instance, run_autocomplete
 from ..instances.launcher import Launcher
 from ..memory.client_shm import ClientShm
@@ -45,6 +47,7 @@ class Runtime:
     pool: ShmPool
     client_shm: ClientShm
     envs: EnvironmentManager | None = None  # EXECUTION_ENV_PATH environments
+    host: HostLink | None = None  # --host-fd: the process hosting backend "external" models
 
     @classmethod
     async def start(cls, config: ServerConfig) -> Runtime:
@@ -60,6 +63,8 @@ class Runtime:
         return cls(config.run_dir, config.owns_run_dir, channel, launcher, ShmPool(), ClientShm(), envs)
 
     async def close(self) -> None:
+        if self.host is not None:
+            await self.host.close()
         self.pool.close()
         self.channel.close()
         if self.envs is not None:
@@ -235,7 +240,9 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
                     config_json=plan.config_json, backend=plan.proto.backend,
                     instance_name="%s_%d" % (group.name, index if len(devices) > 1 else k),
                     instance_kind=_KIND_NAMES.get(group.kind, "CPU"), device_id=device)
-                out.append(Instance(load, channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
+                launcher = (ExternalLauncher(rt.host, plan.name) if plan.proto.backend == EXTERNAL_BACKEND
+                            else rt.launcher)
+                out.append(Instance(load, channel=rt.channel, launcher=launcher, timings=settings.timings,
                                     pool=rt.pool, log_verbose=settings.log_verbose, passive=group.passive,
                                     **_env_kwargs(plan.env)))
                 index += 1

@@ -31,6 +31,7 @@ from ..tracing import live
 from ..tracing.record import watch_batch
 from .channel import Channel
 from .codec import BatchResult
+from .external import ExternalLauncher
 from .launcher import Launcher
 from .worker import WorkerProcess
 
@@ -61,7 +62,7 @@ class Instance:
         load: m.LoadModel,
         *,
         channel: Channel,
-        launcher: Launcher,
+        launcher: Launcher | ExternalLauncher,
         timings: WorkerTimings,
         pool: Any = None,
         python: str | None = None,

@@ -36,6 +36,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from . import codec, liveness
 from .channel import Channel
 from .codec import BatchResult
+from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
 from .outputs import WorkerOutputs
 from .packing import InputPacker, OpenStream, release_leases
@@ -87,7 +88,7 @@ class WorkerProcess:
         *,
         name: str,
         channel: Channel,
-        launcher: Launcher,
+        launcher: Launcher | ExternalLauncher,
         timings: WorkerTimings,
         pool: Any = None,  # memory.shm_pool.ShmPool; None: inputs above INLINE_MAX_BYTES are refused
         model_name: str = "",
@@ -117,7 +118,8 @@ class WorkerProcess:
         self._log_verbose = log_verbose
         self._on_exit = on_exit
         self._loop = asyncio.get_running_loop()
-        self._proc: asyncio.subprocess.Process | None = None
+        # an asyncio process, or an external.ExternalProcess (a worker hosted by the API user's process)
+        self._proc: Any = None
         self._exited = asyncio.Event()
         self._exit_task: asyncio.Task[None] | None = None
         self._hb_task: asyncio.Task[None] | None = None
@@ -507,7 +509,7 @@ class WorkerProcess:
         except ProcessLookupError:
             pass
 
-    async def _watch_exit(self, proc: asyncio.subprocess.Process) -> None:
+    async def _watch_exit(self, proc: Any) -> None:
         rc = await proc.wait()
         self.returncode = rc
         if self._stopping:
@@ -555,7 +557,7 @@ class WorkerProcess:
 
     def _cleanup(self) -> None:
         self._outputs.close()
-        if self._proc is not None and self._proc.returncode is not None:
+        if self._proc is not None and self._proc.returncode is not None and not getattr(self._proc, "external", False):
             shm.unlink_owned(self._proc.pid)  # regions a dead worker created (its output/BLS arenas)
         self._channel.unregister(self.identity)
         if self._hb_task is not None and self._hb_task is not asyncio.current_task():

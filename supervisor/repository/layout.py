@@ -114,8 +114,19 @@ def _is_dir(path: str) -> bool:
         return False
 
 
+def _never_a_model(path: str) -> bool:
+    """A directory with no config file, no configs/ and no version directory can never load (e.g.
+    examples/python_api, scripts beside the models): left out of the scan instead of failing the start."""
+    try:
+        entries = os.listdir(path)
+    except OSError:
+        return False
+    return not any(e == CONFIG_FILENAME or e == "configs" or _VERSION_RE.fullmatch(e) for e in entries)
+
+
 def list_models(repositories: Iterable[str]) -> RepositoryScan:
-    """Scan the repository roots: every subdirectory is a model name (hidden ones included)."""
+    """Scan the repository roots: every subdirectory is a model name (hidden ones included), except
+    those that can never be a model (`_never_a_model`)."""
     seen: dict[str, list[str]] = {}
     invalid: dict[str, str] = {}
     for repo in repositories:
@@ -125,7 +136,7 @@ def list_models(repositories: Iterable[str]) -> RepositoryScan:
         except OSError as e:
             raise invalid_arg(f"failed to read model repository '{root}': {e.strerror or e}") from e
         for entry in entries:
-            if not _is_dir(os.path.join(root, entry)):
+            if not _is_dir(os.path.join(root, entry)) or _never_a_model(os.path.join(root, entry)):
                 continue
             try:
                 validate_model_name(entry)

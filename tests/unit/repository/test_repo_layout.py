@@ -62,12 +62,26 @@ def test_list_models_dirs_only_hidden_included_invalid_reported(repo: Path) -> N
     write_model(repo, ".hidden")
     (repo / "README.md").write_text("not a model")
     (repo / "bad name").mkdir()
+    (repo / "bad name" / "config.pbtxt").write_text("")
     scan = layout.list_models([str(repo)])
     assert sorted(scan.models) == [".hidden", "a"]
     assert "bad name" in scan.invalid
     assert scan.all_names() == [".hidden", "a", "bad name"]
     err = scan.error_for("bad name")
     assert err is not None and err.code == ErrorCode.INVALID_ARG
+
+
+def test_directory_that_can_never_be_a_model_is_left_out(repo: Path) -> None:
+    """examples/python_api (scripts, no config.pbtxt, no version directory) must not fail `make run`."""
+    write_model(repo, "a")
+    scripts = repo / "python_api"
+    scripts.mkdir()
+    (scripts / "add_sub.py").write_text("print('not a model')")
+    (repo / "auto_completed").mkdir()
+    (repo / "auto_completed" / "1").mkdir()  # no config, but a version directory: still a model
+    scan = layout.list_models([str(repo)])
+    assert sorted(scan.models) == ["a", "auto_completed"]
+    assert scan.all_names() == ["a", "auto_completed"]
 
 
 def test_duplicates_across_repositories(tmp_path: Path) -> None:
