@@ -334,15 +334,10 @@ class ModelManager:
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
-        traced = live.armed and self.tracer is not None and self.tracer.begin(mv.name, str(mv.version), request)
-        try:
+        if live.armed and self.tracer is not None:
+            future = self.tracer.submit(mv.name, str(mv.version), request, mv.scheduler.submit)
+        else:
             future = mv.scheduler.submit(request)
-        except BaseException:
-            if traced:
-                self.tracer.abandon(request)
-            raise
-        if traced:
-            self.tracer.watch(request.trace, future)
         try:
             return await future
         except asyncio.CancelledError:

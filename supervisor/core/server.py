@@ -200,15 +200,11 @@ class ServerDataPlane(DataPlane):
         wanted = classification.requested(request.outputs) if request.outputs else None
         stream = ResponseStream()
         request.response_sink = stream
-        traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)
-        try:
+        # a trace ends with the execution (its compute stamps come as it returns), not the last response
+        if live.armed:
+            future = self.tracer.submit(mv.name, str(mv.version), request, mv.scheduler.submit)
+        else:
             future = mv.scheduler.submit(request)
-        except BaseException:
-            if traced:
-                self.tracer.abandon(request)
-            raise
-        if traced:  # ends with the execution (its compute stamps come as it returns), not the last response
-            self.tracer.watch(request.trace, future)
         stream.watch(future)
         name, version = mv.name, str(mv.version)
         ended = False

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..core.trace_settings import TraceSettings
@@ -128,6 +129,20 @@ class Tracer:
     def abandon(request: Any) -> None:
         """The request was refused before it was queued: its trace ends now (and stops counting as in flight)."""
         request.trace.end(time.monotonic_ns())
+
+    def submit(self, model_name: str, model_version: str, request: Any,
+               submit: Callable[[Any], asyncio.Future[Any]]) -> asyncio.Future[Any]:
+        """`submit(request)`, traced when the request is sampled: a refusal ends its trace at once, else the
+        trace ends with the answer."""
+        if not self.begin(model_name, model_version, request):
+            return submit(request)
+        try:
+            future = submit(request)
+        except BaseException:
+            self.abandon(request)
+            raise
+        self.watch(request.trace, future)
+        return future
 
     @staticmethod
     def watch(trace: Trace, future: asyncio.Future[Any]) -> None:

@@ -1,8 +1,8 @@
 """The exceptions a PyTriton user catches, under the same names."""
 
 
-class PyTritonError(Exception):
-    """Base class of the server-side API's errors."""
+class MessageError(Exception):
+    """An exception with PyTriton's `message` property (the server-side and the client hierarchies)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -11,6 +11,10 @@ class PyTritonError(Exception):
     @property
     def message(self) -> str:
         return self._message
+
+
+class PyTritonError(MessageError):
+    """Base class of the server-side API's errors."""
 
 
 class PyTritonValidationError(PyTritonError):

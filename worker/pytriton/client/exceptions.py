@@ -1,14 +1,11 @@
 """The client exceptions a PyTriton user catches, under the same names."""
 
 
-class PyTritonClientError(Exception):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self._message = message
+from ..exceptions import MessageError
 
-    @property
-    def message(self) -> str:
-        return self._message
+
+class PyTritonClientError(MessageError):
+    """Base class of the client's errors (apart from the server-side ones, as in PyTriton)."""
 
 
 class PyTritonClientValueError(PyTritonClientError):
