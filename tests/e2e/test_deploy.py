@@ -159,7 +159,7 @@ def test_dockerfile_build_stage_copies_everything_the_wheel_needs(dockerfile: Pa
     inferd.envs and `infer-ctl env pack` failed)."""
     steps = _instructions(dockerfile)
     copied = _copied_sources(steps, stage=0)
-    roots = re.search(r"ROOTS = \{(.*?)\}", (DEPLOY.parent / "setup.py").read_text()).group(1)
+    roots = re.search(r"ROOTS = \{(.*?)\}", (DEPLOY.parent / "setup.py").read_text(), re.S).group(1)
     needed = set(re.findall(r'"(\w+)": "inferd', roots)) | {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md",
                                                              "protos", "constraints.txt"}
     assert needed <= copied, needed - copied
