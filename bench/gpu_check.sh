@@ -2,8 +2,8 @@
 # Every GPU check of inferd in one offline run (under 8 minutes): `make test-gpu` (tests/gpu) and the GPU
 # benchmarks, on a fresh GPU host whose python3.12 already has torch (CUDA), cupy, cuda-bindings, numpy,
 # grpcio, protobuf, uvloop, psutil and pytest, plus a folder of the remaining wheels filled by
-# /work/shared/tools/gpu_wheels.sh (pyzmq, httptools, orjson, hpack, tritonclient and its deps, cuda-python,
-# grpcio-tools).
+# bench/gpu_wheels.sh (pyzmq, httptools, orjson, hpack, tritonclient and its deps, grpcio and protobuf at
+# constraints.txt's pins, grpcio-tools).
 #
 #   bench/gpu_check.sh                  # wheels in ./.whl; results in $OUT if set, else bench/out/gpu-check-<stamp>
 #   WHEELS=/path/to/whl PYTHON=python3.12 bench/gpu_check.sh
@@ -32,7 +32,7 @@ if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
   "$VENV/bin/python" -m pip install -q --no-index --no-deps --find-links "$WHEELS" "$WHEELS"/*.whl \
     || note "some wheels in $WHEELS did not install"
 else
-  note "no wheels in $WHEELS (run /work/shared/tools/gpu_wheels.sh there first); using what the host has"
+  note "no wheels in $WHEELS (run bench/gpu_wheels.sh first, where an index is reachable); using what the host has"
 fi
 if ! "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>"$OUT_DIR/pip-e.log"; then
   # no setuptools on the host: the same package mapping by hand (inferd.{supervisor,worker,envs} -> the folders)
