@@ -17,6 +17,7 @@ from inferd.supervisor.instances import codec
 from inferd.supervisor.tracing.record import Trace
 from inferd.worker.wire import messages as m
 
+
 def _samples():
     ref = m.TensorRef("IN", "FP32", [2, 3], "frame", 1, "", 8, 24)
     shm = m.TensorRef("BIG", "UINT8", [1 << 17], "shm", -1, "inferd_7_3", 4096, 1 << 17)
