@@ -1,709 +1,108 @@
-"""Typed messages between the supervisor and a worker, and their framing.
-
-A message travels as ZeroMQ frames: frame 0 is a JSON header `{"t": <type tag>, ...fields}`, the
-following frames carry inline tensor bytes referenced by index and offset (small tensors share a
-frame). Larger tensors live in POSIX shared memory and are referenced by (region, offset, nbytes).
-No pickle: every message is one of the dataclasses below, decoded by its tag into that class;
-unknown tags or fields are a protocol error.
-
-Runs on Python 3.9+ (worker environments), so no `match`, no slots=, no `X | Y` at runtime.
-"""
+"""The supervisor<->worker wire protocol in one import: the messages (wire.schema) and their codec
+(wire.codec). docs/worker-protocol.md is the contract."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import json.scanner
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii as _json_str
-from typing import Any, Optional
-
-WIRE_VERSION = 5  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
-# 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device;
-# 5: LogSettings
-
-# Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
-INLINE_MAX_BYTES = 64 * 1024
-
-# Data frames at least this big are sent zero-copy (ZeroMQ keeps a reference to the buffer); smaller
-# ones, and every header, are copied into the message: for small frames a copy is cheaper than the
-# Frame object and reference tracking a zero-copy send needs.
-ZERO_COPY_MIN_BYTES = 64 * 1024
-
-
-@dataclass
-class TensorRef:
-    """Where a tensor's bytes are: `loc` is "frame" (index into the message frames), "shm" (POSIX
-    shared memory `region`) or "cuda": device memory on GPU `device`, inside the allocation exported
-    by the cudaIpcMemHandle hex-encoded in `region`, at `offset`, `nbytes` long, kept alive by `owner`
-    (a producer worker's instance name, or "client:<region name>" for a client's CUDA shm region)."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    loc: str = "frame"
-    frame: int = -1
-    region: str = ""
-    offset: int = 0
-    nbytes: int = 0
-    device: int = 0
-    owner: str = ""
-
-
-@dataclass
-class WireError:
-    code: int  # ErrorCode value
-    message: str
-
-
-@dataclass
-class RequestItem:
-    """One inference request inside an Execute batch (its inputs, as the model will see them)."""
-
-    request_id: int  # supervisor-internal id, unique per worker connection
-    id: str  # the client's request id
-    inputs: list[TensorRef]
-    requested_outputs: list[str]
-    parameters: str = "{}"  # JSON object of custom request parameters (pb_utils request.parameters())
-    correlation_id: Any = 0  # int or str
-    flags: int = 0  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START=1, _END=2
-    timeout_us: int = 0
-    device_outputs: bool = False  # another worker consumes the outputs: device outputs may stay on the GPU
-    trace: str = ""  # the supervisor's trace of this request, while traced (pb_utils request.trace())
-
-
-@dataclass
-class ResponseItem:
-    request_id: int
-    outputs: list[TensorRef] = field(default_factory=list)
-    error: Optional[WireError] = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-# ---- worker -> supervisor -------------------------------------------------------------------
-
-
-@dataclass
-class Hello:
-    wire_version: int
-    pid: int
-    instance_name: str
-    python_version: str
-    numpy_version: str
-    zmq_version: str
-
-
-@dataclass
-class AutoCompleteResult:
-    config_json: str = ""
-    error: Optional[WireError] = None
-
-
-@dataclass
-class LoadResult:
-    error: Optional[WireError] = None
-    backend: str = ""  # backend that loaded the model
-
-
-@dataclass
-class ExecuteResult:
-    batch_id: int
-    responses: list[ResponseItem]
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-
-
-@dataclass
-class TensorColumn:
-    """One tensor of every request of a batch sent by columns: data frame `frame` holds the requests'
-    tensors of `shape` back to back, in request order."""
-
-    name: str
-    datatype: str  # numeric (not BYTES): every request's tensor has the same byte size
-    shape: list[int]
-    frame: int
-
-
-@dataclass
-class ExecuteResultColumns:
-    """An ExecuteResult of requests answered alike, sent output by output: every request succeeded,
-    without response parameters, with the same outputs (name, datatype, shape; numeric, inline). It
-    costs a few objects per batch to write and read instead of a few per request."""
-
-    batch_id: int
-    request_ids: list[int]
-    outputs: list[TensorColumn]
-    compute_input_ns: int = 0
-    compute_infer_ns: int = 0
-    compute_output_ns: int = 0
-
-
-@dataclass
-class StreamResponse:
-    """One response of a decoupled request, sent as soon as the model produces it (any thread).
-    `response` None is a flag-only FINAL; output frames follow the header as for ExecuteResult.
-    The request ends with the first message whose `final` is true (or an error for it in the
-    ExecuteResult of its batch, when execute failed before FINAL)."""
-
-    request_id: int
-    final: bool = False
-    response: Optional[ResponseItem] = None
-
-
-@dataclass
-class Log:
-    level: str  # INFO, WARNING, ERROR, VERBOSE
-    message: str
-
-
-@dataclass
-class Bye:
-    """Sent after finalize() on Shutdown, just before the worker exits 0."""
-
-    error: Optional[WireError] = None
-
-
-# ---- supervisor -> worker -------------------------------------------------------------------
-
-
-@dataclass
-class AutoComplete:
-    """Run the backend's auto-complete on a config (JSON, Triton rendering) and return it."""
-
-    model_name: str
-    model_dir: str  # <repo>/<model>
-    version: str
-    config_json: str
-    backend: str
-
-
-@dataclass
-class LoadModel:
-    model_name: str
-    model_dir: str
-    version: str
-    config_json: str  # normalised config, Triton JSON rendering (args['model_config'])
-    backend: str
-    instance_name: str  # <group>_<k>
-    instance_kind: str  # CPU / GPU / MODEL
-    device_id: int = 0
-
-
-@dataclass
-class Execute:
-    batch_id: int
-    requests: list[RequestItem]
-    # shm regions the supervisor has unlinked since the last Execute: unmap them if cached
-    forget_regions: list[str] = field(default_factory=list)
-
-
-@dataclass
-class ExecuteColumns:
-    """An Execute of requests that differ only in their tensor bytes and client ids, sent input by
-    input: the same inputs (name, datatype, shape; numeric, inline), the same requested outputs, and
-    default parameters, sequence fields and timeout. `ids` is empty when every client id is empty."""
-
-    batch_id: int
-    request_ids: list[int]
-    inputs: list[TensorColumn]
-    ids: list[str] = field(default_factory=list)
-    requested_outputs: list[str] = field(default_factory=list)
-    forget_regions: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Cancel:
-    request_ids: list[int]
-
-
-@dataclass
-class ReleaseOutputs:
-    """Output regions of this worker (TensorRef loc "shm" in results) the supervisor no longer uses,
-    and device outputs (loc "cuda", by key "<region>:<offset>") every holder has released."""
-
-    regions: list[str]
-    device: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Shutdown:
-    pass
-
-
-@dataclass
-class LogSettings:
-    """The server's log settings for model logging (pb_utils.Logger): sent before LoadModel and again
-    after every change (POST /v2/logging); the worker applies them when its main thread reads them."""
-
-    verbose: int = 0
-    info: bool = True
-    warning: bool = True
-    errors: bool = True  # log_error ("error" names a WireError field in every message)
-
-
-# ---- BLS (worker <-> supervisor on the worker's "<identity>/bls" socket) ---------------------------
-
-
-@dataclass
-class BlsRequest:
-    """A Python model's request to another model (pb_utils.InferenceRequest.exec / async_exec)."""
-
-    call_id: int
-    model_name: str
-    model_version: str
-    request_id: str
-    inputs: list[TensorRef]  # frames, or shm regions owned by the calling worker
-    requested_outputs: list[str]
-    correlation_id: Any = 0
-    flags: int = 0
-    timeout_us: int = 0
-    parameters: str = "{}"
-    decoupled: bool = False  # exec(decoupled=True): any number of BlsResponses, the last one final
-    device_outputs: bool = False  # the caller can open device tensors (CUDA IPC): outputs may stay on the GPU
-    trace: str = ""  # InferenceRequest(trace=request.trace()): the caller's trace, which this call continues
-
-
-@dataclass
-class BlsResponse:
-    call_id: int
-    outputs: list[TensorRef] = field(default_factory=list)
-    leases: list[int] = field(default_factory=list)  # per output: supervisor lease id (0: a frame)
-    error: Optional[WireError] = None
-    parameters: dict[str, Any] = field(default_factory=dict)
-    final: bool = True
-
-
-@dataclass
-class BlsCancel:
-    call_id: int
-
-
-@dataclass
-class BlsRelease:
-    """Leases of BLS outputs the model no longer references (their arrays were garbage collected)."""
-
-    lease_ids: list[int]
-
-
-@dataclass
-class ModelControl:
-    """pb_utils.load_model / unload_model / is_model_ready; `files` names the data frames that follow."""
-
-    call_id: int
-    op: str  # "load" | "unload" | "ready"
-    model_name: str
-    model_version: str = ""
-    config: str = ""
-    files: list[str] = field(default_factory=list)
-    unload_dependents: bool = False
-
-
-@dataclass
-class ModelControlResult:
-    call_id: int
-    error: Optional[WireError] = None
-    ready: bool = False
-
-
-# ---- custom metrics (worker -> supervisor on the worker's "<identity>/metrics" socket) -------------
-
-
-@dataclass
-class MetricsReport:
-    """A worker's custom metrics (pb_utils.MetricFamily / Metric), sent by its heartbeat thread at most
-    once per heartbeat interval and only when something changed (wire.custom_metrics has the rules).
-
-    `full`: every live family and metric is listed (whatever the supervisor had from this worker and is
-    not listed is gone); otherwise only what is new or changed since the previous report. Ids are the
-    worker's own, never reused. families: [fid, name, description, kind]; metrics: [mid, fid, labels
-    {name: value}, buckets or null]; values, cumulative since the metric was created: [mid, total]
-    (counter); [mid, set_value, sets, incs, incs_at_set, set_ns] (gauge: the last set()'s value, how many
-    set() calls, the sum of all increments and that sum at the last set(), whose time is set_ns on
-    CLOCK_MONOTONIC, which every process of the host shares); [mid, sum, n_0, ..., n_k] (histogram:
-    observations per bucket, the last one +Inf); dropped: families whose MetricFamily object was garbage
-    collected (their metrics go with them)."""
-
-    full: bool = False
-    source: str = ""  # "model 'm' instance 'm_0'", for the supervisor's warnings
-    families: list[Any] = field(default_factory=list)
-    metrics: list[Any] = field(default_factory=list)
-    values: list[Any] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)
-
-
-# ---- both ways ------------------------------------------------------------------------------
-
-
-@dataclass
-class Heartbeat:
-    seq: int = 0
-
-
-MESSAGE_TYPES: dict[str, type[Any]] = {
-    "hello": Hello,
-    "autocomplete_result": AutoCompleteResult,
-    "load_result": LoadResult,
-    "execute_result": ExecuteResult,
-    "execute_result_columns": ExecuteResultColumns,
-    "stream_response": StreamResponse,
-    "log": Log,
-    "bye": Bye,
-    "autocomplete": AutoComplete,
-    "load_model": LoadModel,
-    "execute": Execute,
-    "execute_columns": ExecuteColumns,
-    "cancel": Cancel,
-    "release_outputs": ReleaseOutputs,
-    "shutdown": Shutdown,
-    "log_settings": LogSettings,
-    "heartbeat": Heartbeat,
-    "bls_request": BlsRequest,
-    "bls_response": BlsResponse,
-    "bls_cancel": BlsCancel,
-    "bls_release": BlsRelease,
-    "model_control": ModelControl,
-    "model_control_result": ModelControlResult,
-    "metrics_report": MetricsReport,
-}
-TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
-
-
-class ProtocolError(Exception):
-    """A peer sent something that is not a valid message of this wire version."""
-
-
-_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
-
-
-def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
-    """Frames for `message`: a JSON header then the given data frames (buffers, sent zero-copy)."""
-    return [encode_header(message), *frames]
-
-
-def encode_header(message: Any) -> bytes:
-    """The JSON header frame of `message` (what `encode` puts first)."""
-    if type(message) is ExecuteResult:
-        try:
-            text = _execute_result_json(message)
-        except (TypeError, ValueError):  # e.g. parameters json cannot encode: the generic path says so
-            text = None
-        if text is not None:
-            return text.encode()
-    header = _plain(message)
-    header["t"] = TAGS[type(message)]
-    return _dumps(header).encode()
-
-
-def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
-    """(message, data frames) from received frames; raises ProtocolError on anything malformed."""
-    if not frames:
-        raise ProtocolError("empty message")
-    first = frames[0]
-    return decode_header(first if type(first) is bytes else first.bytes if hasattr(first, "bytes")
-                         else bytes(first)), frames[1:]
-
-
-def decode_header(raw: bytes, loads: Optional[Callable[[bytes], Any]] = None) -> Any:
-    """The message of a JSON header frame; raises ProtocolError on anything malformed. `loads`, if
-    given, parses the JSON instead of `json_loads` (and must give the same values and errors)."""
-    try:
-        header = (loads or _loads)(raw)
-        if type(header) is not dict:
-            raise TypeError("message header is not a JSON object")
-        cls = MESSAGE_TYPES[header.pop("t")]
-        if cls is Execute:
-            message = _execute_fast(header)
-            if message is not None:
-                return message
-        return _build(cls, header)
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise ProtocolError("malformed message: %s" % exc) from None
-
-
-_scan_once = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
-
-
-def _loads(raw: bytes) -> Any:
-    """`json.loads(raw)` for a UTF-8 JSON object without surrounding whitespace (every header the
-    supervisor sends), minus json.loads's encoding detection and regex passes; anything else, and
-    every error, is left to json.loads itself."""
-    if raw[:1] == b"{" and raw[1:2] != b"\x00":
-        try:
-            text = raw.decode("utf-8", "surrogatepass")
-            value, end = _scan_once(text, 0)
-            if end == len(text):
-                return value
-        except Exception:  # noqa: S110 - json.loads below raises its own error
-            pass
-    return json.loads(raw)
-
-
-json_loads = _loads
-
-
-_NESTED = {
-    (RequestItem, "inputs"): TensorRef,
-    (ResponseItem, "outputs"): TensorRef,
-    (Execute, "requests"): RequestItem,
-    (ExecuteResult, "responses"): ResponseItem,
-    (ExecuteColumns, "inputs"): TensorColumn,
-    (ExecuteResultColumns, "outputs"): TensorColumn,
-    (BlsRequest, "inputs"): TensorRef,
-    (BlsResponse, "outputs"): TensorRef,
-}
-
-
-_FIELDS: dict[type[Any], tuple[str, ...]] = {}
-
-
-def _field_names(cls: type[Any]) -> tuple[str, ...]:
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
-def _plain(obj: Any) -> Any:
-    """Like dataclasses.asdict (dataclasses -> dicts, lists/tuples -> lists), without deep copies."""
-    names = _FIELDS.get(type(obj))
-    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        names = _field_names(type(obj))
-    if names is not None:
-        return {name: _plain(getattr(obj, name)) for name in names}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(item) for item in obj]
-    if isinstance(obj, dict):
-        return {key: _plain(value) for key, value in obj.items()}
-    return obj
-
-
-def _build(cls: type[Any], data: dict[str, Any]) -> Any:
-    if not isinstance(data, dict):
-        raise TypeError("%s must be a JSON object" % cls.__name__)
-    kwargs = {}
-    names = _field_names(cls)
-    for key, value in data.items():
-        if key not in names:
-            raise TypeError("unknown field %r for %s" % (key, cls.__name__))
-        item_cls = _NESTED.get((cls, key))
-        if item_cls is not None:
-            if not isinstance(value, list):
-                raise TypeError("field %r of %s must be a list" % (key, cls.__name__))
-            value = [_build(item_cls, v) for v in value]
-        elif key == "error" and value is not None:
-            value = WireError(**value)
-        elif (cls, key) == (StreamResponse, "response") and value is not None:
-            value = _build(ResponseItem, value)
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
-# ---- hot path: Execute in, ExecuteResult out --------------------------------------------------
-# Same results as the generic `_build` / `_plain` + json.dumps above (tests pin the equivalence);
-# anything unusual (a missing or extra field, a value of another type) takes the generic path.
-
-def _required(cls: type[Any]) -> frozenset[str]:
-    """Fields of `cls` without a default."""
-    return frozenset(f.name for f in dataclasses.fields(cls)
-                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-
-
-_EXECUTE_KEYS = frozenset(_field_names(Execute))
-_REQUEST_KEYS = frozenset(_field_names(RequestItem))
-_REQUEST_REQUIRED = _required(RequestItem)
-_TENSOR_KEYS = frozenset(_field_names(TensorRef))
-_TENSOR_REQUIRED = _required(TensorRef)
-_new = object.__new__
-
-
-def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
-    """An Execute as the supervisor sends it, built without `_build`: the parsed JSON objects become
-    the instances' attribute dicts. A RequestItem or TensorRef field left out keeps its default, which
-    a dataclass holds as a class attribute (read when the instance dict lacks the key); the fields
-    without a default must be there. None: use `_build` (nothing has been changed in `header` then)."""
-    if header.keys() != _EXECUTE_KEYS:
-        return None
-    items = header["requests"]
-    if type(items) is not list:
-        return None
-    built = []
-    for item in items:
-        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= _REQUEST_KEYS:
-            return None
-        refs = item["inputs"]
-        if type(refs) is not list:
-            return None
-        inputs = []
-        for ref in refs:
-            if type(ref) is not dict or not _TENSOR_REQUIRED <= ref.keys() <= _TENSOR_KEYS:
-                return None
-            tensor = _new(TensorRef)
-            tensor.__dict__ = ref
-            inputs.append(tensor)
-        built.append((item, inputs))
-    requests = []
-    for item, inputs in built:
-        item["inputs"] = inputs
-        request = _new(RequestItem)
-        request.__dict__ = item
-        requests.append(request)
-    header["requests"] = requests
-    message = _new(Execute)
-    message.__dict__ = header
-    return message
-
-
-class FramePacker:
-    """The data frames of one message: buffers below ZERO_COPY_MIN_BYTES share one frame (each at
-    its offset), bigger ones get their own (sent zero-copy). Each frame costs a ZeroMQ send and a
-    receive (with a Frame object), far more than copying a few small buffers once."""
-
-    __slots__ = ("frames", "_parts", "_index", "_size")
-
-    def __init__(self) -> None:
-        self.frames: list[Any] = []
-        self._parts: list[Any] = []
-        self._index = -1  # the shared frame's index, once a small buffer has come
-        self._size = 0
-
-    def add(self, data: Any, nbytes: int) -> tuple[int, int]:
-        """(frame index, offset) where `data` (`nbytes` long) will be. An empty buffer gets an empty
-        frame of its own: (offset 0, nbytes 0) names a whole frame (references that carry no size)."""
-        if nbytes >= ZERO_COPY_MIN_BYTES or nbytes == 0:
-            self.frames.append(data if nbytes else b"")
-            return len(self.frames) - 1, 0
-        if self._index < 0:
-            self._index = len(self.frames)
-            self.frames.append(b"")
-        offset = self._size
-        self._parts.append(data)
-        self._size += nbytes
-        return self._index, offset
-
-    def finish(self) -> list[Any]:
-        """The frames, the shared one filled in."""
-        if self._index >= 0:
-            self.frames[self._index] = b"".join(self._parts)
-        return self.frames
-
-
-# ---- compact writer: the worker's ExecuteResult / StreamResponse headers -------------------------
-# Written straight from values (no ResponseItem/TensorRef objects, no per-field type checks: every
-# value comes from the worker's own checked code) and leaving out fields at their default (a
-# TensorRef's loc "frame" and region "", a ResponseItem's error null and parameters {}), which every
-# decoder fills in: about half the per-output cost of building objects and encoding them.
-
-_REF_HEADS: dict[tuple[str, str], str] = {}  # (name, datatype) -> '{"name":..,"datatype":..,"shape":['
-_SHAPES: dict[tuple[int, ...], str] = {}  # shape tuple -> "1,4": batches repeat a few shapes
-
-
-def output_ref_json(name: str, datatype: str, shape: Sequence[int], frame: int, offset: int, nbytes: int) -> str:
-    """A TensorRef (loc "frame": `nbytes` bytes at `offset` of data frame `frame`) as compact JSON."""
-    head = _REF_HEADS.get((name, datatype))
-    if head is None:
-        head = '{"name":%s,"datatype":%s,"shape":[' % (_json_str(name), _json_str(datatype))
-        if len(_REF_HEADS) < 4096:  # output names come from the model config: few, but stay bounded
-            _REF_HEADS[(name, datatype)] = head
-    dims = _SHAPES.get(shape) if type(shape) is tuple else None
-    if dims is None:
-        dims = ",".join(map(str, shape))
-        if type(shape) is tuple and len(_SHAPES) < 4096:
-            _SHAPES[shape] = dims
-    return '%s%s],"frame":%d,"offset":%d,"nbytes":%d}' % (head, dims, frame, offset, nbytes)
-
-
-def output_shm_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, nbytes: int) -> str:
-    """A TensorRef for an output the worker wrote into its own region (loc "shm", offset 0)."""
-    return '{"name":%s,"datatype":%s,"shape":[%s],"loc":"shm","region":%s,"offset":0,"nbytes":%d}' % (
-        _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(region), nbytes)
-
-
-def device_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, offset: int, nbytes: int,
-                    device: int, owner: str) -> str:
-    """A TensorRef for a device output passed on by CUDA IPC handle (loc "cuda")."""
-    return ('{"name":%s,"datatype":%s,"shape":[%s],"loc":"cuda","region":%s,"offset":%d,"nbytes":%d,'
-            '"device":%d,"owner":%s}' % (_json_str(name), _json_str(datatype), ",".join(map(str, shape)),
-                                         _json_str(region), offset, nbytes, device, _json_str(owner)))
-
-
-def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
-                       parameters: Optional[dict[str, Any]] = None) -> str:
-    """A ResponseItem as compact JSON; `refs` from `output_ref_json`."""
-    text = '{"request_id":%d,"outputs":[%s]' % (request_id, ",".join(refs))
-    if error is not None:
-        text += ',"error":{"code":%d,"message":%s}' % (error.code, _json_str(error.message))
-    if parameters:
-        text += ',"parameters":' + _dumps(parameters)
-    return text + "}"
-
-
-def execute_result_header(batch_id: int, items: Sequence[str], compute_input_ns: int = 0,
-                          compute_infer_ns: int = 0, compute_output_ns: int = 0) -> bytes:
-    """The header frame of an ExecuteResult whose responses are `response_item_json` texts."""
-    return ('{"batch_id":%d,"responses":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
-            '"compute_output_ns":%d,"t":"execute_result"}' % (
-                batch_id, ",".join(items), compute_input_ns, compute_infer_ns, compute_output_ns)).encode()
-
-
-def execute_result_columns_header(batch_id: int, request_ids: Sequence[int],
-                                  outputs: Sequence[tuple[str, str, Sequence[int]]], compute_input_ns: int = 0,
-                                  compute_infer_ns: int = 0, compute_output_ns: int = 0) -> bytes:
-    """The header frame of an ExecuteResultColumns whose output i is data frame i."""
-    columns = ",".join('{"name":%s,"datatype":%s,"shape":[%s],"frame":%d}' % (
-        _json_str(name), _json_str(datatype), ",".join(map(str, shape)), frame)
-        for frame, (name, datatype, shape) in enumerate(outputs))
-    return ('{"batch_id":%d,"request_ids":[%s],"outputs":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
-            '"compute_output_ns":%d,"t":"execute_result_columns"}' % (
-                batch_id, ",".join(map(str, request_ids)), columns, compute_input_ns, compute_infer_ns,
-                compute_output_ns)).encode()
-
-
-def stream_response_header(request_id: int, final: bool, item: Optional[str]) -> bytes:
-    """The header frame of a StreamResponse; `item` a `response_item_json` text or None (flag-only)."""
-    return ('{"request_id":%d,"final":%s,"response":%s,"t":"stream_response"}' % (
-        request_id, "true" if final else "false", "null" if item is None else item)).encode()
-
-
-def _execute_result_json(message: ExecuteResult) -> Optional[str]:
-    """The JSON text `_plain` + `_dumps` would give for an ExecuteResult whose fields have their
-    declared types (None otherwise)."""
-    batch_id = message.batch_id
-    t_in, t_infer, t_out = message.compute_input_ns, message.compute_infer_ns, message.compute_output_ns
-    if not (type(batch_id) is int and type(t_in) is int and type(t_infer) is int and type(t_out) is int):
-        return None
-    items = []
-    for item in message.responses:
-        if type(item) is not ResponseItem:
-            return None
-        request_id, error, params = item.request_id, item.error, item.parameters
-        if type(request_id) is not int or type(params) is not dict:
-            return None
-        refs = []
-        for ref in item.outputs:
-            if type(ref) is not TensorRef:
-                return None
-            name, datatype, shape, loc, region = ref.name, ref.datatype, ref.shape, ref.loc, ref.region
-            frame, offset, nbytes = ref.frame, ref.offset, ref.nbytes
-            device, owner = ref.device, ref.owner
-            if not (type(name) is str and type(datatype) is str and type(loc) is str and type(region) is str
-                    and type(frame) is int and type(offset) is int and type(nbytes) is int
-                    and type(device) is int and type(owner) is str
-                    and type(shape) in (list, tuple) and all(type(s) is int for s in shape)):
-                return None
-            refs.append('{"name":%s,"datatype":%s,"shape":[%s],"loc":%s,"frame":%d,"region":%s,'
-                        '"offset":%d,"nbytes":%d,"device":%d,"owner":%s}' % (
-                            _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(loc),
-                            frame, _json_str(region), offset, nbytes, device, _json_str(owner)))
-        if error is None:
-            error_json = "null"
-        elif type(error) is WireError and type(error.code) is int and type(error.message) is str:
-            error_json = '{"code":%d,"message":%s}' % (error.code, _json_str(error.message))
-        else:
-            return None
-        items.append('{"request_id":%d,"outputs":[%s],"error":%s,"parameters":%s}' % (
-            request_id, ",".join(refs), error_json, _dumps(params) if params else "{}"))
-    return ('{"batch_id":%d,"responses":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
-            '"compute_output_ns":%d,"t":"execute_result"}' % (
-                batch_id, ",".join(items), t_in, t_infer, t_out))
+from .codec import (
+    FramePacker,
+    ProtocolError,
+    decode,
+    decode_header,
+    device_ref_json,
+    encode,
+    encode_header,
+    execute_result_columns_header,
+    execute_result_header,
+    json_loads,
+    output_ref_json,
+    output_shm_ref_json,
+    response_item_json,
+    stream_response_header,
+)
+from .schema import (
+    INLINE_MAX_BYTES,
+    MESSAGE_TYPES,
+    TAGS,
+    WIRE_VERSION,
+    ZERO_COPY_MIN_BYTES,
+    AutoComplete,
+    AutoCompleteResult,
+    BlsCancel,
+    BlsRelease,
+    BlsRequest,
+    BlsResponse,
+    Bye,
+    Cancel,
+    Execute,
+    ExecuteColumns,
+    ExecuteResult,
+    ExecuteResultColumns,
+    Heartbeat,
+    Hello,
+    LoadModel,
+    LoadResult,
+    Log,
+    LogSettings,
+    MetricsReport,
+    ModelControl,
+    ModelControlResult,
+    ReleaseOutputs,
+    RequestItem,
+    ResponseItem,
+    Shutdown,
+    StreamResponse,
+    TensorColumn,
+    TensorRef,
+    WireError,
+)
+
+__all__ = [
+    "ProtocolError",
+    "encode",
+    "encode_header",
+    "decode",
+    "decode_header",
+    "json_loads",
+    "FramePacker",
+    "output_ref_json",
+    "output_shm_ref_json",
+    "device_ref_json",
+    "response_item_json",
+    "execute_result_header",
+    "execute_result_columns_header",
+    "stream_response_header",
+    "WIRE_VERSION",
+    "INLINE_MAX_BYTES",
+    "ZERO_COPY_MIN_BYTES",
+    "TensorRef",
+    "WireError",
+    "RequestItem",
+    "ResponseItem",
+    "Hello",
+    "AutoCompleteResult",
+    "LoadResult",
+    "ExecuteResult",
+    "TensorColumn",
+    "ExecuteResultColumns",
+    "StreamResponse",
+    "Log",
+    "Bye",
+    "AutoComplete",
+    "LoadModel",
+    "Execute",
+    "ExecuteColumns",
+    "Cancel",
+    "ReleaseOutputs",
+    "Shutdown",
+    "LogSettings",
+    "BlsRequest",
+    "BlsResponse",
+    "BlsCancel",
+    "BlsRelease",
+    "ModelControl",
+    "ModelControlResult",
+    "MetricsReport",
+    "Heartbeat",
+    "MESSAGE_TYPES",
+    "TAGS",
+]

@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import zmq
 from inferd.worker.channel import Channel, header_loads
+from inferd.worker.wire import codec as wire_codec
 from inferd.worker.wire import dtypes
 from inferd.worker.wire import messages as m
 
 
 def generic_header(message: object) -> bytes:
-    header = m._plain(message)
+    header = wire_codec._plain(message)
     header["t"] = m.TAGS[type(message)]
     return json.dumps(header, separators=(",", ":")).encode()
 
@@ -93,7 +94,7 @@ def execute_json(**over: object) -> dict:
 def generic_decode(raw: bytes) -> object:
     header = json.loads(raw)
     cls = m.MESSAGE_TYPES[header.pop("t")]
-    return m._build(cls, header)
+    return wire_codec._build(cls, header)
 
 
 def test_execute_fast_equals_build():
@@ -151,10 +152,10 @@ def test_loads_equals_json_loads(raw):
         expected = json.loads(raw)
     except Exception as exc:  # same type and text
         with pytest.raises(type(exc)) as got:
-            m._loads(raw)
+            wire_codec._loads(raw)
         assert str(got.value) == str(exc)
     else:
-        got_value = m._loads(raw)
+        got_value = wire_codec._loads(raw)
         assert got_value == expected or (got_value != got_value and expected != expected)
         assert type(got_value) is type(expected)
 
