@@ -7,10 +7,8 @@ that uses CPU is busy (a long C call holding the GIL), not hung (liveness.py). O
 not requested, every request in flight fails at once with UNAVAILABLE naming the instance, its pid
 and the cause, and `on_exit` is told.
 
-Decoupled requests (`InferRequest.response_sink` set) stay open after their batch's ExecuteResult
-until their final StreamResponse: their shared-memory leases are held until then (the model may read
-its inputs from another thread), their responses go to the sink as they arrive, and a death fails
-them like the batches in flight.
+Decoupled requests stay open after their batch's ExecuteResult until their final StreamResponse;
+streams.py keeps them.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from typing import Any
 
 from inferd.supervisor import logs
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest, InferResponse
+from inferd.supervisor.core.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -39,7 +37,8 @@ from .codec import BatchResult
 from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
 from .outputs import WorkerOutputs
-from .packing import InputPacker, OpenStream, release_leases
+from .packing import InputPacker, release_leases
+from .streams import OpenStreams
 
 log = logging.getLogger("inferd.instances.worker")
 
@@ -131,7 +130,7 @@ class WorkerProcess:
         # for a round trip; it still executes them one at a time, in order.
         self.max_inflight = max(1, timings.pipeline_depth)
         self._batches: dict[int, _Batch] = {}
-        self._streams: dict[int, OpenStream] = {}  # request id -> open decoupled request
+        self._streams = OpenStreams(lambda rid: self._send_quiet(m.Cancel([rid])), self._kill)
         self._slots = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._batch_ids = itertools.count(1)
@@ -321,8 +320,8 @@ class WorkerProcess:
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
         batch = _Batch(batch_id, fut, requests, packed.ids, leases)
         self._batches[batch_id] = batch
-        for rid, stream in streams.items():
-            self._streams[rid] = stream
+        if streams:
+            self._streams.add(streams)
         try:
             header = (codec.execute_header(batch_id, packed.items, packed.forget) if packed.columns is None
                       else codec.execute_columns_header(batch_id, packed.columns, packed.forget))
@@ -330,12 +329,11 @@ class WorkerProcess:
         except InferdError:
             self._batches.pop(batch_id, None)
             self._release_leases(leases)
-            for rid in streams:
-                self._end_stream(rid)
+            self._streams.end_all(streams)
             self._release_slot()
             raise
-        for rid, stream in streams.items():
-            stream.sink.attach(functools.partial(self._cancel_stream, rid))
+        if streams:
+            self._streams.attach(streams)
         fut.add_done_callback(functools.partial(self._batch_settled, batch))
         return fut
 
@@ -349,7 +347,8 @@ class WorkerProcess:
         wanted = {id(r) for r in requests}
         ids = [rid for batch in self._batches.values()
                for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
-        ids.extend(rid for rid, stream in self._streams.items() if id(stream.request) in wanted and rid not in ids)
+        if self._streams.by_id:
+            ids.extend(self._streams.ids_of(wanted, ids))
         if ids:
             self._send_quiet(m.Cancel(ids))
 
@@ -374,44 +373,11 @@ class WorkerProcess:
                 batch.fut.set_exception(
                     InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
         if result is not None:
-            if self._streams:
-                self._end_failed_streams(batch, result)
+            if self._streams.by_id:
+                self._streams.end_failed(batch.ids, result.responses)
             if not batch.fut.done():
                 batch.fut.set_result(result)
         self._release_slot()
-
-    # ---- decoupled requests ----
-    def _end_failed_streams(self, batch: _Batch, result: BatchResult) -> None:
-        """A decoupled request answered with an error in its ExecuteResult has ended (no final follows)."""
-        for rid, response in zip(batch.ids, result.responses, strict=False):
-            if isinstance(response, InferdError) and rid in self._streams:
-                self._end_stream(rid, response)
-
-    def _on_stream_response(self, msg: m.StreamResponse, data: Sequence[Any]) -> None:
-        stream = self._streams.get(msg.request_id)
-        if stream is None:
-            return  # ended already (failed, or its worker was replaced): late responses are dropped
-        try:
-            item = codec.stream_response(stream.request, msg, data, self.model_version, self._outputs)
-        except (TypeError, ValueError, AttributeError) as exc:
-            self._kill(f"sent a malformed stream response ({exc!r})")
-            return
-        if msg.final:
-            self._end_stream(msg.request_id, item)
-        elif msg.response is not None:
-            stream.sink.put(item, False)
-
-    def _end_stream(self, rid: int, last: InferResponse | InferdError | None = None) -> None:
-        stream = self._streams.pop(rid, None)
-        if stream is None:
-            return
-        self._release_leases(stream.leases)
-        if last is not None:
-            stream.sink.put(last, True)
-
-    def _cancel_stream(self, rid: int) -> None:
-        if rid in self._streams:
-            self._send_quiet(m.Cancel([rid]))
 
     def _release_slot(self) -> None:
         while self._waiters:
@@ -446,7 +412,7 @@ class WorkerProcess:
         if cls is dict:
             self._on_execute_result(msg, data)
         elif cls is m.StreamResponse:
-            self._on_stream_response(msg, data)
+            self._streams.on_response(msg, data, self.model_version, self._outputs)
         elif cls is m.Log:
             self._log.log(_LOG_LEVELS.get(msg.level, logging.INFO), "%s", msg.message)
         elif cls is m.Bye:
@@ -547,8 +513,7 @@ class WorkerProcess:
             self._release_leases(batch.leases)
             if not batch.fut.done():
                 batch.fut.set_exception(err)
-        for rid in list(self._streams):
-            self._end_stream(rid, err)
+        self._streams.fail_all(err)
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
