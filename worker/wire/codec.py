@@ -54,13 +54,6 @@ def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
 
 def encode_header(message: Any) -> bytes:
     """The JSON header frame of `message` (what `encode` puts first)."""
-    if type(message) is ExecuteResult:
-        try:
-            text = _execute_result_json(message)
-        except (TypeError, ValueError):  # e.g. parameters json cannot encode: the generic path says so
-            text = None
-        if text is not None:
-            return text.encode()
     header = _plain(message)
     header["t"] = TAGS[type(message)]
     return _dumps(header).encode()
@@ -170,8 +163,8 @@ def _build(cls: type[Any], data: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-# ---- hot path: Execute in, ExecuteResult out --------------------------------------------------
-# Same results as the generic `_build` / `_plain` + json.dumps above (tests pin the equivalence);
+# ---- hot path: Execute in ------------------------------------------------------------------------
+# Same result as the generic `_build` (tests pin the equivalence);
 # anything unusual (a missing or extra field, a value of another type) takes the generic path.
 
 def _required(cls: type[Any]) -> frozenset[str]:
@@ -334,46 +327,3 @@ def stream_response_header(request_id: int, final: bool, item: Optional[str]) ->
     """The header frame of a StreamResponse; `item` a `response_item_json` text or None (flag-only)."""
     return ('{"request_id":%d,"final":%s,"response":%s,"t":"stream_response"}' % (
         request_id, "true" if final else "false", "null" if item is None else item)).encode()
-
-
-def _execute_result_json(message: ExecuteResult) -> Optional[str]:
-    """The JSON text `_plain` + `_dumps` would give for an ExecuteResult whose fields have their
-    declared types (None otherwise)."""
-    batch_id = message.batch_id
-    t_in, t_infer, t_out = message.compute_input_ns, message.compute_infer_ns, message.compute_output_ns
-    if not (type(batch_id) is int and type(t_in) is int and type(t_infer) is int and type(t_out) is int):
-        return None
-    items = []
-    for item in message.responses:
-        if type(item) is not ResponseItem:
-            return None
-        request_id, error, params = item.request_id, item.error, item.parameters
-        if type(request_id) is not int or type(params) is not dict:
-            return None
-        refs = []
-        for ref in item.outputs:
-            if type(ref) is not TensorRef:
-                return None
-            name, datatype, shape, loc, region = ref.name, ref.datatype, ref.shape, ref.loc, ref.region
-            frame, offset, nbytes = ref.frame, ref.offset, ref.nbytes
-            device, owner = ref.device, ref.owner
-            if not (type(name) is str and type(datatype) is str and type(loc) is str and type(region) is str
-                    and type(frame) is int and type(offset) is int and type(nbytes) is int
-                    and type(device) is int and type(owner) is str
-                    and type(shape) in (list, tuple) and all(type(s) is int for s in shape)):
-                return None
-            refs.append('{"name":%s,"datatype":%s,"shape":[%s],"loc":%s,"frame":%d,"region":%s,'
-                        '"offset":%d,"nbytes":%d,"device":%d,"owner":%s}' % (
-                            _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(loc),
-                            frame, _json_str(region), offset, nbytes, device, _json_str(owner)))
-        if error is None:
-            error_json = "null"
-        elif type(error) is WireError and type(error.code) is int and type(error.message) is str:
-            error_json = '{"code":%d,"message":%s}' % (error.code, _json_str(error.message))
-        else:
-            return None
-        items.append('{"request_id":%d,"outputs":[%s],"error":%s,"parameters":%s}' % (
-            request_id, ",".join(refs), error_json, _dumps(params) if params else "{}"))
-    return ('{"batch_id":%d,"responses":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
-            '"compute_output_ns":%d,"t":"execute_result"}' % (
-                batch_id, ",".join(items), t_in, t_infer, t_out))
