@@ -25,7 +25,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .core.dataplane import DataPlane
 from .core.server import FINAL_FLAG
-from .core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from .inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .memory.device_refs import TABLE, DeviceRef, device_key
 
 log = logging.getLogger("inferd.bls")

@@ -15,7 +15,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import InferdError
 
-from .types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 
 
 class DataPlane(abc.ABC):

@@ -22,12 +22,12 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
+from ..inference.types import InferRequest, InferResponse
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from ..tracing import live
 from . import loader, warmup
 from .streaming import ResponseStream
-from .types import InferRequest, InferResponse
 from .validate import IOSpec, validate_request
 
 log = logging.getLogger("inferd.models")

@@ -14,6 +14,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..cache import ResponseCache, request_key
+from ..inference.types import InferRequest, InferResponse
 from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
 from ..tracing.options import TraceOptions
@@ -23,7 +24,6 @@ from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
 from .streaming import ResponseStream
-from .types import InferRequest, InferResponse
 from .validate import validate_request
 
 log = logging.getLogger("inferd.core")

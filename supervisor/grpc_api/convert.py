@@ -23,7 +23,7 @@ from inferd.worker.wire.errors import invalid_arg
 
 from ..core.classification import CLASSIFICATION_WITH_SHM
 from ..core.dataplane import DataPlane
-from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
+from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
 
 MAX_TENSORS = 1024  # inputs or requested outputs per request (D8)
 MAX_PARAMETERS = 256

@@ -21,14 +21,36 @@ import time
 from collections import deque
 from collections.abc import Awaitable
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httptools
 
 from .messages import Deferred, Request, Response
 
 if TYPE_CHECKING:
-    from .server import HttpServer
+    from .coalesce import Coalescer
+    from .messages import Handler
+
+
+class ConnectionHost(Protocol):
+    """What a connection reads from the server that accepted it (server.py's HttpServer)."""
+
+    handler: Handler
+    loop: asyncio.AbstractEventLoop
+    coalescer: Coalescer
+    max_body: int
+    max_pipelined: int
+    max_connections: int
+    max_header_size: int
+    max_headers: int
+    header_timeout: float
+    body_timeout: float
+    keepalive_timeout: float
+    closing: bool
+    connections: set[HttpConnection]
+
+    def _admit(self, conn: HttpConnection) -> bool: ...
+    def _forget(self, conn: HttpConnection) -> None: ...
 
 log = logging.getLogger("inferd.http")
 
@@ -95,7 +117,7 @@ def _error_bytes(status: int, message: str) -> bytes:
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests and writes their responses in order."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self._server = server
         self._handler = server.handler
         self._loop = server.loop

@@ -20,7 +20,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..core.types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from . import dispatch, outcomes
 from .base import Executor
 from .pending import QueuedRequest

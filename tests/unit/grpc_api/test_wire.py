@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inferd.supervisor._gen import grpc_service_pb2 as pb
-from inferd.supervisor.core.types import InferResponse, Tensor
 from inferd.supervisor.grpc_api import convert, wire
+from inferd.supervisor.inference.types import InferResponse, Tensor
 from inferd.worker.wire.errors import InferdError
 
 _INT64_MAX = 2**63 - 1
