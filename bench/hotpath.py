@@ -27,7 +27,7 @@ from typing import Any
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inferd.supervisor.core.server import ServerDataPlane  # noqa: E402
+from inferd.supervisor.core.dataplane_impl import ServerDataPlane  # noqa: E402
 from inferd.supervisor.core.validate import IOSpec  # noqa: E402
 from inferd.supervisor.http_api.connection import HttpConnection  # noqa: E402
 from inferd.supervisor.http_api.routes import Router  # noqa: E402

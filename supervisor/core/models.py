@@ -27,6 +27,7 @@ from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from ..tracing import live
 from . import loader, warmup
+from .load_settings import LoaderSettings
 from .streaming import ResponseStream
 from .validate import IOSpec, validate_request
 
@@ -97,7 +98,7 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, settings: loader.LoaderSettings, stats_registry: Any, response_cache: bool = False) -> None:
+    def __init__(self, settings: LoaderSettings, stats_registry: Any, response_cache: bool = False) -> None:
         self.settings = settings
         self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry

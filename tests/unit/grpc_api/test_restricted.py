@@ -12,7 +12,7 @@ from typing import Any
 from inferd.supervisor.config import RESTRICTABLE
 from inferd.supervisor.grpc_api import convert
 from inferd.supervisor.grpc_api.http2.grpc_calls import Context
-from inferd.supervisor.grpc_api.native import build_methods
+from inferd.supervisor.grpc_api.native_server import build_methods
 from inferd.supervisor.grpc_api.servicer import CATEGORIES, HEALTH_SERVICE, SERVICE, InferenceService, Policy
 from inferd.supervisor.inference.types import InferResponse
 

@@ -19,10 +19,11 @@ from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
 from ..tracing.options import TraceOptions
 from ..tracing.tracer import Tracer
-from . import classification, loader
+from . import classification
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
+from .status_json import status_json
 from .streaming import ResponseStream
 from .validate import validate_request
 
@@ -278,7 +279,7 @@ class ServerDataPlane(DataPlane):
         await self.manager.unload(name, unload_dependents)
 
     def status(self, name: str = "") -> dict[str, Any]:
-        return loader.status_json(self.manager, name)
+        return status_json(self.manager, name)
 
     # ---- settings ----
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
