@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 from inferd.supervisor.core.classification import CLASSIFICATION_WITH_SHM
 from inferd.supervisor.core.dataplane import DataPlane
-from inferd.supervisor.inference import tensors
+from inferd.supervisor.inference import limits, tensors
 from inferd.supervisor.inference.types import (
     SEQUENCE_END,
     SEQUENCE_START,
@@ -37,9 +37,9 @@ _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte
 @dataclass(frozen=True)
 class Limits:
     max_input_size: int = 64 * 1024 * 1024  # body cap, after decompression (--http-max-input-size)
-    max_tensors: int = 256  # inputs, and requested outputs, per request
+    max_tensors: int = limits.MAX_TENSORS  # inputs, and requested outputs, per request
     max_name_len: int = 256
-    max_parameters: int = 256
+    max_parameters: int = limits.MAX_PARAMETERS
     max_depth: int = tensors.MAX_DIMS
 
 
