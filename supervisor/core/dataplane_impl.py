@@ -122,7 +122,8 @@ class ServerDataPlane(DataPlane):
         if mv.decoupled:
             raise InferdError(ErrorCode.UNSUPPORTED,
                               "ModelInfer RPC doesn't support models with decoupled transaction policy")
-        wanted = self._checked(mv, request, to_host=not mv.device_inputs or bool(mv.host_only_inputs))
+        to_host = self.shm is not None and (not mv.device_inputs or bool(mv.host_only_inputs))
+        wanted = self._checked(mv, request, to_host)
         traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)  # off: one check
         try:
             if mv.cache_generation and self.response_cache is not None:
@@ -149,10 +150,10 @@ class ServerDataPlane(DataPlane):
         return self.manager.resolve_ready(request.model_name, request.model_version)
 
     def _checked(self, mv: ModelVersion, request: InferRequest, to_host: bool) -> dict[str, int] | None:
-        """The request validated against its model (client shm inputs read to host first when `to_host`);
+        """The request validated against its model (inputs in client shared memory read to host first when `to_host`);
         returns the classification the outputs ask for, or None. A refusal counts as a failure."""
         try:
-            if self.shm is not None and to_host:
+            if to_host:
                 self._inputs_to_host(request, mv)
             validate_request(mv.io, request)
         except InferdError:
@@ -195,7 +196,7 @@ class ServerDataPlane(DataPlane):
         if not mv.decoupled:
             yield await self.infer(request)
             return
-        wanted = self._checked(mv, request, to_host=True)
+        wanted = self._checked(mv, request, self.shm is not None)
         stream = ResponseStream()
         request.response_sink = stream
         # a trace ends with the execution (its compute stamps come as it returns), not the last response
