@@ -28,6 +28,7 @@ run: venv protos
 lint: venv protos
 	$(BIN)/ruff check .
 	$(BIN)/mypy supervisor worker
+	$(BIN)/lint-imports  # the import directions in pyproject.toml [tool.importlinter]
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -27,19 +27,19 @@ from typing import Any
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from supervisor.core.server import ServerDataPlane  # noqa: E402
-from supervisor.core.types import InferRequest, InferResponse, Tensor  # noqa: E402
-from supervisor.core.validate import IOSpec  # noqa: E402
-from supervisor.http_api.connection import HttpConnection  # noqa: E402
-from supervisor.http_api.routes import Router  # noqa: E402
-from supervisor.http_api.server import HttpServer  # noqa: E402
-from supervisor.scheduler.batching import BatchRules  # noqa: E402
-from supervisor.scheduler.dynamic import DynamicBatcher  # noqa: E402
-from supervisor.scheduler.policy import PriorityPolicy  # noqa: E402
-from supervisor.tracing import live  # noqa: E402
-from supervisor.tracing.options import TraceOptions  # noqa: E402
-from supervisor.tracing.record import watch_batch  # noqa: E402
-from supervisor.tracing.tracer import Tracer  # noqa: E402
+from inferd.supervisor.core.dataplane_impl import ServerDataPlane  # noqa: E402
+from inferd.supervisor.core.validate import IOSpec  # noqa: E402
+from inferd.supervisor.http_api.connection import HttpConnection  # noqa: E402
+from inferd.supervisor.http_api.routes import Router  # noqa: E402
+from inferd.supervisor.http_api.server import HttpServer  # noqa: E402
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor  # noqa: E402
+from inferd.supervisor.scheduler.batching import BatchRules  # noqa: E402
+from inferd.supervisor.scheduler.dynamic import DynamicBatcher  # noqa: E402
+from inferd.supervisor.scheduler.policy import PriorityPolicy  # noqa: E402
+from inferd.supervisor.tracing import live  # noqa: E402
+from inferd.supervisor.tracing.options import TraceOptions  # noqa: E402
+from inferd.supervisor.tracing.record import watch_batch  # noqa: E402
+from inferd.supervisor.tracing.tracer import Tracer  # noqa: E402
 
 BATCH = 32
 BODY = b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}'

@@ -23,9 +23,12 @@ from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader
 from .core.busy_poll import BusyPoll
+from .core.dataplane_impl import ServerDataPlane
+from .core.load_settings import LoaderSettings
+from .core.metrics_renderer import metrics_renderer
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
-from .core.server import ServerDataPlane
+from .core.runtime import Runtime
 from .custom_metrics import CustomMetrics
 from .gpu_metrics import GpuMetrics
 from .tracing.tracer import Tracer
@@ -74,7 +77,7 @@ class App:
             gpus_mod.discover, gpus_mod.nvml_factory(self.config.test_only_fake_gpus),
             self.config.cuda_visible_devices, self.config.cuda_device_order)
         gpu_metrics = self._gpu_metrics(discovery)
-        runtime = await loader.Runtime.start(self.config)
+        runtime = await Runtime.start(self.config)
         if self.config.host_fd >= 0:  # models hosted by the Python API's process: its exit stops the server
             from .instances.external import HostLink
 
@@ -85,7 +88,7 @@ class App:
         response_cache = ResponseCache(cache_bytes) if cache_bytes is not None else None
         custom_metrics = CustomMetrics()  # pb_utils.MetricFamily: the workers report on their metrics sockets
         custom_metrics.attach(runtime.channel)
-        manager = ModelManager(loader.LoaderSettings.from_config(self.config, runtime, discovery.cuda_ids), registry,
+        manager = ModelManager(LoaderSettings.from_config(self.config, runtime, discovery.cuda_ids), registry,
                                response_cache=response_cache is not None)
         busy_poll = BusyPoll(self.config.busy_poll_us) if self.config.busy_poll_us else None
         dataplane = ServerDataPlane(
@@ -95,7 +98,7 @@ class App:
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
             metrics_renderer=_with_custom_metrics(_with_gpu_metrics(_with_cache_metrics(
-                loader.metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
+                metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
                 gpu_metrics), custom_metrics),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,

@@ -24,8 +24,8 @@ from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .core.dataplane import DataPlane
-from .core.server import FINAL_FLAG
-from .core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from .core.dataplane_impl import FINAL_FLAG
+from .inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .memory.device_refs import TABLE, DeviceRef, device_key
 
 log = logging.getLogger("inferd.bls")

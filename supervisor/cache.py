@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from .core.types import InferRequest, InferResponse, Tensor
+from .inference.types import InferRequest, InferResponse, Tensor
 
 ENTRY_OVERHEAD = 128  # bytes charged per entry for its key and bookkeeping
 TENSOR_OVERHEAD = 64  # bytes charged per output tensor for its name, shape and object

@@ -27,8 +27,8 @@ import numpy as np
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import internal, invalid_arg
 
-from .tensors import element_count, pack_bytes
-from .types import InferResponse, RequestedOutput, Tensor
+from ..inference.tensors import element_count, pack_bytes
+from ..inference.types import InferResponse, RequestedOutput, Tensor
 
 PARAM = "classification"
 CLASSIFICATION_WITH_SHM = "Output can't set both 'shared_memory_region' and 'classification'"  # Triton's words

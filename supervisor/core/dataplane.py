@@ -1,4 +1,4 @@
-"""The interface the frontends (HTTP, gRPC) call. One implementation: core.server.ServerDataPlane.
+"""The interface the frontends (HTTP, gRPC) call. One implementation: core.dataplane_impl.ServerDataPlane.
 
 Every method raises wire.errors.InferdError with a protocol-neutral code on failure; each frontend
 maps codes to its statuses in its own single table. Dict shapes are the Triton JSON shapes
@@ -15,7 +15,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import InferdError
 
-from .types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 
 
 class DataPlane(abc.ABC):

@@ -1,6 +1,6 @@
-"""Glue between the model manager and the layers below it: the repository (config files, normalisation,
-versions), the instances (workers) and the runtime resources they share (ZeroMQ channel, launcher,
-shared-memory pool). Keeping it here leaves ModelManager about lifecycle only.
+"""Glue between the model manager and the layers below it: plans a load from the repository (config
+files, normalisation, versions) and makes its instances (workers) over the shared runtime (runtime.py).
+Keeping it here leaves ModelManager about lifecycle only.
 """
 
 from __future__ import annotations
@@ -8,100 +8,24 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .. import metrics as metrics_mod
-from .. import rundir
-from ..config import ServerConfig, WorkerTimings
-from ..envs import EnvironmentManager, ExecEnv
-from ..instances.channel import Channel
+from ..envs import ExecEnv
 from ..instances.external import BACKEND as EXTERNAL_BACKEND
-from ..instances.external import ExternalLauncher, HostLink
+from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
-from ..instances.launcher import Launcher
-from ..memory.client_shm import ClientShm
-from ..memory.shm_pool import ShmPool
 from ..repository import autocomplete, layout, metadata, normalize, versions
 from ..repository import config as repo_config
-from ..repository.sources import CloudSettings, Repositories
 from . import classification
+from .load_settings import LoaderSettings
 
 _KIND_NAMES = {0: "CPU", 1: "GPU", 2: "CPU", 3: "MODEL"}  # KIND_AUTO resolves before this point
 # backends whose worker completes the config from the model (Python: auto_complete_config; ORT/TRT: the model file)
 _AUTOCOMPLETE_BACKENDS = ("python", "onnxruntime", "tensorrt")
-
-
-@dataclass
-class Runtime:
-    """Process-wide resources the instances share."""
-
-    run_dir: str
-    owns_run_dir: bool
-    channel: Channel
-    launcher: Launcher
-    pool: ShmPool
-    client_shm: ClientShm
-    envs: EnvironmentManager | None = None  # EXECUTION_ENV_PATH environments
-    host: HostLink | None = None  # --host-fd: the process hosting backend "external" models
-
-    @classmethod
-    async def start(cls, config: ServerConfig) -> Runtime:
-        # workers count GPUs in PCI bus order, as NVML does (gpus.py), unless the server's environment says otherwise
-        overrides = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if config.cuda_device_order is None else {}
-        ShmPool.sweep_stale()
-        rundir.sweep_stale()
-        channel = Channel(config.run_dir)
-        channel.open()
-        envs = EnvironmentManager(config.env_cache_dir or os.path.expanduser("~/.cache/inferd/envs"),
-                                  max_bytes=config.env_cache_max_bytes)
-        launcher = Launcher(config.run_dir, env_overrides=overrides)
-        return cls(config.run_dir, config.owns_run_dir, channel, launcher, ShmPool(), ClientShm(), envs)
-
-    async def close(self) -> None:
-        if self.host is not None:
-            await self.host.close()
-        self.pool.close()
-        self.channel.close()
-        if self.envs is not None:
-            self.envs.close()
-        if self.owns_run_dir:
-            rundir.remove(self.run_dir)
-        else:
-            shutil.rmtree(os.path.join(self.run_dir, "overrides"), ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    repositories: tuple[str, ...]
-    disable_autocomplete: bool
-    max_queue_size: int
-    unload_drain_s: float
-    timings: WorkerTimings
-    log_verbose: int
-    runtime: Runtime
-    gpu_ids: tuple[int, ...] = ()  # the GPUs discovery found (CUDA numbering); none: KIND_AUTO is CPU
-    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
-    load_retries: int = 0  # --model-load-retry-count
-    repos: Repositories = None  # type: ignore[assignment]  # built from `repositories` when not given
-
-    def __post_init__(self) -> None:
-        if self.repos is None:
-            object.__setattr__(self, "repos", Repositories(self.repositories))
-
-    @classmethod
-    def from_config(cls, config: ServerConfig, runtime: Runtime, gpu_ids: tuple[int, ...] = ()) -> LoaderSettings:
-        cloud = None
-        if config.cloud_credentials is not None:
-            cloud = CloudSettings(config.cloud_credentials, config.cloud_cache_dir, config.cloud_timeout_secs)
-        return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
-                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
-                   model_config_name=config.model_config_name, load_retries=config.model_load_retry_count,
-                   repos=Repositories(config.model_repositories, cloud))
 
 
 @dataclass
@@ -247,47 +171,3 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
                                     **_env_kwargs(plan.env)))
                 index += 1
     return out
-
-
-def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics: bool = True) -> Callable[[], bytes]:
-    """The /metrics body; `cpu_metrics`: with the nv_cpu_* gauges (--allow-cpu-metrics)."""
-
-    def extra() -> metrics_mod.ExtraMetrics:
-        pending: dict[tuple[str, str], int] = {}
-        instances: list[metrics_mod.InstanceMetrics] = []
-        for mv in manager.loaded_versions():
-            pending[(mv.name, str(mv.version))] = mv.scheduler.pending_count
-            for inst in mv.instances:
-                state = inst.state.value
-                instances.append(metrics_mod.InstanceMetrics(
-                    mv.name, str(mv.version), inst.name,
-                    state if state in metrics_mod.INSTANCE_STATES else "starting",
-                    restarts=inst.restarts, inflight=inst.inflight))
-        return metrics_mod.ExtraMetrics(pending=pending, instances=instances,
-                                        shm_bytes_in_use=runtime.pool.in_use_bytes,
-                                        shm_bytes_reserved=runtime.pool.total_bytes)
-
-    return lambda: metrics_mod.render_metrics(registry, extra=extra, system=cpu_metrics)
-
-
-def status_json(manager: Any, name: str = "") -> dict[str, Any]:
-    """inferd's own status view (GET /v2/inferd/status): models, versions, instances, worker pids."""
-    if name:
-        manager.resolve(name)  # INVALID_ARG for an unknown model
-    models: list[dict[str, Any]] = []
-    for row in manager.index():
-        if name and row["name"] != name:
-            continue
-        entry = manager.entries.get(row["name"])
-        mv = entry.versions.get(int(row["version"])) if entry and row.get("version") else None
-        instances = []
-        if mv is not None:
-            for inst in mv.instances:
-                err = inst.last_error
-                instances.append({"name": inst.name, "pid": inst.pid, "state": inst.state.value,
-                                  "restarts": inst.restarts, "inflight": inst.inflight,
-                                  "last_error": err.message if err is not None else ""})
-        models.append({"name": row["name"], "version": row.get("version", ""),
-                       "state": row.get("state", ""), "reason": row.get("reason", ""),
-                       "instances": instances})
-    return {"models": models}

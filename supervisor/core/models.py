@@ -22,12 +22,13 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
+from ..inference.types import InferRequest, InferResponse
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from ..tracing import live
 from . import loader, warmup
+from .load_settings import LoaderSettings
 from .streaming import ResponseStream
-from .types import InferRequest, InferResponse
 from .validate import IOSpec, validate_request
 
 log = logging.getLogger("inferd.models")
@@ -97,7 +98,7 @@ class ModelEntry:
 
 
 class ModelManager:
-    def __init__(self, settings: loader.LoaderSettings, stats_registry: Any, response_cache: bool = False) -> None:
+    def __init__(self, settings: LoaderSettings, stats_registry: Any, response_cache: bool = False) -> None:
         self.settings = settings
         self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry

@@ -19,7 +19,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .types import InferResponse
+from ..inference.types import InferResponse
 
 DEFAULT_LIMIT = 4096  # responses buffered per request before it is failed
 

@@ -13,9 +13,9 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
+from ..inference.tensors import check_bytes_framing
+from ..inference.types import InferRequest
 from ..memory.cuda_regions import CudaSpan
-from .tensors import check_bytes_framing
-from .types import InferRequest
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
+from ..inference.tensors import MAX_DIMS
+from ..inference.types import InferRequest, Tensor
 from .streaming import ResponseStream
-from .tensors import MAX_DIMS
-from .types import InferRequest, Tensor
 from .validate import IOSpec, validate_request
 
 log = logging.getLogger("inferd.warmup")

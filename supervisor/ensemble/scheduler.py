@@ -18,7 +18,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..core.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from ..tracing.record import UNTRACED
 from .graph import EnsemblePlan, Step
 

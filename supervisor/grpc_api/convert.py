@@ -23,10 +23,9 @@ from inferd.worker.wire.errors import invalid_arg
 
 from ..core.classification import CLASSIFICATION_WITH_SHM
 from ..core.dataplane import DataPlane
-from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
+from ..inference.limits import MAX_PARAMETERS, MAX_TENSORS
+from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
 
-MAX_TENSORS = 1024  # inputs or requested outputs per request (D8)
-MAX_PARAMETERS = 256
 MAX_CORRELATION_ID_CHARS = 128  # Triton's limit for string sequence ids
 
 _LEN = struct.Struct("<I")

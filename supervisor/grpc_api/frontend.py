@@ -44,7 +44,7 @@ async def start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
     keepalive = getattr(config, "grpc_keepalive", None)
     frontend: GrpcFrontend
     if getattr(config, "grpc_server", "native") == "grpcio":
-        from .server import start_grpc_server
+        from .grpcio_server import start_grpc_server
 
         server = await start_grpc_server(
             dataplane, config.grpc_address, config.grpc_port, limit,
@@ -52,7 +52,7 @@ async def start(dataplane: DataPlane, config: Any) -> GrpcFrontend:
         )
         frontend = GrpcFrontend(server, server.inferd_port, grace)  # type: ignore[attr-defined]
     else:
-        from .native import start_native_server
+        from .native_server import start_native_server
 
         native = await start_native_server(
             dataplane, config.grpc_address, config.grpc_port, limit,

@@ -7,7 +7,7 @@ clients expect INVALID_ARGUMENT (DESIGN.md, Known traps).
 `Policy` carries --grpc-restricted-protocol and --grpc-header-forward-pattern (access.py): every RPC
 has a category (CATEGORIES); a restricted one is refused with UNAVAILABLE unless its metadata is
 there, and inference requests get the matching metadata as parameters. Both servers (this module's
-handlers for grpcio, native.py's method table) apply the service's policy.
+handlers for grpcio, native_server.py's method table) apply the service's policy.
 """
 
 from __future__ import annotations

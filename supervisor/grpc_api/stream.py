@@ -26,7 +26,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
 from .. import access
 from ..core.dataplane import DataPlane
-from ..core.types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from ..tracing import live
 from . import convert, wire
 from .errors import status_of

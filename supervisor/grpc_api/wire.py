@@ -24,11 +24,10 @@ from inferd.supervisor._gen import grpc_service_pb2 as pb
 from inferd.worker.wire.errors import invalid_arg
 
 from ..core.dataplane import DataPlane
-from ..core.types import InferResponse
+from ..inference.limits import MAX_PARAMETERS, MAX_TENSORS
+from ..inference.types import InferResponse
 from .convert import (
     BAD,
-    MAX_PARAMETERS,
-    MAX_TENSORS,
     BadRequest,
     Param,
     Params,

@@ -8,14 +8,14 @@ bytes actually present before anything is allocated from it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from inferd.supervisor.core import tensors
 from inferd.supervisor.core.classification import CLASSIFICATION_WITH_SHM
 from inferd.supervisor.core.dataplane import DataPlane
-from inferd.supervisor.core.types import (
+from inferd.supervisor.inference import limits, tensors
+from inferd.supervisor.inference.types import (
     SEQUENCE_END,
     SEQUENCE_START,
     InferRequest,
@@ -27,6 +27,7 @@ from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import internal, invalid_arg
 
 from . import templates
+from .parsed import OutputPlan, ParsedInfer
 from .server import Response
 
 UINT64_MAX = (1 << 64) - 1
@@ -36,23 +37,10 @@ _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte
 @dataclass(frozen=True)
 class Limits:
     max_input_size: int = 64 * 1024 * 1024  # body cap, after decompression (--http-max-input-size)
-    max_tensors: int = 256  # inputs, and requested outputs, per request
+    max_tensors: int = limits.MAX_TENSORS  # inputs, and requested outputs, per request
     max_name_len: int = 256
-    max_parameters: int = 256
+    max_parameters: int = limits.MAX_PARAMETERS
     max_depth: int = tensors.MAX_DIMS
-
-
-@dataclass(slots=True)
-class OutputPlan:
-    binary: bool | None = None  # None: the request-level default
-    shm: tuple[str, int, int] | None = None  # region, offset, byte_size
-
-
-@dataclass(slots=True)
-class ParsedInfer:
-    request: InferRequest
-    binary_default: bool = False
-    plans: dict[str, OutputPlan] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- small field checks

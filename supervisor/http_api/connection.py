@@ -20,15 +20,37 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httptools
 
 from .messages import Deferred, Request, Response
+from .response_bytes import CONTINUE, chunked_head, error_bytes, response_head
 
 if TYPE_CHECKING:
-    from .server import HttpServer
+    from .coalesce import Coalescer
+    from .messages import Handler
+
+
+class ConnectionHost(Protocol):
+    """What a connection reads from the server that accepted it (server.py's HttpServer)."""
+
+    handler: Handler
+    loop: asyncio.AbstractEventLoop
+    coalescer: Coalescer
+    max_body: int
+    max_pipelined: int
+    max_connections: int
+    max_header_size: int
+    max_headers: int
+    header_timeout: float
+    body_timeout: float
+    keepalive_timeout: float
+    closing: bool
+    connections: set[HttpConnection]
+
+    def _admit(self, conn: HttpConnection) -> bool: ...
+    def _forget(self, conn: HttpConnection) -> None: ...
 
 log = logging.getLogger("inferd.http")
 
@@ -44,20 +66,9 @@ _LINGER_S = 2.0  # how long a connection answered with a fatal error keeps drain
 _DRAIN_EXTRA = 16 * 1024 * 1024
 
 
-def _status_line(status: int) -> bytes:
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = "Unknown"
-    return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
-
-
-_STATUS_LINES: dict[int, bytes] = {s.value: _status_line(s.value) for s in HTTPStatus}
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# raw header name -> its lower-cased str, and content type -> its header line: one dict lookup per
-# request instead of decoding and formatting each time (bounded: clients choose the names)
+# raw header name -> its lower-cased str: one dict lookup per request instead of decoding each time
+# (bounded: clients choose the names)
 _HEADER_NAMES: dict[bytes, str] = {}
-_CONTENT_TYPES: dict[str, bytes] = {}
 _CACHE_MAX = 256
 _CANCELLED = Response(400, b'{"error":"request cancelled"}')
 _BUSY = 503  # too many requests pipelined on one connection, or too many connections
@@ -83,19 +94,10 @@ class _Abort(Exception):
         self.message = message
 
 
-def _error_bytes(status: int, message: str) -> bytes:
-    body = ('{{"error":"{}"}}'.format(message.replace("\\", "\\\\").replace('"', '\\"'))).encode()
-    return b"".join((
-        _STATUS_LINES.get(status) or _status_line(status),
-        b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: ",
-        str(len(body)).encode(), b"\r\n\r\n", body,
-    ))
-
-
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests and writes their responses in order."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self._server = server
         self._handler = server.handler
         self._loop = server.loop
@@ -407,23 +409,7 @@ class HttpConnection(asyncio.Protocol):
         else:
             single = isinstance(body, (bytearray, memoryview))
             size = memoryview(body).nbytes if single else sum(memoryview(b).nbytes for b in body)
-        head = [_STATUS_LINES.get(res.status) or _status_line(res.status)]
-        ctype = res.content_type
-        if ctype is not None and size:
-            line = _CONTENT_TYPES.get(ctype)
-            if line is None:
-                line = b"Content-Type: %s\r\n" % ctype.encode("latin-1")
-                if len(_CONTENT_TYPES) < _CACHE_MAX:
-                    _CONTENT_TYPES[ctype] = line
-            head.append(line)
-        if res.headers:
-            for k, v in res.headers.items():
-                head.append(f"{k}: {v}\r\n".encode("latin-1"))
-        if not keep:
-            head.append(b"Connection: close\r\n")
-        elif conn_hdr is not None and conn_hdr.lower() == "keep-alive":
-            head.append(b"Connection: keep-alive\r\n")  # HTTP/1.0 clients asking for keep-alive
-        head.append(b"Content-Length: %d\r\n\r\n" % size)
+        head = response_head(res, size, keep, conn_hdr)
         if size <= 65536:
             # one small write: joining is cheaper than handing several buffers to the transport
             if single:
@@ -452,10 +438,7 @@ class HttpConnection(asyncio.Protocol):
         chunks = res.chunks
         self._coalescer.release(transport)
         try:
-            transport.write(b"".join((
-                _STATUS_LINES.get(res.status) or _status_line(res.status),
-                b"Content-Type: %s\r\n" % (res.content_type or "application/octet-stream").encode("latin-1"),
-                b"Cache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")))
+            transport.write(chunked_head(res.status, res.content_type))
             async for chunk in chunks:
                 if self.closed:
                     return
@@ -475,7 +458,7 @@ class HttpConnection(asyncio.Protocol):
         self._expect = False
         if self._transport is not None and not self.closed:
             self._coalescer.release(self._transport)
-            self._transport.write(_CONTINUE)
+            self._transport.write(CONTINUE)
 
     def _fatal(self, status: int, message: str) -> None:
         """Answer a protocol-level error, stop parsing, and close once the client is done sending."""
@@ -495,7 +478,7 @@ class HttpConnection(asyncio.Protocol):
         transport = self._transport
         self._coalescer.release(transport)
         if status:
-            transport.write(_error_bytes(status, message))
+            transport.write(error_bytes(status, message))
         try:
             if transport.can_write_eof():
                 transport.write_eof()  # half-close: the client reads the answer, its sends still drain

@@ -33,18 +33,43 @@ class HttpFrontend:
         await self.server.wait_closed(self.grace_s if grace is None else grace)
 
 
+async def start_http_api(dataplane: DataPlane, host: str, port: int, *,
+                         max_input_size: int = 64 * 1024 * 1024,
+                         header_timeout: float = 30.0, body_timeout: float = 30.0,
+                         keepalive_timeout: float = 75.0, max_header_size: int = 16384,
+                         restricted: dict[str, tuple[str, str]] | None = None,
+                         header_forward_pattern: str = "",
+                         limits: Limits | None = None, max_connections: int = 8192,
+                         max_pipelined: int = 32, reuse_port: bool = False) -> HttpServer:
+    """Listen on host:port (0 = a free port, read `.port`) and serve the KServe v2 API.
+
+    `restricted`: category ("health", "metadata", "inference", "shared-memory", "model-config",
+    "model-repository", "statistics", "trace", "logging") -> (header, value), as parsed from
+    --http-restricted-api; requests of that category without the header get 403.
+    `header_forward_pattern`: --http-header-forward-pattern (matching headers become parameters of
+    inference requests).
+    """
+    limits = limits or Limits(max_input_size=max_input_size)
+    router = routes.Router(dataplane, limits=limits, restricted=restricted,
+                           header_forward_pattern=header_forward_pattern)
+    return await start_http_server(router, host, port, max_body=limits.max_input_size,
+                                   max_header_size=max_header_size, header_timeout=header_timeout,
+                                   body_timeout=body_timeout, keepalive_timeout=keepalive_timeout,
+                                   reuse_port=reuse_port,
+                                   keep_header_case=bool(header_forward_pattern),  # Triton forwards names as spelled
+                                   max_connections=max_connections, max_pipelined=max_pipelined)
+
+
 async def start(dataplane: DataPlane, config: Any) -> HttpFrontend:
-    limits = Limits(max_input_size=int(config.http_max_input_size))
-    forward = str(getattr(config, "http_header_forward_pattern", "") or "")
-    router = routes.Router(dataplane, limits=limits, restricted=dict(getattr(config, "http_restricted", None) or {}),
-                           header_forward_pattern=forward)
-    server = await start_http_server(
-        router, config.http_address, config.http_port, max_body=limits.max_input_size,
+    server = await start_http_api(
+        dataplane, config.http_address, config.http_port,
+        limits=Limits(max_input_size=int(config.http_max_input_size)),
+        restricted=dict(getattr(config, "http_restricted", None) or {}),
+        header_forward_pattern=str(getattr(config, "http_header_forward_pattern", "") or ""),
         header_timeout=float(getattr(config, "http_header_timeout_s", 30.0)),
         body_timeout=float(getattr(config, "http_body_timeout_s", 30.0)),
         keepalive_timeout=float(getattr(config, "http_keepalive_timeout_s", 75.0)),
         reuse_port=bool(getattr(config, "reuse_http_port", False)),
-        keep_header_case=bool(forward),  # Triton forwards header names as the client spelled them
         max_connections=int(getattr(config, "http_max_connections", 8192)),
         max_pipelined=int(getattr(config, "http_max_pipelined_requests", 32)),
     )

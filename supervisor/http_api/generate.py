@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 from inferd.supervisor.core.dataplane import DataPlane
-from inferd.supervisor.core.tensors import json_to_raw, raw_to_json
-from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.inference.tensors import json_to_raw, raw_to_json
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
 from . import errors

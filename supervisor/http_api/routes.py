@@ -19,7 +19,7 @@ from urllib.parse import unquote
 import orjson
 from inferd.supervisor import access
 from inferd.supervisor.core.dataplane import DataPlane
-from inferd.supervisor.core.types import InferResponse
+from inferd.supervisor.inference.types import InferResponse
 from inferd.supervisor.tracing import live
 from inferd.worker.wire.errors import invalid_arg
 

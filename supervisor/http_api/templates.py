@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
+from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 
 if TYPE_CHECKING:
-    from .codec import OutputPlan, ParsedInfer
+    from .parsed import OutputPlan, ParsedInfer
 
 MAX_HEADER = 4096  # longer headers are parsed every time
 MAX_TEMPLATES = 128  # per codec; the table is cleared when full

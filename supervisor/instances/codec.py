@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from inferd.supervisor.core.tensors import element_count
-from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.inference.tensors import element_count
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest
+from inferd.supervisor.inference.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 

@@ -20,8 +20,8 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..core.tensors import element_count
-from ..core.types import InferRequest
+from ..inference.tensors import element_count
+from ..inference.types import InferRequest
 from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
 from . import codec

@@ -12,7 +12,7 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from inferd.supervisor.core.types import InferResponse
+from inferd.supervisor.inference.types import InferResponse
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import InferdError
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from inferd.supervisor import logs
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest
+from inferd.supervisor.inference.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError

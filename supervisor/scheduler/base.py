@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..core.types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 
 
 class Executor(Protocol):

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..core.types import InferRequest
+from ..inference.types import InferRequest
 
 
 class Candidate(Protocol):

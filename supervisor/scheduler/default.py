@@ -20,9 +20,10 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..core.types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from . import dispatch, outcomes
 from .base import Executor
+from .lifecycle import QueueLifecycle
 from .pending import QueuedRequest
 from .queue import WorkQueue
 
@@ -44,7 +45,7 @@ class StatsSink:
                          compute_output_ns: int) -> None: ...
 
 
-class DefaultScheduler:
+class DefaultScheduler(QueueLifecycle):
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, max_queue_size: int,
                  max_batch_requests: int = 1, batched: bool = False, runners_per_instance: int = 1) -> None:
         self.model_name = model_name
@@ -56,13 +57,8 @@ class DefaultScheduler:
         self.depth = max(1, runners_per_instance)  # batches one instance may hold at once
         # per instance, batches handed to it and not yet answered: new work goes to the least busy
         self._held = {id(e): 0 for e in executors}
-        self._inflight: set[asyncio.Future[Any]] = set()
         self._next = 0  # round-robin start among equally busy instances
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._started = False
-        self._closed = False
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._init_lifecycle()
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -76,39 +72,12 @@ class DefaultScheduler:
             return
         if executor.ready:
             self._feed()
-        elif not any(e.ready for e in self.executors):
-            self._fail_queued(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
-
-    @property
-    def pending_count(self) -> int:
-        return len(self.queue)
-
-    async def drain(self, timeout: float) -> None:
-        """Stop taking requests; wait (bounded) until queued and running ones are answered."""
-        self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
-
-    async def close(self) -> None:
-        """Fail what is queued; batches still running are cancelled (their requests: UNAVAILABLE)."""
-        self._closed = True
-        self._started = False
-        for fut in list(self._inflight):
-            fut.cancel()
-        self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+        else:
+            self._instance_down()
 
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        if self._closed:
-            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
-        for e in self.executors:
-            if e.ready:
-                break
-        else:
-            raise InferdError(ErrorCode.UNAVAILABLE,
-                              "no ready instance of model '%s'" % self.model_name)
+        self._refuse_unless_open()
         queue = self.queue
         loop = self._loop
         if loop is None:
@@ -142,7 +111,7 @@ class DefaultScheduler:
         self._check_idle()
 
     def _check_idle(self) -> None:
-        if not len(self.queue) and not self._inflight:
+        if not len(self.queue) and not self._running:
             self._idle.set()
 
     # ---- dispatching ----
@@ -181,7 +150,7 @@ class DefaultScheduler:
         self._held[id(executor)] += 1
         self._next = (self.executors.index(executor) + 1) % len(self.executors)
         done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
-        self._inflight.add(dispatch.launch(executor, [p.request for p in batch], done))
+        self._running.add(dispatch.launch(executor, [p.request for p in batch], done))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:
@@ -189,7 +158,7 @@ class DefaultScheduler:
         return 1
 
     def _finished(self, executor: Executor, batch: list[QueuedRequest], start: int, fut: asyncio.Future[Any]) -> None:
-        self._inflight.discard(fut)
+        self._running.discard(fut)
         self._held[id(executor)] -= 1
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.types import InferRequest
+from ..inference.types import InferRequest
 from .base import Executor
 
 

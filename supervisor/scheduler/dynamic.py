@@ -21,11 +21,12 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..core.types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from . import dispatch, outcomes
 from .base import Executor
 from .batching import BatchRules, form_batch
 from .default import StatsSink
+from .lifecycle import QueueLifecycle
 from .outcomes import settle
 from .pending import QueuedRequest
 from .policy import REJECT, PriorityPolicy
@@ -52,7 +53,7 @@ class Pending(QueuedRequest):
         self.outcome: Any = _UNSET  # preserve_ordering: the answer, held until earlier ones are out
 
 
-class DynamicBatcher:
+class DynamicBatcher(QueueLifecycle):
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, rules: BatchRules,
                  policy: PriorityPolicy, preserve_ordering: bool = False, depth: int = 1) -> None:
         self.model_name = model_name
@@ -64,17 +65,12 @@ class DynamicBatcher:
         self.depth = max(1, depth)  # batches one instance may hold at once
         self.queue: PriorityQueue[Pending] = PriorityQueue([p.max_queue_size for p in policy.levels])
         self.running = 0  # requests handed to instances and not yet answered
-        self._inflight = {id(e): 0 for e in self.executors}  # batches per instance
+        self._held = {id(e): 0 for e in self.executors}  # batches per instance
         self._next = 0  # round-robin start among equally loaded instances
         self._order: deque[Pending] = deque()  # preserve_ordering: dispatched, not yet released
-        self._running_batches: set[asyncio.Future[Any]] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed = False
-        self._started = False
         self._kicked = False
         self._timer: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._init_lifecycle()
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -85,39 +81,17 @@ class DynamicBatcher:
     def instance_changed(self, executor: Executor) -> None:
         if executor.ready:
             self._kick()
-        elif not any(e.ready for e in self.executors):
-            self._fail_queued(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
+        else:
+            self._instance_down()
 
-    @property
-    def pending_count(self) -> int:
-        return len(self.queue)
-
-    async def drain(self, timeout: float) -> None:
-        self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
-
-    async def close(self) -> None:
-        self._closed = True
-        self._started = False
+    def _on_close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for fut in list(self._running_batches):
-            fut.cancel()  # its callback answers the batch's requests: UNAVAILABLE, unloaded
         self._order.clear()
-        self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
 
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        if self._closed:
-            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.model_name)
-        for executor in self.executors:  # (a loop: no generator per request)
-            if executor.ready:
-                break
-        else:
-            raise InferdError(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
+        self._refuse_unless_open()
         level = self.policy.level_of(request.priority)
         if self.queue.full(level):
             self.stats.record_failure("REJECTED", 0)
@@ -188,11 +162,11 @@ class DynamicBatcher:
             self._timer = None
         queue = self.queue
         while len(queue) and self._started:
-            executor = dispatch.least_busy(self.executors, self._inflight, self.depth, self._next)
+            executor = dispatch.least_busy(self.executors, self._held, self.depth, self._next)
             if executor is None:
                 return
             now = time.monotonic_ns()
-            decision = form_batch(self.rules, queue, now, busy=self._inflight[id(executor)] > 0)
+            decision = form_batch(self.rules, queue, now, busy=self._held[id(executor)] > 0)
             if not decision.count:
                 if decision.wait_until_ns and self._loop is not None:
                     self._timer = self._loop.call_later((decision.wait_until_ns - now) / 1e9, self._kick)
@@ -201,7 +175,7 @@ class DynamicBatcher:
 
     def _launch(self, executor: Executor, batch: list[Pending]) -> None:
         """Send one batch now (no task: the Execute leaves within this call); `_finished` answers it."""
-        self._inflight[id(executor)] += 1
+        self._held[id(executor)] += 1
         self._next = (self.executors.index(executor) + 1) % len(self.executors)
         self.running += len(batch)
         for item in batch:
@@ -212,11 +186,11 @@ class DynamicBatcher:
         if self.preserve_ordering:
             self._order.extend(batch)
         done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
-        self._running_batches.add(dispatch.launch(executor, [p.request for p in batch], done))
+        self._running.add(dispatch.launch(executor, [p.request for p in batch], done))
 
     def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
-        self._running_batches.discard(fut)
-        self._inflight[id(executor)] -= 1
+        self._running.discard(fut)
+        self._held[id(executor)] -= 1
         self.running -= len(batch)
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)

@@ -11,7 +11,7 @@ from typing import Any, TypeAlias
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..core.types import InferResponse
+from ..inference.types import InferResponse
 
 log = logging.getLogger("inferd.scheduler")
 

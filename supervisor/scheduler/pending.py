@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Protocol
 
-from ..core.types import InferRequest, InferResponse
+from ..inference.types import InferRequest, InferResponse
 from .base import Executor
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
-from ..core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, RequestedOutput, Tensor
+from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, RequestedOutput, Tensor
 from . import sequence_controls, sequence_state
 from .base import Executor
 from .sequence_lanes import Lane, SeqItem, Sequence, parse_policy

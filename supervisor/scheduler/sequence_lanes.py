@@ -20,7 +20,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.types import InferRequest, InferResponse, Tensor
+from ..inference.types import InferRequest, InferResponse, Tensor
 from .base import Executor
 
 

@@ -1,6 +1,6 @@
 """Which requests are traced, and where their traces go.
 
-Sampling follows Triton: a request is traced when its model's settings (core.trace_settings) have a level
+Sampling follows Triton: a request is traced when its model's settings (tracing/settings.py) have a level
 other than OFF, every `trace_rate`-th request (counted per settings owner: the model where it has its own
 settings, else the global ones), while `trace_count` is not used up (-1: no limit; each trace counts it
 down). Ensemble steps and BLS calls of a traced request are traced with it, as its children; an
@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..core.trace_settings import TraceSettings
 from . import live
 from .options import TraceOptions
 from .record import UNTRACED, Trace
+from .settings import TraceSettings
 
 log = logging.getLogger("inferd.trace")
 

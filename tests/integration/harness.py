@@ -20,7 +20,7 @@ import numpy as np
 import psutil
 import pytest
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.supervisor.instances.channel import Channel
 from inferd.supervisor.instances.instance import Instance, InstanceState
 from inferd.supervisor.instances.launcher import Launcher

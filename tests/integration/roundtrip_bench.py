@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 from inferd.supervisor.config import WorkerTimings
-from inferd.supervisor.core.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances.channel import Channel
 from inferd.supervisor.instances.instance import Instance
 from inferd.supervisor.instances.launcher import Launcher

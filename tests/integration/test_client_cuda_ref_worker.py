@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from inferd.supervisor.core.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances import codec
 from inferd.supervisor.memory.client_shm import ClientShm
 from inferd.supervisor.memory.cuda_regions import CudaRegions

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
+from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 from inferd.supervisor.memory.client_shm import ClientShm
 from inferd.supervisor.memory.cuda_device import IpcDevice
 from inferd.supervisor.memory.cuda_regions import CudaRegions

@@ -12,7 +12,7 @@ from inferd.supervisor.cache import (
     parse_cache_config,
     request_key,
 )
-from inferd.supervisor.core.types import (
+from inferd.supervisor.inference.types import (
     SEQUENCE_START,
     InferRequest,
     InferResponse,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from inferd.supervisor.core.types import InferRequest
+from inferd.supervisor.inference.types import InferRequest
 from inferd.supervisor.tracing import live
 from inferd.supervisor.tracing.options import TraceOptions
 from inferd.supervisor.tracing.record import UNTRACED

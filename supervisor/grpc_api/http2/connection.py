@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from . import frames as f
 from .abuse import MAX_CONTINUATIONS, MAX_SETTINGS, STREAMS_PER_GLITCH, Flood, FloodGuard, PingPolicy
@@ -24,7 +25,7 @@ from .hpack_codec import Decoder, HeaderListTooLarge
 from .lifetime import ConnectionLifetime, Lifetime
 from .reader import FrameReader
 from .sending import Sending
-from .streams import STREAM_WINDOW, App, Stream
+from .streams import STREAM_WINDOW, Stream, StreamHandler
 
 log = logging.getLogger("inferd.grpc")
 
@@ -52,6 +53,15 @@ _SETTINGS = f.settings(
         f.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
     }
 ) + f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)
+
+
+# what the application implements: the connection calls these
+class App(Protocol):
+    def open_stream(
+        self, conn: H2Connection, stream_id: int, headers: list[tuple[str, str]], end_stream: bool
+    ) -> StreamHandler | None: ...
+    def connection_made(self, conn: H2Connection) -> None: ...
+    def connection_lost(self, conn: H2Connection) -> None: ...
 
 
 class H2Connection(Sending, asyncio.Protocol):

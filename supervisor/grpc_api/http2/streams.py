@@ -1,13 +1,10 @@
-"""The stream side of an HTTP/2 connection: what the application implements (App, StreamHandler) and
-the per-stream state the connection keeps (windows both ways, DATA waiting for window, trailers)."""
+"""The stream side of an HTTP/2 connection: what a stream's handler implements and the per-stream state
+the connection keeps (windows both ways, DATA waiting for window, trailers)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from .connection import H2Connection
+from typing import Protocol
 
 STREAM_WINDOW = 4 * 1024 * 1024  # what a client may send on one stream before we acknowledge
 
@@ -15,14 +12,6 @@ STREAM_WINDOW = 4 * 1024 * 1024  # what a client may send on one stream before w
 class StreamHandler(Protocol):
     def on_data(self, payload: memoryview, end_stream: bool) -> None: ...
     def on_reset(self) -> None: ...
-
-
-class App(Protocol):
-    def open_stream(
-        self, conn: H2Connection, stream_id: int, headers: list[tuple[str, str]], end_stream: bool
-    ) -> StreamHandler | None: ...
-    def connection_made(self, conn: H2Connection) -> None: ...
-    def connection_lost(self, conn: H2Connection) -> None: ...
 
 
 class Stream:

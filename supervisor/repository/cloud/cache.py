@@ -27,7 +27,8 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .credentials import CloudCredentials
 from .location import CloudLocation
-from .store import ObjectInfo, Store, open_store
+from .providers import open_store
+from .store import ObjectInfo, Store
 
 log = logging.getLogger("inferd.cloud")
 

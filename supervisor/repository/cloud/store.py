@@ -1,14 +1,10 @@
-"""The one interface every provider implements, and the factory that imports a provider only when a
-repository of its scheme is named."""
+"""The one interface every provider implements (providers.py picks one per scheme)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
-
-from .credentials import CloudCredentials
-from .location import CloudLocation
 
 CHUNK_BYTES = 1 << 20
 
@@ -30,18 +26,3 @@ class Store(Protocol):
     def download(self, key: str, dest: str) -> None:
         """Write the object's bytes to the new file `dest`."""
         ...
-
-
-def open_store(loc: CloudLocation, creds: CloudCredentials, timeout_s: float) -> Store:
-    cred = creds.for_location(loc)
-    if loc.scheme == "s3":
-        from .s3 import S3Store
-
-        return S3Store(loc, cred, timeout_s)  # type: ignore[arg-type]
-    if loc.scheme == "gs":
-        from .gcs import GcsStore
-
-        return GcsStore(loc, cred, timeout_s)  # type: ignore[arg-type]
-    from .azure import AzureStore
-
-    return AzureStore(loc, cred, timeout_s)  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from inferd.supervisor.core import classification as cls
-from inferd.supervisor.core.tensors import bytes_elements, element_count
-from inferd.supervisor.core.types import InferResponse, RequestedOutput, Tensor
+from inferd.supervisor.inference.tensors import bytes_elements, element_count
+from inferd.supervisor.inference.types import InferResponse, RequestedOutput, Tensor
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError
 

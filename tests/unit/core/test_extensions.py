@@ -1,6 +1,6 @@
 """Server metadata advertises an extension only when it works."""
 
-from inferd.supervisor.core.server import TRITON_EXTENSIONS, extensions
+from inferd.supervisor.core.dataplane_impl import TRITON_EXTENSIONS, extensions
 
 
 def test_cuda_shared_memory_follows_its_capability():

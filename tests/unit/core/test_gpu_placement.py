@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from inferd.supervisor.config import WorkerTimings
 from inferd.supervisor.core import loader
+from inferd.supervisor.core.load_settings import LoaderSettings
+from inferd.supervisor.core.runtime import Runtime
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 IO = """
@@ -19,10 +21,10 @@ output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
 """
 
 
-def _settings(repo: Path, gpu_ids: tuple[int, ...]) -> loader.LoaderSettings:
-    runtime = loader.Runtime(str(repo), False, channel=None, launcher=None, pool=None,  # type: ignore[arg-type]
+def _settings(repo: Path, gpu_ids: tuple[int, ...]) -> LoaderSettings:
+    runtime = Runtime(str(repo), False, channel=None, launcher=None, pool=None,  # type: ignore[arg-type]
                              client_shm=None)  # type: ignore[arg-type]
-    return loader.LoaderSettings((str(repo),), False, 16, 1.0, WorkerTimings(), 0, runtime, gpu_ids=gpu_ids)
+    return LoaderSettings((str(repo),), False, 16, 1.0, WorkerTimings(), 0, runtime, gpu_ids=gpu_ids)
 
 
 def _model(repo: Path, name: str, groups: str = "") -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from inferd.supervisor.core.streaming import ResponseStream
-from inferd.supervisor.core.types import InferResponse
+from inferd.supervisor.inference.types import InferResponse
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 

@@ -1,7 +1,7 @@
 """TraceSettings parses values as Triton 2.51 does (answers recorded from the real server)."""
 
 import pytest
-from inferd.supervisor.core.trace_settings import TraceSettings
+from inferd.supervisor.tracing.settings import TraceSettings
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
@@ -49,7 +49,7 @@ def test_model_override_ends_when_its_last_field_is_cleared():
 
 
 def test_tracing_is_on_only_where_a_trace_can_be_written():
-    from inferd.supervisor.core.trace_settings import TraceSettings as Settings
+    from inferd.supervisor.tracing.settings import TraceSettings as Settings
 
     on = {"trace_level": ("TIMESTAMPS",), "trace_file": "/tmp/t.json"}
     assert not Settings().any_on()

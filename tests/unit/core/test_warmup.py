@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 from inferd.supervisor.core import warmup
-from inferd.supervisor.core.types import InferResponse
+from inferd.supervisor.inference.types import InferResponse
 from inferd.supervisor.instances.codec import BatchResult
 from inferd.supervisor.stats import ModelStats
 from inferd.worker.wire.errors import ErrorCode, InferdError

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from inferd.supervisor.config import GrpcKeepalive
 from inferd.supervisor.core.dataplane import DataPlane
-from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.grpc_api.grpcio_server import start_grpc_server
 from inferd.supervisor.grpc_api.http2 import abuse, connection, sending
-from inferd.supervisor.grpc_api.native import start_native_server
-from inferd.supervisor.grpc_api.server import start_grpc_server
+from inferd.supervisor.grpc_api.native_server import start_native_server
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 

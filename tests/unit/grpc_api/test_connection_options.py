@@ -8,9 +8,9 @@ from pathlib import Path
 
 from inferd.supervisor.config import GrpcKeepalive, parse_args
 from inferd.supervisor.grpc_api import tls
+from inferd.supervisor.grpc_api.grpcio_server import channel_options
 from inferd.supervisor.grpc_api.http2.lifetime import Lifetime
-from inferd.supervisor.grpc_api.native import lifetime
-from inferd.supervisor.grpc_api.server import channel_options
+from inferd.supervisor.grpc_api.native_server import lifetime
 
 TLS = Path(__file__).resolve().parents[2] / "fixtures" / "tls"
 

@@ -1,4 +1,4 @@
-"""inferd's own HTTP/2 gRPC server (grpc_api/native.py over grpc_api/http2) driven frame by frame
+"""inferd's own HTTP/2 gRPC server (grpc_api/native_server.py over grpc_api/http2) driven frame by frame
 from a raw socket (_h2client.H2Client), against the in-test DataPlane of _server_main.py.
 
 After every test a fresh tritonclient call must still work: nothing here may hurt the server.

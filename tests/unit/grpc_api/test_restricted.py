@@ -10,11 +10,11 @@ import asyncio
 from typing import Any
 
 from inferd.supervisor.config import RESTRICTABLE
-from inferd.supervisor.core.types import InferResponse
 from inferd.supervisor.grpc_api import convert
 from inferd.supervisor.grpc_api.http2.grpc_calls import Context
-from inferd.supervisor.grpc_api.native import build_methods
+from inferd.supervisor.grpc_api.native_server import build_methods
 from inferd.supervisor.grpc_api.servicer import CATEGORIES, HEALTH_SERVICE, SERVICE, InferenceService, Policy
+from inferd.supervisor.inference.types import InferResponse
 
 # Triton 2.51's category of each RPC, observed with every category restricted to its own key
 TRITON = {

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from inferd.supervisor._gen import grpc_service_pb2 as pb
-from inferd.supervisor.core.types import InferResponse, Tensor
 from inferd.supervisor.grpc_api import convert, wire
+from inferd.supervisor.inference.limits import MAX_TENSORS
+from inferd.supervisor.inference.types import InferResponse, Tensor
 from inferd.worker.wire.errors import InferdError
 
 _INT64_MAX = 2**63 - 1
@@ -174,7 +175,7 @@ def test_typed_contents_still_work_through_protobuf() -> None:
 
 def test_too_many_inputs_are_refused_like_before() -> None:
     msg = pb.ModelInferRequest(model_name="m")
-    for i in range(convert.MAX_TENSORS + 1):
+    for i in range(MAX_TENSORS + 1):
         msg.inputs.add(name=f"I{i}", datatype="FP32")
     parsed = wire.decode_request(msg.SerializeToString())
     assert isinstance(parsed, convert.ParsedRequest)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 from inferd.supervisor.core.dataplane import DataPlane
-from inferd.supervisor.core.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg, not_found
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 from inferd.supervisor._gen import grpc_service_pb2 as pb
-from inferd.supervisor.core.types import InferResponse, Tensor
 from inferd.supervisor.grpc_api import convert, wire
 from inferd.supervisor.http_api.codec import InferCodec
+from inferd.supervisor.inference.types import InferResponse, Tensor
 from inferd.worker.wire.errors import InferdError
 
 from .fake_dataplane import FakeDataPlane

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
+from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 from inferd.supervisor.instances import codec
 from inferd.supervisor.tracing.record import Trace
 from inferd.worker.wire import messages as m

@@ -14,7 +14,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from inferd.supervisor.core.types import InferRequest, RequestedOutput, Tensor
+from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 from inferd.supervisor.instances import codec
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.worker import columns as worker_columns

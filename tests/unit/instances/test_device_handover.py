@@ -10,7 +10,7 @@ import gc
 import json
 
 import pytest
-from inferd.supervisor.core.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances import codec
 from inferd.supervisor.instances.outputs import WorkerOutputs
 from inferd.supervisor.instances.packing import InputPacker

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from inferd.supervisor.core.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances.instance import Instance, InstanceState, backoff_delay
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError

@@ -12,7 +12,7 @@ ExecuteResultColumns / StreamResponse writers; each golden also decodes to the m
 from __future__ import annotations
 
 import pytest
-from inferd.supervisor.core.types import InferRequest, RequestedOutput
+from inferd.supervisor.inference.types import InferRequest, RequestedOutput
 from inferd.supervisor.instances import codec
 from inferd.supervisor.tracing.record import Trace
 from inferd.worker.wire import messages as m

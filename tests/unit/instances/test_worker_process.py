@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 import psutil
 import pytest
-from inferd.supervisor.core.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances.launcher import Launcher
 from inferd.supervisor.instances.worker import WorkerProcess, WorkerState
 from inferd.supervisor.memory.shm_pool import ShmPool

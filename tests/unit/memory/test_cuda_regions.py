@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 
 import pytest
-from inferd.supervisor.core.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.supervisor.memory.client_shm import ClientShm
 from inferd.supervisor.memory.cuda_device import CudaDeviceError

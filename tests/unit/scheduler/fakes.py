@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-
-from supervisor.core.types import InferRequest, InferResponse
+from inferd.supervisor.inference.types import InferRequest, InferResponse
 
 WAIT_S = 10.0
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from supervisor.core.types import InferRequest, Tensor
-from supervisor.scheduler.batching import BatchRules, Decision, form_batch
+from inferd.supervisor.inference.types import InferRequest, Tensor
+from inferd.supervisor.scheduler.batching import BatchRules, Decision, form_batch
 
 MS = 1_000_000
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.scheduler.default import DefaultScheduler
 from inferd.worker.wire.errors import ErrorCode, InferdError
-
-from supervisor.core.types import InferRequest, InferResponse, Tensor
-from supervisor.scheduler.default import DefaultScheduler
 
 from .fakes import HeldExecutor, Result, Stats, release_when_sent, until
 

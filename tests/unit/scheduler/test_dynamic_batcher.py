@@ -7,12 +7,11 @@ import asyncio
 from typing import Any
 
 import pytest
+from inferd.supervisor.inference.types import InferRequest, Tensor
+from inferd.supervisor.scheduler.batching import BatchRules
+from inferd.supervisor.scheduler.dynamic import DynamicBatcher
+from inferd.supervisor.scheduler.policy import PriorityPolicy
 from inferd.worker.wire.errors import ErrorCode, InferdError
-
-from supervisor.core.types import InferRequest, Tensor
-from supervisor.scheduler.batching import BatchRules
-from supervisor.scheduler.dynamic import DynamicBatcher
-from supervisor.scheduler.policy import PriorityPolicy
 
 from .fakes import WAIT_S, HeldExecutor, Stats, release_when_sent, until
 

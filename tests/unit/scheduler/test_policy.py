@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from supervisor.scheduler.policy import DELAY, REJECT, PriorityPolicy, QueuePolicy
-from supervisor.scheduler.queue import PriorityQueue
+from inferd.supervisor.scheduler.policy import DELAY, REJECT, PriorityPolicy, QueuePolicy
+from inferd.supervisor.scheduler.queue import PriorityQueue
 
 
 def test_no_levels_means_one_level_with_the_default_policy():

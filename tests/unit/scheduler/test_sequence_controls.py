@@ -6,11 +6,10 @@ import struct
 
 import numpy as np
 import pytest
+from inferd.supervisor.inference.types import InferResponse, Tensor
+from inferd.supervisor.scheduler import sequence_controls as sc
+from inferd.supervisor.scheduler import sequence_state as ss
 from inferd.worker.wire.errors import InferdError
-
-from supervisor.core.types import InferResponse, Tensor
-from supervisor.scheduler import sequence_controls as sc
-from supervisor.scheduler import sequence_state as ss
 
 SB = {"control_input": [
     {"name": "S", "control": [{"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]},

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from inferd.supervisor.inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, Tensor
+from inferd.supervisor.scheduler.sequence import SequenceScheduler
+from inferd.supervisor.scheduler.sequence_lanes import DirectPolicy, Lane, OldestPolicy, SeqItem, Sequence
 from inferd.worker.wire.errors import ErrorCode, InferdError
-
-from supervisor.core.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, Tensor
-from supervisor.scheduler.sequence import SequenceScheduler
-from supervisor.scheduler.sequence_lanes import DirectPolicy, Lane, OldestPolicy, SeqItem, Sequence
 
 WAIT_S = 10.0
 CONTROLS = {"control_input": [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -14,16 +13,17 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..cache import ResponseCache, request_key
+from ..inference.types import InferRequest, InferResponse
 from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
 from ..tracing.options import TraceOptions
 from ..tracing.tracer import Tracer
-from . import classification, loader
+from . import classification
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
+from .status_json import status_json
 from .streaming import ResponseStream
-from .types import InferRequest, InferResponse
 from .validate import validate_request
 
 log = logging.getLogger("inferd.core")
@@ -118,22 +118,12 @@ class ServerDataPlane(DataPlane):
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """The request checked and queued at once: its scheduler's future, whose response carries the model's
         name and version and the request id (no task or coroutine per request: cheaper)."""
-        if self.draining:
-            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
-        if self.busy_poll is not None:
-            self.busy_poll.poke()
-        mv = self.manager.resolve_ready(request.model_name, request.model_version)
+        mv = self._resolve(request)
         if mv.decoupled:
             raise InferdError(ErrorCode.UNSUPPORTED,
                               "ModelInfer RPC doesn't support models with decoupled transaction policy")
-        try:
-            if self.shm is not None and (not mv.device_inputs or mv.host_only_inputs):
-                self._inputs_to_host(request, mv)
-            validate_request(mv.io, request)
-        except InferdError:
-            mv.stats.record_failure("OTHER", 0)
-            raise
-        wanted = classification.requested(request.outputs) if request.outputs else None
+        to_host = self.shm is not None and (not mv.device_inputs or bool(mv.host_only_inputs))
+        wanted = self._checked(mv, request, to_host)
         traced = live.armed and self.tracer.begin(mv.name, str(mv.version), request)  # off: one check
         try:
             if mv.cache_generation and self.response_cache is not None:
@@ -150,6 +140,26 @@ class ServerDataPlane(DataPlane):
         if wanted is not None:
             return asyncio.ensure_future(_classified(future, mv, wanted))
         return future
+
+    def _resolve(self, request: InferRequest) -> ModelVersion:
+        """The ready version a request names (UNAVAILABLE while draining); wakes the busy poller."""
+        if self.draining:
+            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        if self.busy_poll is not None:
+            self.busy_poll.poke()
+        return self.manager.resolve_ready(request.model_name, request.model_version)
+
+    def _checked(self, mv: ModelVersion, request: InferRequest, to_host: bool) -> dict[str, int] | None:
+        """The request validated against its model (inputs in client shared memory read to host first when `to_host`);
+        returns the classification the outputs ask for, or None. A refusal counts as a failure."""
+        try:
+            if to_host:
+                self._inputs_to_host(request, mv)
+            validate_request(mv.io, request)
+        except InferdError:
+            mv.stats.record_failure("OTHER", 0)
+            raise
+        return classification.requested(request.outputs) if request.outputs else None
 
     async def _infer_cached(self, mv: ModelVersion, request: InferRequest, cache: ResponseCache) -> InferResponse:
         """A hit never reaches the scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
@@ -182,22 +192,11 @@ class ServerDataPlane(DataPlane):
         parameters[FINAL_FLAG]; a non-final error response is yielded as an InferdError, a final one
         raised. Other models: the one response of `infer`. Closing the iterator early (the client
         went away) cancels the request: dropped from its queue, or the model sees is_cancelled()."""
-        if self.draining:
-            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
-        mv = self.manager.resolve_ready(request.model_name, request.model_version)
+        mv = self._resolve(request)
         if not mv.decoupled:
             yield await self.infer(request)
             return
-        if self.busy_poll is not None:
-            self.busy_poll.poke()
-        try:
-            if self.shm is not None:
-                self._inputs_to_host(request, mv)
-            validate_request(mv.io, request)
-        except InferdError:
-            mv.stats.record_failure("OTHER", 0)
-            raise
-        wanted = classification.requested(request.outputs) if request.outputs else None
+        wanted = self._checked(mv, request, self.shm is not None)
         stream = ResponseStream()
         request.response_sink = stream
         # a trace ends with the execution (its compute stamps come as it returns), not the last response
@@ -255,13 +254,9 @@ class ServerDataPlane(DataPlane):
         config = parameters.get("config")
         files: dict[str, bytes] = {}
         for key, value in parameters.items():
-            if key.startswith("file:"):
-                if isinstance(value, str):
-                    try:
-                        value = base64.b64decode(value, validate=True)
-                    except ValueError:
-                        raise InferdError(ErrorCode.INVALID_ARG,
-                                          "file parameter '%s' is not valid base64" % key) from None
+            if key.startswith("file:"):  # bytes: the HTTP frontend decodes JSON's base64, gRPC sends bytes
+                if not isinstance(value, (bytes, bytearray, memoryview)):
+                    raise InferdError(ErrorCode.INVALID_ARG, "file parameter '%s' must be bytes" % key)
                 files[key[len("file:"):]] = bytes(value)
             elif key != "config":
                 raise InferdError(ErrorCode.INVALID_ARG, "unexpected load parameter '%s'" % key)
@@ -278,7 +273,7 @@ class ServerDataPlane(DataPlane):
         await self.manager.unload(name, unload_dependents)
 
     def status(self, name: str = "") -> dict[str, Any]:
-        return loader.status_json(self.manager, name)
+        return status_json(self.manager, name)
 
     # ---- settings ----
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,0 +1,38 @@
+"""What the model loader needs from the server's configuration, built once at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ServerConfig, WorkerTimings
+from ..repository.sources import CloudSettings, Repositories
+from .runtime import Runtime
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    repositories: tuple[str, ...]
+    disable_autocomplete: bool
+    max_queue_size: int
+    unload_drain_s: float
+    timings: WorkerTimings
+    log_verbose: int
+    runtime: Runtime
+    gpu_ids: tuple[int, ...] = ()  # the GPUs discovery found (CUDA numbering); none: KIND_AUTO is CPU
+    model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
+    load_retries: int = 0  # --model-load-retry-count
+    repos: Repositories = None  # type: ignore[assignment]  # built from `repositories` when not given
+
+    def __post_init__(self) -> None:
+        if self.repos is None:
+            object.__setattr__(self, "repos", Repositories(self.repositories))
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, runtime: Runtime, gpu_ids: tuple[int, ...] = ()) -> LoaderSettings:
+        cloud = None
+        if config.cloud_credentials is not None:
+            cloud = CloudSettings(config.cloud_credentials, config.cloud_cache_dir, config.cloud_timeout_secs)
+        return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
+                   config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
+                   model_config_name=config.model_config_name, load_retries=config.model_load_retry_count,
+                   repos=Repositories(config.model_repositories, cloud))

@@ -1,0 +1,28 @@
+"""inferd's own status view (GET /v2/inferd/status), read from the model manager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def status_json(manager: Any, name: str = "") -> dict[str, Any]:
+    """inferd's own status view (GET /v2/inferd/status): models, versions, instances, worker pids."""
+    if name:
+        manager.resolve(name)  # INVALID_ARG for an unknown model
+    models: list[dict[str, Any]] = []
+    for row in manager.index():
+        if name and row["name"] != name:
+            continue
+        entry = manager.entries.get(row["name"])
+        mv = entry.versions.get(int(row["version"])) if entry and row.get("version") else None
+        instances = []
+        if mv is not None:
+            for inst in mv.instances:
+                err = inst.last_error
+                instances.append({"name": inst.name, "pid": inst.pid, "state": inst.state.value,
+                                  "restarts": inst.restarts, "inflight": inst.inflight,
+                                  "last_error": err.message if err is not None else ""})
+        models.append({"name": row["name"], "version": row.get("version", ""),
+                       "state": row.get("state", ""), "reason": row.get("reason", ""),
+                       "instances": instances})
+    return {"models": models}
