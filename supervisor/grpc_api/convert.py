@@ -23,7 +23,7 @@ from inferd.worker.wire.errors import invalid_arg
 
 from ..core.classification import CLASSIFICATION_WITH_SHM
 from ..core.dataplane import DataPlane
-from ..inference.limits import MAX_PARAMETERS, MAX_TENSORS
+from ..inference.limits import MAX_DIMS, MAX_PARAMETERS, MAX_TENSORS
 from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
 
 MAX_CORRELATION_ID_CHARS = 128  # Triton's limit for string sequence ids
@@ -193,6 +193,8 @@ def _request_parameters(params: Params, req: InferRequest) -> None:
 
 
 def _shape_and_count(name: str, dims: list[int]) -> tuple[list[int], int]:
+    if len(dims) > MAX_DIMS:
+        raise invalid_arg(f"input '{name}' has {len(dims)} dimensions, at most {MAX_DIMS} are allowed")
     count = 1
     for d in dims:
         if d < 0:
