@@ -34,6 +34,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse
 from . import sequence_state
 from .base import Executor
+from .lifecycle import QueueLifecycle
 from .sequence_lanes import Lane, SeqItem, Sequence, parse_policy
 from .sequence_requests import WorkerRequests
 
@@ -44,7 +45,10 @@ MAX_SEQUENCES = 65536  # sequences tracked at once (running or backlogged): boun
 RECENTLY_IDLED = 4096  # ids released for idleness that we remember, for a clearer error
 
 
-class SequenceScheduler:
+class SequenceScheduler(QueueLifecycle):
+    """Slots per sequence on each instance (sequence_lanes.py); the lifecycle is the other schedulers'
+    (lifecycle.py), its own close stopping the runners first."""
+
     def __init__(self, model_name: str, config: dict[str, Any], executors: Seq[Executor], stats: Any,
                  max_queue_size: int = 0, model_dir: str | None = None) -> None:
         self.model_name = model_name
@@ -68,9 +72,7 @@ class SequenceScheduler:
         self.queued = 0  # requests waiting (not yet handed to an instance)
         self.running = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed = False
+        self._init_lifecycle()
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -82,19 +84,11 @@ class SequenceScheduler:
         for lane in self.lanes:
             if lane.executor is executor:
                 lane.wake.set()
-        if not any(e.ready for e in self.executors):
-            self._fail_all(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
+        self._instance_down()
 
     @property
     def pending_count(self) -> int:
         return self.queued
-
-    async def drain(self, timeout: float) -> None:
-        self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            self._fail_all(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
 
     async def close(self) -> None:
         self._closed = True
@@ -106,7 +100,7 @@ class SequenceScheduler:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        self._fail_all(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+        self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
 
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
@@ -131,10 +125,7 @@ class SequenceScheduler:
     def _admit(self, request: InferRequest) -> Sequence:
         """The sequence a request joins (created on START); raises InferdError when it cannot be queued."""
         model = self.model_name
-        if self._closed:
-            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % model)
-        if not any(e.ready for e in self.executors):
-            raise InferdError(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % model)
+        self._refuse_unless_open()
         corr = request.correlation_id
         if isinstance(corr, int) and corr < 0:  # a gRPC int64 id: Triton reads its bits as uint64
             corr = request.correlation_id = corr & 0xFFFFFFFFFFFFFFFF
@@ -255,7 +246,7 @@ class SequenceScheduler:
             self._release(sequence, why)
         self._check_idle()
 
-    def _fail_all(self, code: ErrorCode, message: str) -> None:
+    def _fail_queued(self, code: ErrorCode, message: str) -> None:
         for sequence in list(self.sequences.values()):
             for item in sequence.queue:
                 if not item.future.done() and item.worker_request is None:
