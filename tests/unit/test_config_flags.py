@@ -1,4 +1,4 @@
-"""tritonserver command lines as inferd parses them (supervisor/config.py, supervisor/triton_flags.py)."""
+"""tritonserver command lines as inferd parses them (supervisor/flags.py, supervisor/triton_flags.py)."""
 
 from __future__ import annotations
 
