@@ -1,9 +1,9 @@
 """One live worker process and the supervisor's side of its protocol (docs/worker-protocol.md).
 
 State machine: starting → ready → draining → stopped | failed. Death is detected by awaiting the
-process exit (a per-child wait); a heartbeat watchdog SIGKILLs a worker that went silent and is
-stopped (SIGSTOP) or makes no CPU progress (deadlocked), so that it takes the same path; a silent worker
-that uses CPU is busy (a long C call holding the GIL), not hung (liveness.py). On any exit that was
+process exit (a per-child wait); a heartbeat watchdog (liveness.py) SIGKILLs a worker that went silent
+and is stopped (SIGSTOP) or makes no CPU progress (deadlocked), so that it takes the same path; a silent
+worker that uses CPU is busy (a long C call holding the GIL), not hung. On any exit that was
 not requested, every request in flight fails at once with UNAVAILABLE naming the instance, its pid
 and the cause, and `on_exit` is told.
 
@@ -108,7 +108,7 @@ class WorkerProcess:
         self._exited = asyncio.Event()
         self._exit_task: asyncio.Task[None] | None = None
         self._hb_task: asyncio.Task[None] | None = None
-        self._last_hb = 0.0
+        self._watchdog: liveness.Watchdog | None = None  # from Hello on
         self._control: dict[type, asyncio.Future[Any]] = {}
         self._stopping = False
         self._kill_reason = ""
@@ -120,7 +120,6 @@ class WorkerProcess:
             model_version=model_version, send=lambda frames: channel.send(self.identity, frames),
             send_quiet=self._send_quiet, kill=self._kill, refusal=self._refusal, who=self._who)
         self.launch = self._pipeline.launch  # the schedulers' path: no extra call per batch
-        self._hb_frames = m.encode(m.Heartbeat(0))
         self._log = logging.getLogger(f"inferd.worker.{name}")
 
     # ---- introspection ----
@@ -227,8 +226,13 @@ class WorkerProcess:
         if hello.pid != self._proc.pid:
             log.warning("%s reports pid %s", self._who(), hello.pid)
         self.hello = hello
-        self._last_hb = self._loop.time()
-        self._hb_task = self._loop.create_task(self._heartbeat_loop(), name="hb-" + self.name)
+        self._watchdog = liveness.Watchdog(
+            pid=self._proc.pid, interval_s=t.heartbeat_interval_s, misses=t.heartbeat_misses,
+            starting_silence_s=STARTING_SILENCE_S,
+            ping=lambda seq: self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq))),
+            settle=self._channel.settle, starting=lambda: self.state is WorkerState.STARTING, kill=self._kill,
+            who=self._who)
+        self._hb_task = self._loop.create_task(self._watchdog.run(self._exited), name="hb-" + self.name)
 
     def _expect_future(self, cls: type) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -295,7 +299,8 @@ class WorkerProcess:
             pass
 
     def _on_heartbeat(self, frames: list[Any]) -> None:
-        self._last_hb = self._loop.time()
+        if self._watchdog is not None:
+            self._watchdog.heard()
 
     def _on_message(self, frames: list[Any]) -> None:
         try:
@@ -319,46 +324,6 @@ class WorkerProcess:
                 self._log.warning("unexpected %s from %s", cls.__name__, self._who())
             else:
                 fut.set_result(msg)
-
-    # ---- liveness ----
-    async def _heartbeat_loop(self) -> None:
-        interval = self._timings.heartbeat_interval_s
-        limit = interval * self._timings.heartbeat_misses
-        # silence alone is not hang: a model may hold the GIL for seconds in a C call (liveness.py)
-        probe = liveness.Probe(self._proc.pid, limit) if self._proc is not None else None
-        busy_since: float | None = None
-        seq = 0
-        while not self._exited.is_set():
-            await asyncio.sleep(interval)
-            seq += 1
-            self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq)))
-            silent = self._loop.time() - self._last_hb
-            # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
-            # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
-            allowed = max(limit, STARTING_SILENCE_S) if self.state is WorkerState.STARTING else limit
-            if silent <= allowed:
-                if busy_since is not None:
-                    log.info("%s answers heartbeats again after %.1f s busy", self._who(),
-                             self._loop.time() - busy_since)
-                    busy_since = None
-                if probe is not None:
-                    probe.reset()
-                continue
-            await self._channel.settle()  # the loop may have been busy: read what is queued first
-            silent = self._loop.time() - self._last_hb
-            if silent <= allowed:
-                continue
-            verdict = probe.check(self._loop.time()) if probe is not None else liveness.Verdict.STALLED
-            if verdict is liveness.Verdict.STOPPED:
-                self._kill(f"hung: no heartbeat for {silent:.1f} s (process stopped)")
-                return
-            if verdict is liveness.Verdict.STALLED:
-                self._kill(f"hung: no heartbeat for {silent:.1f} s and no CPU progress for {limit:g} s")
-                return
-            if verdict is liveness.Verdict.BUSY and busy_since is None:
-                busy_since = self._last_hb
-                log.info("%s is busy: no heartbeat for %.1f s but using CPU (a long call holding the "
-                         "GIL?); not hung", self._who(), silent)
 
     def _kill(self, reason: str) -> None:
         if self._proc is None or self._proc.returncode is not None:
