@@ -97,14 +97,16 @@ class Version:
         self.scheduler = scheduler
 
 
-class Manager:
+class Entry:
     def __init__(self, version: Version) -> None:
-        self.version = version
+        self.versions, self.records = {version.version: version}, {}
 
-    def resolve_ready(self, name: str, version: str = "") -> Version:
-        return self.version
 
-    resolve = resolve_ready
+class Manager:
+    """What ServerDataPlane needs of the model registry: one model, one ready version."""
+
+    def __init__(self, version: Version) -> None:
+        self.entries = {version.name: Entry(version)}
 
 
 class Transport:

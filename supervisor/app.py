@@ -111,7 +111,7 @@ class App:
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
             tracer=Tracer(self.config.trace),
         )
-        BlsService(dataplane, manager, runtime.channel, runtime.pool)  # Python models calling models
+        BlsService(dataplane, runtime.channel, runtime.pool)  # Python models calling models
         poller: RepositoryPoller | None = None
         try:
             await self._start_frontends(dataplane)

@@ -23,8 +23,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .core.dataplane import DataPlane
-from .core.dataplane_impl import FINAL_FLAG
+from .core.dataplane_impl import FINAL_FLAG, ServerDataPlane
 from .inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from .memory.device_refs import TABLE, DeviceRef, device_key
 
@@ -55,9 +54,8 @@ class _Caller:
 
 
 class BlsService:
-    def __init__(self, dataplane: DataPlane, manager: Any, channel: Any, pool: Any) -> None:
+    def __init__(self, dataplane: ServerDataPlane, channel: Any, pool: Any) -> None:
         self.dataplane = dataplane
-        self.manager = manager
         self.channel = channel
         self.pool = pool
         self._callers: dict[str, _Caller] = {}
@@ -220,7 +218,7 @@ class BlsService:
     def _check_deadlock(self, identity: str, request: InferRequest) -> None:
         """A call into the caller's own model with every instance waiting on BLS can never run."""
         worker_identity = identity.split("/", 1)[0]
-        target = self.manager.resolve_ready(request.model_name, request.model_version)
+        target = self.dataplane.resolve_ready(request.model_name, request.model_version)
         identities = [inst.worker.identity for inst in target.instances if inst.worker is not None]
         if worker_identity not in identities:
             return

@@ -179,3 +179,31 @@ class ResponseCache:
     def clear(self) -> None:
         self._entries.clear()
         self.used_bytes = 0
+
+
+async def infer_cached(cache: ResponseCache, mv: Any, request: InferRequest) -> InferResponse:
+    """`request` to model version `mv` (core.models.ModelVersion) through the cache: a hit never reaches the
+    scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
+    start = time.monotonic_ns()
+    key = request_key(mv.cache_generation, request)
+    if key is None or request.device_outputs or any(t.device_ref is not None for t in request.inputs):
+        # a sequence request, or device tensors (their bytes are not here to key or keep)
+        return await mv.scheduler.submit(request)
+    response = cache.lookup(key, mv.name, str(mv.version), request.id)
+    lookup_ns = time.monotonic_ns() - start
+    if response is not None:
+        items = 1
+        if int(mv.config.get("max_batch_size") or 0) > 0 and request.inputs and request.inputs[0].shape:
+            items = max(1, request.inputs[0].shape[0])
+        mv.stats.record_cache_hit(lookup_ns, request_ns=start + lookup_ns - request.arrival_ns,
+                                  queue_ns=start - request.arrival_ns, batch_items=items)
+        return response
+    try:
+        response = await mv.scheduler.submit(request)
+    except BaseException:
+        mv.stats.record_cache_miss(lookup_ns)
+        raise
+    insert_start = time.monotonic_ns()
+    cache.insert(key, response)
+    mv.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - insert_start)
+    return response

@@ -98,7 +98,7 @@ class PyNvml:
 
 class FakeNvml:
     """TEST ONLY: `count` made-up GPUs whose readings change on every query, so that a server started
-    with INFERD_TEST_ONLY_FAKE_GPUS (read in config.py) can be tested for placement and GPU metrics on
+    with INFERD_TEST_ONLY_FAKE_GPUS (read in flags.py) can be tested for placement and GPU metrics on
     a host without a GPU. `fail_init`: NVML fails to start, as without a driver."""
 
     MEMORY_TOTAL = 16 << 30

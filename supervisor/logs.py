@@ -19,6 +19,9 @@ import logging
 import os
 import sys
 import time
+from typing import Any
+
+from inferd.worker.wire.errors import ErrorCode, InferdError
 
 _SEVERITY = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "E"}
 
@@ -127,3 +130,21 @@ def worker_levels() -> tuple[int, bool, bool, bool]:
 def current_format() -> str:
     """The log format now (workers started from now on write their lines in it)."""
     return "json" if _formatter.json else "ISO8601" if _formatter.iso8601 else "default"
+
+
+def updated(settings: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """`settings` (POST /v2/logging's keys) with `update` applied, each value checked."""
+    settings = dict(settings)
+    for key, value in update.items():
+        if key not in settings:
+            raise InferdError(ErrorCode.INVALID_ARG, "Logging setting '%s' is not supported" % key)
+        if key == "log_file" and value != settings["log_file"]:
+            raise InferdError(ErrorCode.UNSUPPORTED, "changing the log file over the API is not allowed")
+        if key == "log_verbose_level" and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
+        if key in ("log_info", "log_warning", "log_error") and not isinstance(value, bool):
+            raise InferdError(ErrorCode.INVALID_ARG, "%s must be a boolean" % key)
+        if key == "log_format" and value not in ("default", "ISO8601", "json"):
+            raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default', 'ISO8601' or 'json'")
+        settings[key] = value
+    return settings

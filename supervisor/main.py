@@ -10,7 +10,7 @@ import os
 import sys
 
 from . import logs
-from .config import parse_args
+from .flags import parse_args
 
 
 def _tune_malloc() -> None:

@@ -1,7 +1,7 @@
 """tritonserver flags inferd takes without implementing them, so a Triton command line starts inferd
 unchanged, and the values it refuses rather than run otherwise than the command line says.
 
-The flags inferd implements are in config.py. Those below tune machinery inferd does not have (thread
+The flags inferd implements are in flags.py. Those below tune machinery inferd does not have (thread
 pools, memory pools, a backend directory...) or feed integrations it does not carry: they are accepted
 with any value and named once in the start-up log. A value that asks for behaviour inferd lacks (model
 namespacing, the rate limiter, SageMaker...) stops the start with an error naming the flag.

@@ -9,9 +9,8 @@ A synchronous `exec()` skips that thread: it sends and reads on its own thread's
 
 Tensors travel by handle both ways. Inputs up to INLINE_MAX_BYTES ride as frames; larger ones are
 written into regions this worker owns (`inferd_<pid>_b<n>`, reused per size class, unlinked at exit
-and swept by the supervisor if the worker dies) and the callee maps them by name. Outputs above the
-inline limit arrive as supervisor leases that the model sees as numpy views without a copy; a lease
-goes back (BlsRelease) when the last array viewing it is garbage collected.
+and swept by the supervisor if the worker dies) and the callee maps them by name. Replies become
+arrays in bls_replies.py.
 
 Runs on Python 3.9+ (numpy, pyzmq, stdlib only).
 """
@@ -32,9 +31,10 @@ from typing import Any, Optional
 import numpy as np
 import zmq
 
-from . import bulk_copy, tensors
+from . import bulk_copy
 from .arena import Arena
-from .wire import bytes_codec, dtypes, shm
+from .bls_replies import BlsReply, ReplyReader
+from .wire import bytes_codec, shm
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
     INLINE_MAX_BYTES,
@@ -70,19 +70,6 @@ class _Call:
         self.done = False
 
 
-class BlsReply:
-    """One response as the model sees it: named numpy arrays (views of leases when large), or an error."""
-
-    __slots__ = ("outputs", "error", "parameters", "final")
-
-    def __init__(self, outputs: list[tuple[str, str, np.ndarray]], error: Optional[InferdError],
-                 parameters: dict[str, Any], final: bool) -> None:
-        self.outputs = outputs
-        self.error = error
-        self.parameters = parameters
-        self.final = final
-
-
 class BlsClient:
     def __init__(self, context: zmq.Context, endpoint: str, identity: str) -> None:
         self._context = context
@@ -94,10 +81,10 @@ class BlsClient:
         # re-entrant: a garbage collection inside a locked section may run _release_later on this thread
         self._lock = threading.RLock()
         self._arena = Arena("b", MAX_ARENA_BYTES)
-        self._regions: dict[str, shm.Region] = {}  # supervisor regions mapped for outputs (under _lock)
         # device inputs of calls in flight, by (handle, offset): a callee that hands one back (an identity
         # model) gives this process its own memory, which it cannot open by IPC handle
         self._own_device: weakref.WeakValueDictionary[tuple[str, int], Any] = weakref.WeakValueDictionary()
+        self._replies = ReplyReader(self._lock, self._own_device, self._release_now, self._release_later)
         self._local = threading.local()  # per-thread DEALER for synchronous calls (`direct`)
         self._socket_ids = itertools.count(1)
         self._thread_sockets: list[DealerSocket] = []
@@ -196,7 +183,7 @@ class BlsClient:
             if type(message) is not BlsResponse:
                 continue
             try:
-                reply = self._reply(message, data)
+                reply = self._replies.read(message, data)
             except InferdError as exc:
                 reply = BlsReply([], exc, {}, True)
             if message.call_id == call_id:
@@ -313,7 +300,7 @@ class BlsClient:
         if type(message) is not BlsResponse:
             return
         try:
-            reply = self._reply(message, data)
+            reply = self._replies.read(message, data)
         except InferdError as exc:
             reply = BlsReply([], exc, {}, True)
         if call is None:
@@ -327,76 +314,8 @@ class BlsClient:
         elif call.future is not None and not call.future.done():
             call.future.set_result(reply)
 
-    def _reply(self, message: BlsResponse, data: Sequence[Any]) -> BlsReply:
-        error = None
-        if message.error is not None:
-            try:
-                code = ErrorCode(message.error.code)
-            except ValueError:
-                code = ErrorCode.INTERNAL
-            error = InferdError(code, message.error.message)
-        outputs = []
-        for ref, lease in zip(message.outputs, message.leases):
-            outputs.append((ref.name, ref.datatype, self._array(ref, data, lease)))
-        return BlsReply(outputs, error, message.parameters or {}, bool(message.final))
-
-    def _array(self, ref: TensorRef, data: Sequence[Any], lease: int) -> Any:
-        shape = tuple(int(d) for d in ref.shape)
-        if ref.loc == "cuda":  # a device output: opened in place; the lease returns when the last view goes
-            from . import device
-            from .wire.cuda_ipc import CudaIpcError
-
-            own = self._own_device.get((ref.region, ref.offset))
-            if own is not None and own.nbytes == ref.nbytes:
-                if lease:
-                    self._release_later(lease)
-                return own.reshape(shape)
-            try:
-                return device.open_ref(ref, (lambda: self._release_later(lease)) if lease else None)
-            except (CudaIpcError, device.DeviceTensorError) as exc:
-                if lease:
-                    self._release_later(lease)
-                raise InferdError(ErrorCode.INTERNAL, "BLS output '%s' (device memory of instance '%s'): %s"
-                                  % (ref.name, ref.owner, exc)) from None
-        if ref.loc == "frame":
-            buf = data[ref.frame].buffer if hasattr(data[ref.frame], "buffer") else memoryview(data[ref.frame])
-        elif tensors.worker_owned(ref.region):
-            # the callee's output region, passed on by the supervisor: our own copy (copied without
-            # holding the GIL), then the region goes back to its owner at once
-            lent = shm.attach(ref.region, readonly=True)
-            try:
-                if ref.offset < 0 or ref.nbytes < 0 or ref.offset + ref.nbytes > lent.size:
-                    raise InferdError(ErrorCode.INTERNAL, "BLS output lies outside its shared memory region")
-                with lent.buf[ref.offset: ref.offset + ref.nbytes] as view:
-                    buf = bulk_copy.private_copy(view)
-            finally:
-                lent.close()
-                if lease:
-                    self._post([encode_header(BlsRelease([lease]))])
-            lease = 0
-        else:
-            with self._lock:  # the socket thread and synchronous callers share the mappings
-                region = self._regions.get(ref.region)
-                if region is None:
-                    if len(self._regions) >= 32:  # drop the oldest mapping (unmapped once unused)
-                        old = next(iter(self._regions))
-                        self._regions.pop(old).close()
-                    region = self._regions[ref.region] = shm.attach(ref.region)
-                buf = region.buf[ref.offset: ref.offset + ref.nbytes]
-        if ref.datatype == "BYTES":
-            count = int(np.prod(shape)) if shape else 1
-            array = bytes_codec.deserialize(buf, count=count, name=ref.name).reshape(shape)
-            if lease:
-                self._post([encode_header(BlsRelease([lease]))])  # decoded into Python objects: done
-            return array
-        dt = dtypes.BY_NAME.get(ref.datatype)
-        if dt is None or dt.numpy is None:
-            raise InferdError(ErrorCode.INTERNAL, "unsupported BLS output datatype %s" % ref.datatype)
-        root = np.frombuffer(buf, dtype=dt.numpy)
-        if lease:
-            # every view made from `root` keeps it alive: the lease returns when the last one is gone
-            weakref.finalize(root, self._release_later, lease)
-        return root.reshape(shape)
+    def _release_now(self, lease: int) -> None:
+        self._post([encode_header(BlsRelease([lease]))])
 
     def _release_later(self, lease: int) -> None:
         if not self._closed:

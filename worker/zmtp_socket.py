@@ -1,8 +1,8 @@
 """A worker's own ZeroMQ DEALER: ZMTP spoken by the owning thread on a blocking Unix socket.
 
 libzmq hands every message through its I/O thread: a message from the supervisor wakes that thread,
-which then wakes the receiving thread, and a reply crosses the same two hops back. In the batching
-benchmark those hand-offs took ~1 ms of every 32-request cycle (bench/RESULTS.md, 2026-11-26).
+which then wakes the receiving thread, and a reply crosses the same two hops back; in the batching
+benchmark those hand-offs were a large share of every batch cycle (bench/RESULTS.md).
 Here the thread that owns the socket reads and writes it itself, so the supervisor's write wakes it
 directly and its reply is one `sendmsg`. Used for the main socket (main thread) and for the
 per-thread sockets of synchronous BLS calls; one thread per socket. The heartbeat socket and the

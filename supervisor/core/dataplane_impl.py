@@ -1,10 +1,13 @@
-"""ServerDataPlane: the one DataPlane implementation, over the model manager and schedulers."""
+"""ServerDataPlane: the one DataPlane implementation, over the model registry (models.py) and schedulers.
+
+Every request is resolved and routed here: a frontend's, a BLS call's (through `infer` / `stream_infer`)
+and an ensemble step's (`call_step` / `stream_step`); the registry only holds the versions and their state.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +15,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
-from ..cache import ResponseCache, request_key
+from ..cache import ResponseCache, infer_cached
 from ..inference.types import InferRequest, InferResponse
 from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
@@ -22,6 +25,7 @@ from . import classification
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane
 from .models import ModelManager, ModelVersion
+from .shm_endpoints import ShmEndpoints
 from .status_json import status_json
 from .streaming import ResponseStream
 from .validate import validate_request
@@ -29,7 +33,6 @@ from .validate import validate_request
 log = logging.getLogger("inferd.core")
 
 SERVER_VERSION = "2.51.0"
-CLIENT_SHM_DISABLED = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
 FINAL_FLAG = "triton_final_response"  # response parameter marking a decoupled request's last response
 # Triton's extension names in Triton's order. Server metadata lists only those that work here:
 # `cuda_shared_memory` when the CUDA shm data path says so.
@@ -46,7 +49,7 @@ def extensions(*, cuda_shared_memory: bool, trace: bool = False) -> list[str]:
     return [name for name in TRITON_EXTENSIONS if works.get(name, True)]
 
 
-class ServerDataPlane(DataPlane):
+class ServerDataPlane(ShmEndpoints, DataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
@@ -74,7 +77,54 @@ class ServerDataPlane(DataPlane):
         }
         self._log_settings.update(log_settings or {})
         self.tracer = tracer if tracer is not None else Tracer(TraceOptions())
-        manager.tracer = self.tracer
+        # name -> the version a request without a version resolves to, only while it is ready; forgotten on
+        # every change the registry reports (instance state, load, unload)
+        self._ready: dict[str, ModelVersion] = {}
+        manager.on_change = self._ready.clear
+        manager.steps = self
+
+    # ---- resolution ----
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        """The version a request targets: "" = highest ready version (policy already applied at load)."""
+        if not version:
+            cached = self._ready.get(name)
+            if cached is not None:
+                return cached
+        e = self.manager.entries.get(name)
+        if e is None or (not e.versions and not e.records):
+            raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' is not found" % name)
+        if version:
+            try:
+                v = int(version)
+            except ValueError:
+                raise InferdError(ErrorCode.NOT_FOUND,
+                                  "invalid model version '%s' for model '%s'" % (version, name)) from None
+            mv = e.versions.get(v)
+            if mv is None:
+                raise InferdError(ErrorCode.NOT_FOUND,
+                                  "Request for unknown model: '%s' version %s is not found" % (name, version))
+            return mv
+        ready = [v for v, mv in e.versions.items() if mv.ready]
+        if ready:
+            mv = e.versions[max(ready)]
+            self._ready[name] = mv
+            return mv
+        if e.versions:
+            return e.versions[max(e.versions)]
+        raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' has no available versions" % name)
+
+    def resolve_ready(self, name: str, version: str = "") -> ModelVersion:
+        """As `resolve`, refusing a version that is not ready (UNAVAILABLE)."""
+        if not version:
+            cached = self._ready.get(name)
+            if cached is not None:
+                return cached
+        mv = self.resolve(name, version)
+        if not mv.ready:
+            raise InferdError(ErrorCode.UNAVAILABLE,
+                              "Request for unavailable model: '%s' version %d is not ready (%s)"
+                              % (name, mv.version, mv.reason or "no ready instance"))
+        return mv
 
     # ---- health and metadata ----
     def live(self) -> bool:
@@ -90,7 +140,7 @@ class ServerDataPlane(DataPlane):
                 "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported, trace=True)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        mv = self.manager.resolve_ready(name, version)
+        mv = self.resolve_ready(name, version)
         versions = [str(mv.version)] if version else sorted(
             (str(v) for v, m in self.manager.entries[name].versions.items() if m.ready), key=int)
         base = mv.metadata_base
@@ -100,16 +150,16 @@ class ServerDataPlane(DataPlane):
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            mv = self.manager.resolve(name, version)
+            mv = self.resolve(name, version)
         except InferdError:
             return False  # as Triton: an unknown model or version is simply not ready
         return mv.ready
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return self.manager.resolve(name, version).config
+        return self.resolve(name, version).config
 
     def model_is_decoupled(self, name: str, version: str = "") -> bool:
-        return self.manager.resolve(name, version).decoupled
+        return self.resolve(name, version).decoupled
 
     # ---- inference ----
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -128,7 +178,7 @@ class ServerDataPlane(DataPlane):
         try:
             if mv.cache_generation and self.response_cache is not None:
                 future: asyncio.Future[InferResponse] = asyncio.ensure_future(
-                    self._infer_cached(mv, request, self.response_cache))
+                    infer_cached(self.response_cache, mv, request))
             else:
                 future = mv.scheduler.submit(request)
         except BaseException:
@@ -147,11 +197,15 @@ class ServerDataPlane(DataPlane):
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
         if self.busy_poll is not None:
             self.busy_poll.poke()
-        return self.manager.resolve_ready(request.model_name, request.model_version)
+        return self.resolve_ready(request.model_name, request.model_version)
 
     def _checked(self, mv: ModelVersion, request: InferRequest, to_host: bool) -> dict[str, int] | None:
         """The request validated against its model (inputs in client shared memory read to host first when `to_host`);
         returns the classification the outputs ask for, or None. A refusal counts as a failure."""
+        self._validated(mv, request, to_host)
+        return classification.requested(request.outputs) if request.outputs else None
+
+    def _validated(self, mv: ModelVersion, request: InferRequest, to_host: bool) -> None:
         try:
             if to_host:
                 self._inputs_to_host(request, mv)
@@ -159,33 +213,12 @@ class ServerDataPlane(DataPlane):
         except InferdError:
             mv.stats.record_failure("OTHER", 0)
             raise
-        return classification.requested(request.outputs) if request.outputs else None
 
-    async def _infer_cached(self, mv: ModelVersion, request: InferRequest, cache: ResponseCache) -> InferResponse:
-        """A hit never reaches the scheduler; a miss runs and keeps a copy of its success (triton.md §6.7)."""
-        start = time.monotonic_ns()
-        key = request_key(mv.cache_generation, request)
-        if key is None or request.device_outputs or any(t.device_ref is not None for t in request.inputs):
-            # a sequence request, or device tensors (their bytes are not here to key or keep)
-            return await mv.scheduler.submit(request)
-        response = cache.lookup(key, mv.name, str(mv.version), request.id)
-        lookup_ns = time.monotonic_ns() - start
-        if response is not None:
-            items = 1
-            if int(mv.config.get("max_batch_size") or 0) > 0 and request.inputs and request.inputs[0].shape:
-                items = max(1, request.inputs[0].shape[0])
-            mv.stats.record_cache_hit(lookup_ns, request_ns=start + lookup_ns - request.arrival_ns,
-                                      queue_ns=start - request.arrival_ns, batch_items=items)
-            return response
-        try:
-            response = await mv.scheduler.submit(request)
-        except BaseException:
-            mv.stats.record_cache_miss(lookup_ns)
-            raise
-        insert_start = time.monotonic_ns()
-        cache.insert(key, response)
-        mv.stats.record_cache_miss(lookup_ns + time.monotonic_ns() - insert_start)
-        return response
+    def _submit_traced(self, mv: ModelVersion, request: InferRequest) -> asyncio.Future[InferResponse]:
+        """The scheduler's future; a trace (when tracing is on) ends with the execution."""
+        if live.armed:
+            return self.tracer.submit(mv.name, str(mv.version), request, mv.scheduler.submit)
+        return mv.scheduler.submit(request)
 
     async def stream_infer(self, request: InferRequest) -> AsyncIterator[InferResponse | InferdError]:
         """Responses of one request as they come. Decoupled models: any number, each marked with
@@ -200,10 +233,7 @@ class ServerDataPlane(DataPlane):
         stream = ResponseStream()
         request.response_sink = stream
         # a trace ends with the execution (its compute stamps come as it returns), not the last response
-        if live.armed:
-            future = self.tracer.submit(mv.name, str(mv.version), request, mv.scheduler.submit)
-        else:
-            future = mv.scheduler.submit(request)
+        future = self._submit_traced(mv, request)
         stream.watch(future)
         name, version = mv.name, str(mv.version)
         ended = False
@@ -224,15 +254,49 @@ class ServerDataPlane(DataPlane):
                 if final:
                     return
         finally:
-            if not ended:  # the consumer left early
-                if not future.done():
-                    future.cancel()  # queued: leaves the queue; running: its worker gets Cancel
-                stream.cancel()  # streaming after its execute returned: its worker gets Cancel
+            if not ended:
+                stream.abandon(future)
+
+    # ---- internal requests (ensemble steps) ----
+    async def call_step(self, request: InferRequest) -> InferResponse:
+        """An ensemble step to a model that is not decoupled: resolved, checked and scheduled as a client's
+        request (no response cache, no classification); its response."""
+        mv = self.resolve_ready(request.model_name, request.model_version)
+        if mv.decoupled:
+            raise InferdError(ErrorCode.UNSUPPORTED, "model '%s' is decoupled; decoupled ensemble steps are "
+                              "not supported yet" % mv.name)
+        self._validated(mv, request, False)
+        future = self._submit_traced(mv, request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+
+    async def stream_step(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """An ensemble step to a decoupled model: its responses as they come; an error response raises.
+        Closing the iterator early cancels the request."""
+        mv = self.resolve_ready(request.model_name, request.model_version)
+        self._validated(mv, request, False)
+        stream = ResponseStream()
+        request.response_sink = stream
+        future = mv.scheduler.submit(request)
+        stream.watch(future)
+        ended = False
+        try:
+            while not ended:
+                item, ended = await stream.get()
+                if isinstance(item, InferdError):
+                    raise item
+                yield item
+        finally:
+            if not ended:
+                stream.abandon(future)
 
     # ---- statistics ----
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if name:
-            mv = self.manager.resolve(name, version)
+            mv = self.resolve(name, version)
             if version:
                 return self.stats_registry.to_json(name, str(mv.version))
         return self.stats_registry.to_json(name, version)
@@ -273,6 +337,8 @@ class ServerDataPlane(DataPlane):
         await self.manager.unload(name, unload_dependents)
 
     def status(self, name: str = "") -> dict[str, Any]:
+        if name:
+            self.resolve(name)  # NOT_FOUND for an unknown model
         return status_json(self.manager, name)
 
     # ---- settings ----
@@ -280,20 +346,7 @@ class ServerDataPlane(DataPlane):
         """GET / POST /v2/logging. A change applies to the supervisor's log at once, and to the workers'
         model logging (pb_utils.Logger) when each reads the LogSettings message sent to it."""
         if update:
-            settings = dict(self._log_settings)
-            for key, value in update.items():
-                if key not in settings:
-                    raise InferdError(ErrorCode.INVALID_ARG, "Logging setting '%s' is not supported" % key)
-                if key == "log_file" and value != settings["log_file"]:
-                    raise InferdError(ErrorCode.UNSUPPORTED, "changing the log file over the API is not allowed")
-                if key == "log_verbose_level" and (not isinstance(value, int) or isinstance(value, bool)
-                                                   or value < 0):
-                    raise InferdError(ErrorCode.INVALID_ARG, "log_verbose_level must be a non-negative integer")
-                if key in ("log_info", "log_warning", "log_error") and not isinstance(value, bool):
-                    raise InferdError(ErrorCode.INVALID_ARG, "%s must be a boolean" % key)
-                if key == "log_format" and value not in ("default", "ISO8601", "json"):
-                    raise InferdError(ErrorCode.INVALID_ARG, "log_format must be 'default', 'ISO8601' or 'json'")
-                settings[key] = value
+            settings = logs.updated(self._log_settings, update)
             logs.apply(settings["log_verbose_level"], settings["log_format"], settings["log_info"],
                        settings["log_warning"], settings["log_error"])
             self._log_settings = settings
@@ -311,45 +364,12 @@ class ServerDataPlane(DataPlane):
     def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
         if model:
             try:
-                self.manager.resolve_ready(model)
+                self.resolve_ready(model)
             except InferdError:  # as Triton: a model with no ready version is unknown here
                 raise InferdError(ErrorCode.INVALID_ARG, "Request for unknown model : %s" % model) from None
         if update is not None:
             self.tracer.update(model, update)
         return self.tracer.settings.get(model)
-
-    # ---- shared memory ----
-    # With client shm disabled (the default, as Triton 2.70+): register and unregister are refused with
-    # Triton's 501; status answers as for a server with no region; a tensor naming a region finds none.
-    def _client_shm(self) -> Any:
-        if self.shm is None:
-            raise InferdError(ErrorCode.UNSUPPORTED, CLIENT_SHM_DISABLED)
-        return self.shm
-
-    def shm_check_allowed(self) -> None:
-        self._client_shm()
-
-    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
-        if self.shm is None:
-            if name:
-                raise InferdError(ErrorCode.NOT_FOUND, "Unable to find %s shared memory region: '%s'"
-                                  % ("cuda" if kind == "cuda" else "system", name))
-            return []
-        return self.shm.status(kind, name)
-
-    def shm_register(self, kind: str, name: str, **fields: Any) -> None:
-        self._client_shm().register(kind, name, **fields)
-
-    def shm_unregister(self, kind: str, name: str = "") -> None:
-        self._client_shm().unregister(kind, name)
-
-    def shm_is_cuda(self, region: str) -> bool:
-        return self.shm is not None and region in self.shm.cuda.regions
-
-    def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
-        if self.shm is None:
-            raise _no_region(region)
-        return self.shm.read(region, offset, byte_size, device_ok)
 
     def _inputs_to_host(self, request: InferRequest, mv: ModelVersion) -> None:
         """Inputs still in a client's CUDA region copied to the host, for a model that cannot take them
@@ -357,15 +377,6 @@ class ServerDataPlane(DataPlane):
         for t in request.inputs:
             if type(t.data) is CudaSpan and not (mv.device_inputs and t.name not in mv.host_only_inputs):
                 t.data = self.shm.to_host(t.data)
-
-    def shm_write(self, region: str, offset: int, data: Any) -> None:
-        if self.shm is None:
-            raise _no_region(region)
-        self.shm.write(region, offset, data)
-
-
-def _no_region(region: str) -> InferdError:
-    return InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
 
 
 def _batched(mv: ModelVersion) -> bool:

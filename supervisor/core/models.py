@@ -1,4 +1,5 @@
-"""Loaded models: one ModelVersion per served (model, version), each with its instances and scheduler.
+"""The registry of loaded models: one ModelVersion per served (model, version), with its instances,
+scheduler and state. Requests are resolved and routed by the data plane (core/dataplane_impl.py), not here.
 
 The ModelManager owns load, reload and unload. A load builds the new versions completely (config,
 auto-complete, workers started and ready) before swapping them in, so the old ones keep serving
@@ -13,9 +14,9 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
@@ -25,11 +26,9 @@ from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
-from ..tracing import live
 from . import loader, warmup
 from .load_settings import LoaderSettings
-from .streaming import ResponseStream
-from .validate import IOSpec, validate_request
+from .validate import IOSpec
 
 log = logging.getLogger("inferd.models")
 _cache_generations = itertools.count(1)
@@ -97,20 +96,32 @@ class ModelEntry:
     loaded_once: bool = False
 
 
+class StepRouter(Protocol):
+    """Where an ensemble sends its steps: the data plane, as any request."""
+
+    async def call_step(self, request: InferRequest) -> InferResponse: ...
+
+    def stream_step(self, request: InferRequest) -> AsyncIterator[InferResponse]: ...
+
+
 class ModelManager:
+    """The registry of loaded model versions and their state: loads, reloads and unloads them; the data
+    plane resolves requests against it."""
+
     def __init__(self, settings: LoaderSettings, stats_registry: Any, response_cache: bool = False) -> None:
         self.settings = settings
         self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry
-        self.tracer: Any = None  # the data plane's tracing.Tracer: ensemble steps of traced requests are traced
         self.entries: dict[str, ModelEntry] = {}
-        # name -> the version a request without a version resolves to, only while it is ready; cleared on
-        # every change that can alter readiness or the version set (instance state, load, unload)
-        self._ready_cache: dict[str, ModelVersion] = {}
+        # set by the data plane, which resolves and routes every request (core/dataplane_impl.py): told of
+        # every change, and where an ensemble's steps are sent
+        self.on_change: Callable[[], None] = _nothing
+        self.steps: StepRouter | None = None
 
-    def invalidate(self, *_: Any) -> None:
-        """Forget cached resolutions (called on every instance state change, load and unload)."""
-        self._ready_cache.clear()
+    def changed(self, *_: Any) -> None:
+        """The version set or a readiness changed (an instance's state, a load, an unload): the data plane
+        forgets the versions it resolved."""
+        self.on_change()
 
     # ---- queries ----
     def entry(self, name: str) -> ModelEntry:
@@ -118,48 +129,6 @@ class ModelManager:
         if e is None:
             e = self.entries[name] = ModelEntry(name)
         return e
-
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
-        """The version a request targets: "" = highest ready version (policy already applied at load)."""
-        if not version:
-            cached = self._ready_cache.get(name)
-            if cached is not None:
-                return cached
-        e = self.entries.get(name)
-        if e is None or (not e.versions and not e.records):
-            raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' is not found" % name)
-        if version:
-            try:
-                v = int(version)
-            except ValueError:
-                raise InferdError(ErrorCode.NOT_FOUND,
-                                  "invalid model version '%s' for model '%s'" % (version, name)) from None
-            mv = e.versions.get(v)
-            if mv is None:
-                raise InferdError(ErrorCode.NOT_FOUND,
-                                  "Request for unknown model: '%s' version %s is not found" % (name, version))
-            return mv
-        ready = [v for v, mv in e.versions.items() if mv.ready]
-        if ready:
-            mv = e.versions[max(ready)]
-            self._ready_cache[name] = mv
-            return mv
-        if e.versions:
-            return e.versions[max(e.versions)]
-        raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' has no available versions" % name)
-
-    def resolve_ready(self, name: str, version: str = "") -> ModelVersion:
-        if not version:
-            cached = self._ready_cache.get(name)
-            if cached is not None:
-                return cached
-        mv = self.resolve(name, version)
-        if not mv.ready:
-            detail = mv.reason or "no ready instance"
-            raise InferdError(ErrorCode.UNAVAILABLE,
-                              "Request for unavailable model: '%s' version %d is not ready (%s)"
-                              % (name, mv.version, detail))
-        return mv
 
     def loaded_versions(self) -> list[ModelVersion]:
         return [mv for e in self.entries.values() for mv in e.versions.values()]
@@ -201,7 +170,7 @@ class ModelManager:
         """Load (or reload) every version of `name`. `chain`: the ensembles whose load asked for it."""
         loader.check_model_name(name)
         e = self.entry(name)
-        self.invalidate()
+        self.changed()
         async with e.lock:
             started = time.monotonic()
             try:
@@ -224,7 +193,7 @@ class ModelManager:
                                   "failed to load '%s': %s" % (name, "; ".join(errors)))
             old = e.versions
             e.versions = new_versions
-            self.invalidate()
+            self.changed()
             e.records = {}
             e.loaded_once = True
             elapsed = time.monotonic() - started
@@ -250,13 +219,13 @@ class ModelManager:
             versions = e.versions
             for mv in versions.values():
                 mv.state = UNLOADING
-            self.invalidate()
+            self.changed()
             for v, mv in versions.items():
                 await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
                 self.stats_registry.remove(name, str(v))
                 e.records[v] = (UNAVAILABLE, "unloaded")
             e.versions = {}
-            self.invalidate()
+            self.changed()
             if not versions and not e.records:  # a failed load keeps its reason, as Triton
                 e.records = {None: (UNAVAILABLE, "unloaded")}
             loader.release_env(self.settings, name)
@@ -274,7 +243,7 @@ class ModelManager:
         versions = self.loaded_versions()
         for mv in versions:
             mv.state = UNLOADING
-        self.invalidate()
+        self.changed()
         await asyncio.gather(*(self._stop_version(mv, drain_timeout) for mv in versions),
                              return_exceptions=True)
 
@@ -324,53 +293,6 @@ class ModelManager:
         mv = self._composing_version(name, version)
         return mv.config if mv is not None else None
 
-    async def call_model(self, request: InferRequest) -> InferResponse:
-        """One internal request (an ensemble step): resolve, validate, schedule, await the answer."""
-        mv = self.resolve_ready(request.model_name, request.model_version)
-        if mv.decoupled:
-            raise InferdError(ErrorCode.UNSUPPORTED, "model '%s' is decoupled; decoupled ensemble steps are "
-                              "not supported yet" % mv.name)
-        try:
-            validate_request(mv.io, request)
-        except InferdError:
-            mv.stats.record_failure("OTHER", 0)
-            raise
-        if live.armed and self.tracer is not None:
-            future = self.tracer.submit(mv.name, str(mv.version), request, mv.scheduler.submit)
-        else:
-            future = mv.scheduler.submit(request)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            future.cancel()
-            raise
-
-    async def stream_model(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """An internal request to a decoupled model (an ensemble step): its responses as they come;
-        an error response raises. Closing the iterator early cancels the request."""
-        mv = self.resolve_ready(request.model_name, request.model_version)
-        try:
-            validate_request(mv.io, request)
-        except InferdError:
-            mv.stats.record_failure("OTHER", 0)
-            raise
-        stream = ResponseStream()
-        request.response_sink = stream
-        future = mv.scheduler.submit(request)
-        stream.watch(future)
-        ended = False
-        try:
-            while not ended:
-                item, ended = await stream.get()
-                if isinstance(item, InferdError):
-                    raise item
-                yield item
-        finally:
-            if not ended:
-                if not future.done():
-                    future.cancel()
-                stream.cancel()
-
     # ---- internals ----
     async def _start_versions(self, plan: loader.LoadPlan, ensemble: Any) -> tuple[dict[int, ModelVersion],
                                                                                    dict[int, str]]:
@@ -407,8 +329,11 @@ class ModelManager:
         stats = self.stats_registry.get(plan.name, str(version))
         stats.metric_tags = tuple(sorted((config.get("metric_tags") or {}).items()))  # labels "_<key>"
         if ensemble is not None:
+            if self.steps is None:
+                raise InferdError(ErrorCode.INTERNAL, "ensemble '%s' loaded without a data plane" % plan.name)
             mv = ModelVersion(plan.name, version, config, plan.config_json, IOSpec.from_config(config), [],
-                              EnsembleScheduler(ensemble, str(version), self.call_model, self.stream_model, stats,
+                              EnsembleScheduler(ensemble, str(version), self.steps.call_step,
+                                                self.steps.stream_step, stats,
                                                 batched=int(config.get("max_batch_size") or 0) > 0),
                               stats, decoupled=ensemble.decoupled, metadata_base=plan.metadata_base,
                               ensemble=ensemble, labels=plan.labels)
@@ -428,7 +353,7 @@ class ModelManager:
         # as Triton: the per-model nv_cache_* counters follow the model's config, even without a server cache
         stats.cache_enabled = bool((config.get("response_cache") or {}).get("enable"))
         def on_change(inst: Any) -> None:
-            self.invalidate()
+            self.changed()
             scheduler.instance_changed(inst)
 
         for inst in instances:
@@ -441,7 +366,7 @@ class ModelManager:
             raise
         scheduler.start()
         mv.state = READY
-        self.invalidate()
+        self.changed()
         return mv
 
     async def _stop_version(self, mv: ModelVersion, drain_timeout: float) -> None:
@@ -451,7 +376,11 @@ class ModelManager:
         await asyncio.gather(*(inst.stop() for inst in mv.instances), return_exceptions=True)
         mv.state = UNAVAILABLE
         mv.reason = "unloaded"
-        self.invalidate()
+        self.changed()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _row(name: str, version: str, state: str, reason: str) -> dict[str, Any]:

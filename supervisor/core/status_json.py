@@ -6,9 +6,8 @@ from typing import Any
 
 
 def status_json(manager: Any, name: str = "") -> dict[str, Any]:
-    """inferd's own status view (GET /v2/inferd/status): models, versions, instances, worker pids."""
-    if name:
-        manager.resolve(name)  # INVALID_ARG for an unknown model
+    """inferd's own status view (GET /v2/inferd/status): models, versions, instances, worker pids (the
+    data plane has checked that `name`, if given, is known)."""
     models: list[dict[str, Any]] = []
     for row in manager.index():
         if name and row["name"] != name:

@@ -94,6 +94,13 @@ class ResponseStream:
                 self._waiter = None
         return self._items.popleft()
 
+    def abandon(self, future: asyncio.Future[Any]) -> None:
+        """The consumer left before the final item: the request is cancelled wherever it is (queued: it
+        leaves its queue; running or streaming after its execute returned: its worker gets Cancel)."""
+        if not future.done():
+            future.cancel()
+        self.cancel()
+
     def cancel(self) -> None:
         """The consumer is gone: drop what is buffered and ask the worker to cancel the request."""
         if self.cancelled:

@@ -34,7 +34,7 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
-from ..inference.tensors import MAX_DIMS
+from ..inference.limits import MAX_DIMS
 from ..inference.types import InferRequest, Tensor
 from .streaming import ResponseStream
 from .validate import IOSpec, validate_request

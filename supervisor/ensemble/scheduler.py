@@ -132,10 +132,7 @@ class EnsembleScheduler:
                     # a step error propagates and fails the request
                     self._map_outputs(running.pop(task), task.result(), tensors)
         finally:
-            for task in running:
-                task.cancel()
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+            await _cancel_all(running)
         return self._response(request, tensors)
 
     # ---- ensembles with decoupled steps: every response of such a step feeds the later steps ----
@@ -179,10 +176,7 @@ class EnsembleScheduler:
                 for task in done:
                     self._map_outputs(running.pop(task), task.result(), tensors)
         finally:
-            for task in running:
-                task.cancel()
-            if running:
-                await asyncio.gather(*running, return_exceptions=True)
+            await _cancel_all(running)
         sink.put(self._response(request, tensors), False)
 
     async def _fork(self, request: InferRequest, step: Step, tensors: dict[str, Tensor], waiting: dict[int, Step],
@@ -248,3 +242,11 @@ class EnsembleScheduler:
 
 def _releaser(slots: asyncio.Semaphore) -> Callable[[asyncio.Task[None]], None]:
     return lambda _task: slots.release()
+
+
+async def _cancel_all(running: dict[asyncio.Task[InferResponse], Step]) -> None:
+    """Steps still running when their ensemble request ends (failed or cancelled): cancelled and awaited."""
+    for task in running:
+        task.cancel()
+    if running:
+        await asyncio.gather(*running, return_exceptions=True)

@@ -23,7 +23,7 @@ from inferd.worker.wire.errors import invalid_arg
 
 from ..core.classification import CLASSIFICATION_WITH_SHM
 from ..core.dataplane import DataPlane
-from ..inference.limits import MAX_PARAMETERS, MAX_TENSORS
+from ..inference.limits import MAX_DIMS, MAX_PARAMETERS, MAX_TENSORS
 from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
 
 MAX_CORRELATION_ID_CHARS = 128  # Triton's limit for string sequence ids
@@ -193,6 +193,8 @@ def _request_parameters(params: Params, req: InferRequest) -> None:
 
 
 def _shape_and_count(name: str, dims: list[int]) -> tuple[list[int], int]:
+    if len(dims) > MAX_DIMS:
+        raise invalid_arg(f"input '{name}' has {len(dims)} dimensions, at most {MAX_DIMS} are allowed")
     count = 1
     for d in dims:
         if d < 0:
@@ -240,17 +242,23 @@ def _region(params: Params, name: str) -> str:
     return str(value)
 
 
-def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) -> Any:
-    params = t.parameters
-    region = _region(params, t.name)
+def _shm_size_offset(params: Params, what: str) -> tuple[int, int]:
+    """The byte size (required) and offset (default 0) of a tensor in a shm region, both >= 0."""
     if "shared_memory_byte_size" not in params:
-        raise invalid_arg(f"input '{t.name}': 'shared_memory_byte_size' is required with a shm region")
+        raise invalid_arg(f"{what}: 'shared_memory_byte_size' is required with a shm region")
     byte_size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
     offset = (
         _int_param(params["shared_memory_offset"], "shared_memory_offset") if "shared_memory_offset" in params else 0
     )
     if byte_size < 0 or offset < 0:
-        raise invalid_arg(f"input '{t.name}': negative shared memory offset or byte size")
+        raise invalid_arg(f"{what}: negative shared memory offset or byte size")
+    return byte_size, offset
+
+
+def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) -> Any:
+    params = t.parameters
+    region = _region(params, t.name)
+    byte_size, offset = _shm_size_offset(params, f"input '{t.name}'")
     if t.contents is not None:
         raise invalid_arg(f"input '{t.name}' cannot give both shared memory and typed contents")
     if itemsize and byte_size != count * itemsize:
@@ -347,12 +355,5 @@ def _class_count(p: Param) -> int:
 
 def _shm_output(o: ParsedOutput) -> tuple[str, int, int]:
     params = o.parameters
-    if "shared_memory_byte_size" not in params:
-        raise invalid_arg(f"output '{o.name}': 'shared_memory_byte_size' is required with a shm region")
-    size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
-    offset = (
-        _int_param(params["shared_memory_offset"], "shared_memory_offset") if "shared_memory_offset" in params else 0
-    )
-    if size < 0 or offset < 0:
-        raise invalid_arg(f"output '{o.name}': negative shared memory offset or byte size")
+    size, offset = _shm_size_offset(params, f"output '{o.name}'")
     return _region(params, o.name), offset, size

@@ -40,7 +40,7 @@ class Limits:
     max_tensors: int = limits.MAX_TENSORS  # inputs, and requested outputs, per request
     max_name_len: int = 256
     max_parameters: int = limits.MAX_PARAMETERS
-    max_depth: int = tensors.MAX_DIMS
+    max_depth: int = limits.MAX_DIMS
 
 
 # ---------------------------------------------------------------- small field checks

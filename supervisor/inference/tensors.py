@@ -16,8 +16,9 @@ import numpy as np
 from inferd.worker.wire.dtypes import BY_NAME, DataType
 from inferd.worker.wire.errors import internal, invalid_arg
 
+from .limits import MAX_DIMS
+
 INT64_MAX = (1 << 63) - 1
-MAX_DIMS = 64  # also the deepest JSON `data` nesting accepted
 _LEN = struct.Struct("<I")
 
 # array-module typecodes of the numeric datatypes (little-endian hosts only: the wire is little-endian).

@@ -8,12 +8,19 @@ than the heartbeat limit L (interval x misses), the supervisor looks at the proc
   not hung; it is looked at again every window while it stays silent;
 - no CPU progress over a whole window of L: hung (deadlocked; detected after about 2 x L).
 Without /proc (not Linux) every silent worker is hung after L, as before.
+
+`Watchdog` is that loop for one worker: it pings, notes each heartbeat, and asks `Probe` once silent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
 import os
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("inferd.instances.worker")
 
 BUSY_CPU_FRACTION = 0.01  # CPU time per second of silence that means "working" (the zmq I/O thread
 # answering heartbeats costs microseconds a second; a model holding the GIL costs a whole core)
@@ -88,3 +95,65 @@ class Probe:
         if elapsed >= self.window_s:
             return Verdict.STALLED
         return Verdict.WATCHING
+
+
+class Watchdog:
+    """One worker's heartbeats: a ping (`ping(seq)`) every interval; past the limit of silence (interval x
+    misses, at least `starting_silence_s` while the worker starts) the kernel's verdict: a stopped or
+    stalled worker is killed (`kill(reason)`), a busy one is logged and left alone."""
+
+    def __init__(self, *, pid: int | None, interval_s: float, misses: int, starting_silence_s: float,
+                 ping: Callable[[int], object], settle: Callable[[], Awaitable[None]], starting: Callable[[], bool],
+                 kill: Callable[[str], None], who: Callable[[], str]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._interval = interval_s
+        self._limit = interval_s * misses
+        self._starting_silence = starting_silence_s
+        self._ping = ping
+        self._settle = settle  # reads what the channel has queued (the loop may have been busy)
+        self._starting = starting
+        self._kill = kill
+        self._who = who
+        # silence alone is not hang: a model may hold the GIL for seconds in a C call
+        self._probe = Probe(pid, self._limit) if pid is not None else None
+        self.last = self._loop.time()  # when the worker was last heard
+
+    def heard(self) -> None:
+        self.last = self._loop.time()
+
+    async def run(self, exited: asyncio.Event) -> None:
+        """Until the worker exits or is killed here."""
+        limit, probe = self._limit, self._probe
+        busy_since: float | None = None
+        seq = 0
+        while not exited.is_set():
+            await asyncio.sleep(self._interval)
+            seq += 1
+            self._ping(seq)
+            silent = self._loop.time() - self.last
+            # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
+            # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
+            allowed = max(limit, self._starting_silence) if self._starting() else limit
+            if silent <= allowed:
+                if busy_since is not None:
+                    log.info("%s answers heartbeats again after %.1f s busy", self._who(),
+                             self._loop.time() - busy_since)
+                    busy_since = None
+                if probe is not None:
+                    probe.reset()
+                continue
+            await self._settle()
+            silent = self._loop.time() - self.last
+            if silent <= allowed:
+                continue
+            verdict = probe.check(self._loop.time()) if probe is not None else Verdict.STALLED
+            if verdict is Verdict.STOPPED:
+                self._kill(f"hung: no heartbeat for {silent:.1f} s (process stopped)")
+                return
+            if verdict is Verdict.STALLED:
+                self._kill(f"hung: no heartbeat for {silent:.1f} s and no CPU progress for {limit:g} s")
+                return
+            if verdict is Verdict.BUSY and busy_since is None:
+                busy_since = self.last
+                log.info("%s is busy: no heartbeat for %.1f s but using CPU (a long call holding the "
+                         "GIL?); not hung", self._who(), silent)

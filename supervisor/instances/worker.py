@@ -1,22 +1,20 @@
 """One live worker process and the supervisor's side of its protocol (docs/worker-protocol.md).
 
 State machine: starting → ready → draining → stopped | failed. Death is detected by awaiting the
-process exit (a per-child wait); a heartbeat watchdog SIGKILLs a worker that went silent and is
-stopped (SIGSTOP) or makes no CPU progress (deadlocked), so that it takes the same path; a silent worker
-that uses CPU is busy (a long C call holding the GIL), not hung (liveness.py). On any exit that was
+process exit (a per-child wait); a heartbeat watchdog (liveness.py) SIGKILLs a worker that went silent
+and is stopped (SIGSTOP) or makes no CPU progress (deadlocked), so that it takes the same path; a silent
+worker that uses CPU is busy (a long C call holding the GIL), not hung. On any exit that was
 not requested, every request in flight fails at once with UNAVAILABLE naming the instance, its pid
 and the cause, and `on_exit` is told.
 
-Decoupled requests stay open after their batch's ExecuteResult until their final StreamResponse;
-streams.py keeps them.
+The batches in flight (pipeline slots, results matched to batches) are pipeline.py's; decoupled
+requests stay open after their batch's ExecuteResult until their final StreamResponse, in streams.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import enum
-import functools
 import itertools
 import logging
 import os
@@ -37,8 +35,8 @@ from .codec import BatchResult
 from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
 from .outputs import WorkerOutputs
-from .packing import InputPacker, release_leases
-from .streams import OpenStreams
+from .packing import InputPacker
+from .pipeline import BatchPipeline
 
 log = logging.getLogger("inferd.instances.worker")
 
@@ -55,18 +53,6 @@ class WorkerState(str, enum.Enum):
     DRAINING = "draining"
     STOPPED = "stopped"
     FAILED = "failed"
-
-
-class _Batch:
-    __slots__ = ("batch_id", "fut", "requests", "ids", "leases")
-
-    def __init__(self, batch_id: int, fut: asyncio.Future[BatchResult], requests: Sequence[InferRequest],
-                 ids: list[int], leases: list[Any]) -> None:
-        self.batch_id = batch_id
-        self.fut = fut
-        self.requests = requests
-        self.ids = ids
-        self.leases = leases
 
 
 def describe_exit(returncode: int) -> str:
@@ -122,23 +108,18 @@ class WorkerProcess:
         self._exited = asyncio.Event()
         self._exit_task: asyncio.Task[None] | None = None
         self._hb_task: asyncio.Task[None] | None = None
-        self._last_hb = 0.0
+        self._watchdog: liveness.Watchdog | None = None  # from Hello on
         self._control: dict[type, asyncio.Future[Any]] = {}
         self._stopping = False
         self._kill_reason = ""
-        # Up to max_inflight batches are sent ahead, so the worker starts the next one without waiting
-        # for a round trip; it still executes them one at a time, in order.
-        self.max_inflight = max(1, timings.pipeline_depth)
-        self._batches: dict[int, _Batch] = {}
-        self._streams = OpenStreams(lambda rid: self._send_quiet(m.Cancel([rid])), self._kill)
-        self._slots = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._batch_ids = itertools.count(1)
-        self._packer = InputPacker(pool, device)
         # large outputs the worker wrote into its own regions; their names go back once collected
         self._outputs = WorkerOutputs(lambda names: self._send_quiet(m.ReleaseOutputs(names)), self.identity, name,
                                       lambda keys: self._send_quiet(m.ReleaseOutputs([], keys)))
-        self._hb_frames = m.encode(m.Heartbeat(0))
+        self._pipeline = BatchPipeline(
+            depth=timings.pipeline_depth, packer=InputPacker(pool, device), outputs=self._outputs,
+            model_version=model_version, send=lambda frames: channel.send(self.identity, frames),
+            send_quiet=self._send_quiet, kill=self._kill, refusal=self._refusal, who=self._who)
+        self.launch = self._pipeline.launch  # the schedulers' path: no extra call per batch
         self._log = logging.getLogger(f"inferd.worker.{name}")
 
     # ---- introspection ----
@@ -147,17 +128,26 @@ class WorkerProcess:
         return self._proc.pid if self._proc is not None else None
 
     @property
+    def max_inflight(self) -> int:
+        """Batches sent ahead to this worker (pipeline_depth)."""
+        return self._pipeline.depth
+
+    @max_inflight.setter
+    def max_inflight(self, depth: int) -> None:
+        self._pipeline.depth = max(1, depth)
+
+    @property
     def busy(self) -> bool:
-        return self._slots >= self.max_inflight
+        return self._pipeline.busy
 
     @property
     def inflight(self) -> int:
-        return sum(len(b.requests) for b in self._batches.values())
+        return self._pipeline.inflight
 
     @property
     def open_streams(self) -> int:
         """Decoupled requests that have not received their final response."""
-        return len(self._streams)
+        return len(self._pipeline.streams)
 
     @property
     def exited(self) -> bool:
@@ -236,8 +226,13 @@ class WorkerProcess:
         if hello.pid != self._proc.pid:
             log.warning("%s reports pid %s", self._who(), hello.pid)
         self.hello = hello
-        self._last_hb = self._loop.time()
-        self._hb_task = self._loop.create_task(self._heartbeat_loop(), name="hb-" + self.name)
+        self._watchdog = liveness.Watchdog(
+            pid=self._proc.pid, interval_s=t.heartbeat_interval_s, misses=t.heartbeat_misses,
+            starting_silence_s=STARTING_SILENCE_S,
+            ping=lambda seq: self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq))),
+            settle=self._channel.settle, starting=lambda: self.state is WorkerState.STARTING, kill=self._kill,
+            who=self._who)
+        self._hb_task = self._loop.create_task(self._watchdog.run(self._exited), name="hb-" + self.name)
 
     def _expect_future(self, cls: type) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -272,122 +267,26 @@ class WorkerProcess:
         else:
             self._cleanup()
 
-    # ---- execution ----
+    # ---- execution (pipeline.py) ----
     async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
-        """Run one batch. Up to max_inflight Executes are in flight per worker; callers queue here (FIFO).
+        """Run one batch. Up to pipeline_depth Executes are in flight per worker; callers queue (FIFO).
 
         Raises InferdError(UNAVAILABLE) when the worker is not ready or dies meanwhile. Cancelling the
         caller sends Cancel to the worker; the batch still occupies the worker until its reply.
+        `launch(requests)` is the same without a coroutine while a slot is free (the schedulers' path).
         """
-        if self.state is not WorkerState.READY:
-            raise self._not_ready()
-        if self._slots >= self.max_inflight:
-            waiter: asyncio.Future[None] = self._loop.create_future()
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():
-                    self._release_slot()  # ownership was handed over just before the cancel
-                raise
-            if self.state is not WorkerState.READY:
-                self._release_slot()
-                raise self._not_ready()
-        else:
-            self._slots += 1
-        return await self._send_batch(requests)
-
-    def launch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
-        """`execute` without a coroutine when a pipeline slot is free: the Execute is sent before this
-        returns, and the future resolves as the result is read (schedulers' callback path). With the
-        pipeline full it falls back to waiting in `execute`'s queue. Cancelling the future sends Cancel."""
-        if self.state is not WorkerState.READY:
-            raise self._not_ready()
-        if self._slots >= self.max_inflight:
-            return asyncio.ensure_future(self.execute(requests))
-        self._slots += 1
-        return self._send_batch(requests)
-
-    def _send_batch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
-        """Pack and send one Execute; the caller holds a pipeline slot, which the reply frees."""
-        try:
-            batch_id = next(self._batch_ids)
-            packed = self._packer.pack(requests)
-        except BaseException:
-            self._release_slot()
-            raise
-        leases, streams = packed.leases, packed.streams
-        fut: asyncio.Future[BatchResult] = self._loop.create_future()
-        batch = _Batch(batch_id, fut, requests, packed.ids, leases)
-        self._batches[batch_id] = batch
-        if streams:
-            self._streams.add(streams)
-        try:
-            header = (codec.execute_header(batch_id, packed.items, packed.forget) if packed.columns is None
-                      else codec.execute_columns_header(batch_id, packed.columns, packed.forget))
-            self._channel.send(self.identity, [header, *packed.frames])
-        except InferdError:
-            self._batches.pop(batch_id, None)
-            self._release_leases(leases)
-            self._streams.end_all(streams)
-            self._release_slot()
-            raise
-        if streams:
-            self._streams.attach(streams)
-        fut.add_done_callback(functools.partial(self._batch_settled, batch))
-        return fut
-
-    def _batch_settled(self, batch: _Batch, fut: asyncio.Future[BatchResult]) -> None:
-        # the caller gave up (cancelling the future): tell the worker, whose reply still frees the slot
-        if fut.cancelled() and self._batches.get(batch.batch_id) is batch:
-            self._send_quiet(m.Cancel(list(batch.ids)))
+        return await self._pipeline.execute(requests)
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""
-        wanted = {id(r) for r in requests}
-        ids = [rid for batch in self._batches.values()
-               for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
-        if self._streams.by_id:
-            ids.extend(self._streams.ids_of(wanted, ids))
-        if ids:
-            self._send_quiet(m.Cancel(ids))
+        self._pipeline.cancel(requests)
 
-    def _not_ready(self) -> InferdError:
+    def _refusal(self) -> InferdError | None:
+        if self.state is WorkerState.READY:
+            return None
         if self.error is not None:
             return InferdError(ErrorCode.UNAVAILABLE, self.error.message)
         return InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} is {self.state.value}")
-
-    def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
-        batch_id = msg.get("batch_id")
-        batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
-        if batch is None:
-            log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
-            return
-        self._release_leases(batch.leases)
-        try:
-            result = codec.batch_result(batch.requests, batch.ids, msg, data, self.model_version, self._outputs)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            result = None
-            self._kill(f"sent a malformed result ({exc!r})")
-            if not batch.fut.done():
-                batch.fut.set_exception(
-                    InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
-        if result is not None:
-            if self._streams.by_id:
-                self._streams.end_failed(batch.ids, result.responses)
-            if not batch.fut.done():
-                batch.fut.set_result(result)
-        self._release_slot()
-
-    def _release_slot(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # hand the slot over: the count stays
-                return
-        self._slots = max(0, self._slots - 1)
-
-    _release_leases = staticmethod(release_leases)
 
     # ---- messages ----
     def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:
@@ -400,7 +299,8 @@ class WorkerProcess:
             pass
 
     def _on_heartbeat(self, frames: list[Any]) -> None:
-        self._last_hb = self._loop.time()
+        if self._watchdog is not None:
+            self._watchdog.heard()
 
     def _on_message(self, frames: list[Any]) -> None:
         try:
@@ -410,9 +310,9 @@ class WorkerProcess:
             return
         cls = type(msg)
         if cls is dict:
-            self._on_execute_result(msg, data)
+            self._pipeline.on_result(msg, data)
         elif cls is m.StreamResponse:
-            self._streams.on_response(msg, data, self.model_version, self._outputs)
+            self._pipeline.on_stream_response(msg, data)
         elif cls is m.Log:
             self._log.log(_LOG_LEVELS.get(msg.level, logging.INFO), "%s", msg.message)
         elif cls is m.Bye:
@@ -424,46 +324,6 @@ class WorkerProcess:
                 self._log.warning("unexpected %s from %s", cls.__name__, self._who())
             else:
                 fut.set_result(msg)
-
-    # ---- liveness ----
-    async def _heartbeat_loop(self) -> None:
-        interval = self._timings.heartbeat_interval_s
-        limit = interval * self._timings.heartbeat_misses
-        # silence alone is not hang: a model may hold the GIL for seconds in a C call (liveness.py)
-        probe = liveness.Probe(self._proc.pid, limit) if self._proc is not None else None
-        busy_since: float | None = None
-        seq = 0
-        while not self._exited.is_set():
-            await asyncio.sleep(interval)
-            seq += 1
-            self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq)))
-            silent = self._loop.time() - self._last_hb
-            # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
-            # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
-            allowed = max(limit, STARTING_SILENCE_S) if self.state is WorkerState.STARTING else limit
-            if silent <= allowed:
-                if busy_since is not None:
-                    log.info("%s answers heartbeats again after %.1f s busy", self._who(),
-                             self._loop.time() - busy_since)
-                    busy_since = None
-                if probe is not None:
-                    probe.reset()
-                continue
-            await self._channel.settle()  # the loop may have been busy: read what is queued first
-            silent = self._loop.time() - self._last_hb
-            if silent <= allowed:
-                continue
-            verdict = probe.check(self._loop.time()) if probe is not None else liveness.Verdict.STALLED
-            if verdict is liveness.Verdict.STOPPED:
-                self._kill(f"hung: no heartbeat for {silent:.1f} s (process stopped)")
-                return
-            if verdict is liveness.Verdict.STALLED:
-                self._kill(f"hung: no heartbeat for {silent:.1f} s and no CPU progress for {limit:g} s")
-                return
-            if verdict is liveness.Verdict.BUSY and busy_since is None:
-                busy_since = self._last_hb
-                log.info("%s is busy: no heartbeat for %.1f s but using CPU (a long call holding the "
-                         "GIL?); not hung", self._who(), silent)
 
     def _kill(self, reason: str) -> None:
         if self._proc is None or self._proc.returncode is not None:
@@ -508,17 +368,7 @@ class WorkerProcess:
             if not fut.done():
                 fut.set_exception(err)
         self._control.clear()
-        batches, self._batches = self._batches, {}
-        for batch in batches.values():
-            self._release_leases(batch.leases)
-            if not batch.fut.done():
-                batch.fut.set_exception(err)
-        self._streams.fail_all(err)
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # it re-checks the state and raises
-        self._slots = 0
+        self._pipeline.fail_all(err)
 
     def _cleanup(self) -> None:
         self._outputs.close()

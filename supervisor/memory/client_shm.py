@@ -8,8 +8,8 @@ A client's object may shrink, vanish or be rewritten at any time, so the server 
 page past a shrunk end is a SIGBUS that kills the process, and checking the size first is racy (the
 client can truncate between the check and the copy). Instead the registered fd is kept open and tensors
 are copied with pread/pwrite: past the end the kernel returns a short count, never a fault. It costs more
-than a memcpy from a mapping (bench/client_shm_copy.py, 2-vCPU VM: +1 µs read / +3 µs write at 4 KiB,
-+40 / +57 µs at 1 MiB, +2-6 / +7-9 ms at 64 MiB), the price of a copy no client can turn into a crash.
+than a memcpy from a mapping (bench/client_shm_copy.py measures how much), the price of a copy no client
+can turn into a crash.
 
 CUDA regions (kind "cuda") are kept by memory.cuda_regions, built on the first CUDA call.
 """

@@ -1,6 +1,6 @@
-"""The lifecycle the default scheduler and the dynamic batcher share: started once every instance has
-started, refusing requests once closed or with no ready instance, draining (bounded) on unload and
-failing what is still queued on close. Each subclass keeps its own queue and dispatching."""
+"""The lifecycle the default scheduler, the dynamic batcher and the sequence batcher share: started once
+every instance has started, refusing requests once closed or with no ready instance, draining (bounded)
+on unload and failing what is still queued on close. Each subclass keeps its own queue and dispatching."""
 
 from __future__ import annotations
 

@@ -6,16 +6,8 @@ in flight ends the old sequence early (a warning, as Triton) and the new one kee
 of an unknown or ended sequence is refused with Triton's INVALID_ARG message. A sequence's requests
 run one at a time, in arrival order, on the instance whose slot it holds (sequence_lanes.py).
 
-Per request the scheduler injects the configured control inputs (sequence_controls.py) and the
-implicit state (sequence_state.py); the worker gets a copy of the client's request with them, so the
-frontends keep answering the request the client sent.
-
-Null requests (direct strategy, batching model): as in Triton, a batch is indexed by slot, and an
-empty slot below the highest busy slot is filled with a null request: correlation id 0, no flags,
-START/END/READY false, CORRID 0, data inputs of the same shapes as a real request of the batch but
-zero-filled (Triton leaves them uninitialised), the initial implicit state. Python models see them in
-`requests` (Triton's Python backend does too) and must answer them; their answers are dropped, and
-they count in no statistic.
+The worker gets a copy of each request with the control inputs and the implicit state, and null
+requests in empty slots below the highest busy one (sequence_requests.py); their answers are dropped.
 
 `max_sequence_idle_microseconds`: a sequence without a request for that long (none queued or
 running) is released with a logged warning; a later request of it without START then fails, with
@@ -30,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import functools
 import itertools
 import logging
@@ -40,10 +31,12 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
-from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, RequestedOutput, Tensor
-from . import sequence_controls, sequence_state
+from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse
+from . import sequence_state
 from .base import Executor
+from .lifecycle import QueueLifecycle
 from .sequence_lanes import Lane, SeqItem, Sequence, parse_policy
+from .sequence_requests import WorkerRequests
 
 log = logging.getLogger("inferd.scheduler.sequence")
 
@@ -52,7 +45,10 @@ MAX_SEQUENCES = 65536  # sequences tracked at once (running or backlogged): boun
 RECENTLY_IDLED = 4096  # ids released for idleness that we remember, for a clearer error
 
 
-class SequenceScheduler:
+class SequenceScheduler(QueueLifecycle):
+    """Slots per sequence on each instance (sequence_lanes.py); the lifecycle is the other schedulers'
+    (lifecycle.py), its own close stopping the runners first."""
+
     def __init__(self, model_name: str, config: dict[str, Any], executors: Seq[Executor], stats: Any,
                  max_queue_size: int = 0, model_dir: str | None = None) -> None:
         self.model_name = model_name
@@ -63,12 +59,9 @@ class SequenceScheduler:
         self.max_batch_size = int(config.get("max_batch_size") or 0)
         self.batched = self.max_batch_size > 0
         self.policy = parse_policy(config)
-        self.controls = sequence_controls.parse_controls(model_name, sb)
         if model_dir is None and executors:  # an Instance knows its model directory (initial_state data_file)
             model_dir = getattr(getattr(executors[0], "load", None), "model_dir", None)
-        self.states = sequence_state.parse_states(model_name, sb, model_dir)
-        self.state_outputs = {s.output_name for s in self.states}
-        self.output_names = [o["name"] for o in config.get("output") or []]
+        self.worker_requests = WorkerRequests(model_name, config, model_dir)
         self.idle_s = (int(sb.get("max_sequence_idle_microseconds") or 0) or 1_000_000) / 1e6
         self.iterative = bool(sb.get("iterative_sequence"))  # requests may be rescheduled by the model
         self._single_ids = itertools.count(1)
@@ -79,9 +72,7 @@ class SequenceScheduler:
         self.queued = 0  # requests waiting (not yet handed to an instance)
         self.running = 0
         self._tasks: list[asyncio.Task[None]] = []
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._closed = False
+        self._init_lifecycle()
 
     # ---- lifecycle ----
     def start(self) -> None:
@@ -93,19 +84,11 @@ class SequenceScheduler:
         for lane in self.lanes:
             if lane.executor is executor:
                 lane.wake.set()
-        if not any(e.ready for e in self.executors):
-            self._fail_all(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % self.model_name)
+        self._instance_down()
 
     @property
     def pending_count(self) -> int:
         return self.queued
-
-    async def drain(self, timeout: float) -> None:
-        self._closed = True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            self._fail_all(ErrorCode.UNAVAILABLE, "model '%s' is unloading" % self.model_name)
 
     async def close(self) -> None:
         self._closed = True
@@ -117,7 +100,7 @@ class SequenceScheduler:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        self._fail_all(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
+        self._fail_queued(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
 
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
@@ -142,10 +125,7 @@ class SequenceScheduler:
     def _admit(self, request: InferRequest) -> Sequence:
         """The sequence a request joins (created on START); raises InferdError when it cannot be queued."""
         model = self.model_name
-        if self._closed:
-            raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % model)
-        if not any(e.ready for e in self.executors):
-            raise InferdError(ErrorCode.UNAVAILABLE, "no ready instance of model '%s'" % model)
+        self._refuse_unless_open()
         corr = request.correlation_id
         if isinstance(corr, int) and corr < 0:  # a gRPC int64 id: Triton reads its bits as uint64
             corr = request.correlation_id = corr & 0xFFFFFFFFFFFFFFFF
@@ -266,7 +246,7 @@ class SequenceScheduler:
             self._release(sequence, why)
         self._check_idle()
 
-    def _fail_all(self, code: ErrorCode, message: str) -> None:
+    def _fail_queued(self, code: ErrorCode, message: str) -> None:
         for sequence in list(self.sequences.values()):
             for item in sequence.queue:
                 if not item.future.done() and item.worker_request is None:
@@ -316,9 +296,9 @@ class SequenceScheduler:
         try:
             for slot_item in picked:
                 if slot_item is None:
-                    worker_requests.append(self._null_request(template))
+                    worker_requests.append(self.worker_requests.null(template))
                 else:
-                    slot_item.worker_request = self._worker_request(slot_item)
+                    slot_item.worker_request = self.worker_requests.of(slot_item.request, slot_item.sequence)
                     worker_requests.append(slot_item.worker_request)
             result: Any = await lane.executor.execute(worker_requests)
             responses = list(result.responses)
@@ -352,7 +332,7 @@ class SequenceScheduler:
         sequence.last_ns = end
         request_ns = end - item.request.arrival_ns
         if isinstance(response, InferResponse):
-            sequence.state = sequence_state.capture(self.states, response, sequence.state)
+            sequence.state = sequence_state.capture(self.worker_requests.states, response, sequence.state)
         if item.future.cancelled():
             self.stats.record_failure("CANCELED", request_ns)
         elif isinstance(response, InferdError):
@@ -373,33 +353,6 @@ class SequenceScheduler:
             lane.release(sequence)
             self._fill_from_backlog()
 
-    # ---- what the worker gets ----
-    def _worker_request(self, item: SeqItem) -> InferRequest:
-        request = item.request
-        sequence = item.sequence
-        start = bool(request.flags & SEQUENCE_START)
-        if start or not sequence.state:
-            sequence.state = sequence_state.initial_tensors(self.states, self.batched)
-        inputs = sequence_controls.control_tensors(
-            self.controls, start=start, end=bool(request.flags & SEQUENCE_END), ready=True,
-            correlation_id=request.correlation_id, batched=self.batched)
-        inputs += request.inputs
-        inputs += sequence.state.values()
-        outputs = request.outputs
-        if self.states:
-            outputs = list(outputs) or [RequestedOutput(n) for n in self.output_names]
-            outputs += [RequestedOutput(n) for n in self.state_outputs]
-        return dataclasses.replace(request, inputs=inputs, outputs=outputs)
-
-    def _null_request(self, template: InferRequest) -> InferRequest:
-        inputs = sequence_controls.control_tensors(self.controls, start=False, end=False, ready=False,
-                                                   correlation_id=0, batched=self.batched)
-        inputs += [Tensor(t.name, t.datatype, list(t.shape), _zeros_like(t)) for t in template.inputs]
-        inputs += sequence_state.initial_tensors(self.states, self.batched).values()
-        outputs = [RequestedOutput(n) for n in self.output_names] if self.states else []
-        outputs += [RequestedOutput(n) for n in self.state_outputs]
-        return InferRequest(template.model_name, template.model_version, inputs=inputs, outputs=outputs)
-
     # ---- idle sequences ----
     async def _reaper(self) -> None:
         period = min(max(self.idle_s / 4, 0.01), 1.0)
@@ -418,12 +371,3 @@ class SequenceScheduler:
             self.idled[sequence.correlation_id] = None
             while len(self.idled) > RECENTLY_IDLED:
                 self.idled.popitem(last=False)
-
-
-def _zeros_like(tensor: Tensor) -> bytes:
-    if tensor.datatype != "BYTES":
-        return bytes(memoryview(tensor.data).nbytes)
-    count = 1
-    for d in tensor.shape:
-        count *= d
-    return bytes(4 * count)  # empty strings

@@ -1,4 +1,4 @@
-"""A server on made-up GPUs (INFERD_TEST_ONLY_FAKE_GPUS, read by config.py, for tests only): a model
+"""A server on made-up GPUs (INFERD_TEST_ONLY_FAKE_GPUS, read by flags.py, for tests only): a model
 listing a GPU that does not exist is UNAVAILABLE with a reason naming it, a KIND_GPU Python model's
 initialize gets model_instance_kind GPU and its device id, the nv_gpu_* metrics come from the (fake)
 NVML and refresh every --metrics-interval-ms, and --allow-gpu-metrics=false or an NVML that fails to

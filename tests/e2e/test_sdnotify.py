@@ -54,7 +54,7 @@ def test_no_socket_or_bad_socket_sends_nothing(tmp_path):
 
 
 def test_config_reads_notify_socket(tmp_path):
-    from inferd.supervisor.config import parse_args
+    from inferd.supervisor.flags import parse_args
 
     argv = ["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run")]
     assert parse_args(argv, {"NOTIFY_SOCKET": "/run/systemd/notify"}).notify_socket == "/run/systemd/notify"

@@ -49,7 +49,7 @@ async def test_gpu_worker_with_an_unopenable_client_handle(env, monkeypatch):
     gc.collect()
     shm.unregister("cuda", "r")
     assert not shm.cuda.is_open(handle)
-    packer = inst._worker._packer  # type: ignore[union-attr]
+    packer = inst._worker._pipeline.packer  # type: ignore[union-attr]
     assert list(packer._cuda_seen) == [handle]
     sent: list[list[str]] = []
     real_header = codec.execute_header

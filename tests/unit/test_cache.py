@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from inferd.supervisor import config as config_mod
+from inferd.supervisor import flags
 from inferd.supervisor.cache import (
     ENTRY_OVERHEAD,
     TENSOR_OVERHEAD,
@@ -52,16 +52,16 @@ def test_parse_errors_name_the_problem(values: list[str], words: str) -> None:
 
 
 def test_server_flag(tmp_path) -> None:
-    cfg = config_mod.parse_args(["--model-repository", str(tmp_path), "--cache-config", "local,size=4096",
+    cfg = flags.parse_args(["--model-repository", str(tmp_path), "--cache-config", "local,size=4096",
                                  "--run-dir", str(tmp_path / "run")])
     assert cfg.response_cache_bytes == 4096
-    cfg = config_mod.parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run")])
+    cfg = flags.parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run")])
     assert cfg.response_cache_bytes is None
-    cfg = config_mod.parse_args(["--model-repository", str(tmp_path), "--response-cache-byte-size", "512",
+    cfg = flags.parse_args(["--model-repository", str(tmp_path), "--response-cache-byte-size", "512",
                                  "--cache-directory", "/opt/tritonserver/caches", "--run-dir", str(tmp_path / "run")])
     assert cfg.response_cache_bytes == 512
     with pytest.raises(SystemExit, match="not supported"):
-        config_mod.parse_args(["--model-repository", str(tmp_path), "--cache-config", "redis,host=x",
+        flags.parse_args(["--model-repository", str(tmp_path), "--cache-config", "redis,host=x",
                                "--run-dir", str(tmp_path / "run")])
 
 

@@ -1,4 +1,4 @@
-"""tritonserver command lines as inferd parses them (supervisor/config.py, supervisor/triton_flags.py)."""
+"""tritonserver command lines as inferd parses them (supervisor/flags.py, supervisor/triton_flags.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import re
 
 import pytest
 from inferd.supervisor import triton_flags
-from inferd.supervisor.config import RESTRICTABLE, build_parser, parse_args, parse_restrictions
+from inferd.supervisor.config import RESTRICTABLE
+from inferd.supervisor.flags import build_parser, parse_args, parse_restrictions
 
 
 def parse(tmp_path, *flags: str):

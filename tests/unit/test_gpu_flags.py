@@ -1,5 +1,5 @@
 """The GPU settings of the frozen config: --allow-gpu-metrics, --metrics-interval-ms, and the environment
-variables read in config.py only (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the test-only fake GPUs)."""
+variables read in flags.py only (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, the test-only fake GPUs)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 from inferd.supervisor import config as config_mod
+from inferd.supervisor.flags import parse_args
 
 
 def _parse(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> config_mod.ServerConfig:
-    return config_mod.parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run"),
-                                  *flags], environ=env or {})
+    return parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path / "run"), *flags],
+                      environ=env or {})
 
 
 def test_defaults(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from inferd.supervisor.config import parse_args
+from inferd.supervisor.flags import parse_args
 from inferd.supervisor.tracing.options import OTEL_DEFAULT_URL, TraceOptions, parse
 
 

@@ -11,7 +11,7 @@
 - Azure: AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY (shared key); AZURE_STORAGE_CONNECTION_STRING
   may name the blob endpoint (e.g. Azurite) and key.
 
-Nothing here reads the environment: supervisor/config.py hands over the variables it read
+Nothing here reads the environment: supervisor/flags.py hands over the variables it read
 (`ENV_VARS`) once, at start-up.
 """
 
@@ -61,7 +61,7 @@ class AzureCredential:
 
 @dataclass(frozen=True)
 class CloudCredentials:
-    """What config.py read: the cloud variables of the environment and the parsed credential file."""
+    """What flags.py read: the cloud variables of the environment and the parsed credential file."""
 
     env: tuple[tuple[str, str], ...] = ()
     file: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (scheme, ((prefix, entry), ...))
@@ -71,7 +71,7 @@ class CloudCredentials:
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> CloudCredentials:
-        """Called by config.py only. ValueError for an unreadable or malformed credential file."""
+        """Called by flags.py only. ValueError for an unreadable or malformed credential file."""
         env = tuple((k, environ[k]) for k in ENV_VARS if environ.get(k))
         path = dict(env).get(CREDENTIAL_PATH_ENV, "")
         return cls(env=env, file=_read_credential_file(path) if path else ())

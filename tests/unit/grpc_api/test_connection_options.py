@@ -6,7 +6,8 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from inferd.supervisor.config import GrpcKeepalive, parse_args
+from inferd.supervisor.config import GrpcKeepalive
+from inferd.supervisor.flags import parse_args
 from inferd.supervisor.grpc_api import tls
 from inferd.supervisor.grpc_api.grpcio_server import channel_options
 from inferd.supervisor.grpc_api.http2.lifetime import Lifetime

@@ -30,7 +30,7 @@ def test_start_and_stop_from_config(loop_thread: Any) -> None:
 
 
 def test_restrictions_and_forwarding_from_config(loop_thread: Any) -> None:
-    """config.http_restricted and http_header_forward_pattern reach the router (config.py parses the
+    """config.http_restricted and http_header_forward_pattern reach the router (flags.py parses the
     flags); the metrics port is never restricted."""
     cfg = ServerConfig(model_repositories=("/nonexistent",), http_address="127.0.0.1", http_port=0,
                        metrics_address="127.0.0.1", metrics_port=0,

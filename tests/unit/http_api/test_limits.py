@@ -243,12 +243,12 @@ def test_default_cap_takes_one_64_mib_tensor_and_its_header(loop_thread: LoopThr
     """The server as the command line builds it (--http-max-input-size left at 64 MiB): a request whose
     only tensor is exactly 64 MiB, plus its JSON header, is served as Triton serves it; 4 bytes more
     of tensor is refused with 413."""
-    from inferd.supervisor import config
+    from inferd.supervisor import flags
     from inferd.supervisor.http_api import frontend
 
     from .fake_dataplane import FakeDataPlane
 
-    cfg = config.parse_args(["--model-repository", str(tmp_path), "--http-address", "127.0.0.1", "--http-port", "0"])
+    cfg = flags.parse_args(["--model-repository", str(tmp_path), "--http-address", "127.0.0.1", "--http-port", "0"])
     assert cfg.http_max_input_size == 64 * 1024 * 1024
     http = loop_thread.run(frontend.start(FakeDataPlane(), cfg))
     try:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 from inferd.supervisor import latency_summary as ls
-from inferd.supervisor.config import parse_args, parse_metrics_config
+from inferd.supervisor.flags import parse_args, parse_metrics_config
 from inferd.supervisor.metrics import render_metrics
 from inferd.supervisor.stats import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families

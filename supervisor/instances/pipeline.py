@@ -1,0 +1,196 @@
+"""The batches in flight on one worker process.
+
+Up to `depth` Executes are sent ahead, so the worker starts the next one without waiting for a round
+trip (it still runs them one at a time, in order); callers beyond that wait here, first come first
+served, for a slot. Each ExecuteResult is matched to its batch, whose leases are released and whose
+future is resolved; decoupled requests stay open past it in streams.py. worker.py owns the process and
+its protocol and feeds this its results; a death fails everything here at once (`fail_all`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from inferd.supervisor.inference.types import InferRequest
+from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+from . import codec
+from .codec import BatchResult
+from .outputs import WorkerOutputs
+from .packing import InputPacker, release_leases
+from .streams import OpenStreams
+
+log = logging.getLogger("inferd.instances.worker")
+
+
+class _Batch:
+    __slots__ = ("batch_id", "fut", "requests", "ids", "leases")
+
+    def __init__(self, batch_id: int, fut: asyncio.Future[BatchResult], requests: Sequence[InferRequest],
+                 ids: list[int], leases: list[Any]) -> None:
+        self.batch_id = batch_id
+        self.fut = fut
+        self.requests = requests
+        self.ids = ids
+        self.leases = leases
+
+
+class BatchPipeline:
+    def __init__(self, *, depth: int, packer: InputPacker, outputs: WorkerOutputs, model_version: str,
+                 send: Callable[[list[Any]], None], send_quiet: Callable[[Any], None],
+                 kill: Callable[[str], None], refusal: Callable[[], InferdError | None],
+                 who: Callable[[], str]) -> None:
+        self.depth = max(1, depth)
+        self.packer = packer
+        self._outputs = outputs
+        self._model_version = model_version
+        self._send = send  # the frames of one message to the worker (raises InferdError when unreachable)
+        self._send_quiet = send_quiet  # one message, dropped when the worker is unreachable
+        self._kill = kill
+        self._refusal = refusal  # why the worker takes no batch now, or None while it is ready
+        self._who = who
+        self._loop = asyncio.get_running_loop()
+        self._batches: dict[int, _Batch] = {}
+        self.streams = OpenStreams(lambda rid: send_quiet(m.Cancel([rid])), kill)
+        self._slots = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._batch_ids = itertools.count(1)
+
+    @property
+    def busy(self) -> bool:
+        return self._slots >= self.depth
+
+    @property
+    def inflight(self) -> int:
+        return sum(len(b.requests) for b in self._batches.values())
+
+    async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
+        """Run one batch, waiting for a slot when `depth` are in flight."""
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
+        if self._slots >= self.depth:
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._release_slot()  # ownership was handed over just before the cancel
+                raise
+            refusal = self._refusal()
+            if refusal is not None:
+                self._release_slot()
+                raise refusal
+        else:
+            self._slots += 1
+        return await self._send_batch(requests)
+
+    def launch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+        """`execute` without a coroutine while a slot is free; with every slot taken it waits in `execute`."""
+        refusal = self._refusal()
+        if refusal is not None:
+            raise refusal
+        if self._slots >= self.depth:
+            return asyncio.ensure_future(self.execute(requests))
+        self._slots += 1
+        return self._send_batch(requests)
+
+    def _send_batch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+        """Pack and send one Execute; the caller holds a slot, which the reply frees."""
+        try:
+            batch_id = next(self._batch_ids)
+            packed = self.packer.pack(requests)
+        except BaseException:
+            self._release_slot()
+            raise
+        leases, streams = packed.leases, packed.streams
+        fut: asyncio.Future[BatchResult] = self._loop.create_future()
+        batch = _Batch(batch_id, fut, requests, packed.ids, leases)
+        self._batches[batch_id] = batch
+        if streams:
+            self.streams.add(streams)
+        try:
+            header = (codec.execute_header(batch_id, packed.items, packed.forget) if packed.columns is None
+                      else codec.execute_columns_header(batch_id, packed.columns, packed.forget))
+            self._send([header, *packed.frames])
+        except InferdError:
+            self._batches.pop(batch_id, None)
+            release_leases(leases)
+            self.streams.end_all(streams)
+            self._release_slot()
+            raise
+        if streams:
+            self.streams.attach(streams)
+        fut.add_done_callback(functools.partial(self._batch_settled, batch))
+        return fut
+
+    def _batch_settled(self, batch: _Batch, fut: asyncio.Future[BatchResult]) -> None:
+        # the caller gave up (cancelling the future): tell the worker, whose reply still frees the slot
+        if fut.cancelled() and self._batches.get(batch.batch_id) is batch:
+            self._send_quiet(m.Cancel(list(batch.ids)))
+
+    def cancel(self, requests: Iterable[InferRequest]) -> None:
+        """Tell the worker that these requests (of the batches in flight, or streaming) are cancelled."""
+        wanted = {id(r) for r in requests}
+        ids = [rid for batch in self._batches.values()
+               for req, rid in zip(batch.requests, batch.ids, strict=False) if id(req) in wanted]
+        if self.streams.by_id:
+            ids.extend(self.streams.ids_of(wanted, ids))
+        if ids:
+            self._send_quiet(m.Cancel(ids))
+
+    def on_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
+        """An ExecuteResult: its batch resolved, its slot freed."""
+        batch_id = msg.get("batch_id")
+        batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
+        if batch is None:
+            log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
+            return
+        release_leases(batch.leases)
+        try:
+            result = codec.batch_result(batch.requests, batch.ids, msg, data, self._model_version, self._outputs)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            result = None
+            self._kill(f"sent a malformed result ({exc!r})")
+            if not batch.fut.done():
+                batch.fut.set_exception(
+                    InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
+        if result is not None:
+            if self.streams.by_id:
+                self.streams.end_failed(batch.ids, result.responses)
+            if not batch.fut.done():
+                batch.fut.set_result(result)
+        self._release_slot()
+
+    def on_stream_response(self, msg: m.StreamResponse, data: Sequence[Any]) -> None:
+        self.streams.on_response(msg, data, self._model_version, self._outputs)
+
+    def _release_slot(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # hand the slot over: the count stays
+                return
+        self._slots = max(0, self._slots - 1)
+
+    def fail_all(self, err: InferdError) -> None:
+        """The worker is gone: every batch and stream fails with `err`; waiters wake to the refusal."""
+        batches, self._batches = self._batches, {}
+        for batch in batches.values():
+            release_leases(batch.leases)
+            if not batch.fut.done():
+                batch.fut.set_exception(err)
+        self.streams.fail_all(err)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # it re-checks the refusal and raises
+        self._slots = 0
