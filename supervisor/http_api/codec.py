@@ -27,6 +27,7 @@ from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import internal, invalid_arg
 
 from . import templates
+from .json_request import parse_plain
 from .parsed import OutputPlan, ParsedInfer
 from .server import Response
 
@@ -118,6 +119,10 @@ class InferCodec:
             raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
         if not isinstance(doc, dict):
             raise invalid_arg("the inference request must be a JSON object")
+        if hlen < 0:  # a JSON body: the simple form in one pass, anything else below
+            plain = parse_plain(model, version, doc, self.limits)
+            if plain is not None:
+                return plain
         parsed = self._parse_doc(model, version, doc, body, hlen, total)
         if key is not None:
             tpl = templates.HeaderTemplate.of(parsed, body, hlen)

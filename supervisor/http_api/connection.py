@@ -11,7 +11,6 @@ module runs each request's handler and waits for its answer. A connection over t
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Awaitable
@@ -78,7 +77,9 @@ class HttpConnection(RequestReader, ResponseWriter, ConnectionLifetime):
             if not isinstance(result, Response):
                 if isinstance(result, Deferred):
                     self._pending = future = result.future
-                    future.add_done_callback(functools.partial(self._deferred_done, req, result.finish))
+                    self._pending_req = req
+                    self._pending_deferred = result
+                    future.add_done_callback(self._deferred_done)
                 else:
                     self._task = self._loop.create_task(self._run(req, result))
                 return
@@ -107,16 +108,18 @@ class HttpConnection(RequestReader, ResponseWriter, ConnectionLifetime):
         elif self._finish(req, res):
             self._dispatch(self._queue.popleft())
 
-    def _deferred_done(self, req: Request, finish: Any, future: asyncio.Future[Any]) -> None:
+    def _deferred_done(self, future: asyncio.Future[Any]) -> None:
         """The Deferred of the running request is done: build its response and write it."""
         if future is not self._pending or self.closed:
             return  # abandoned (the connection failed or closed)
-        self._pending = None
+        req, deferred = self._pending_req, self._pending_deferred
+        assert req is not None and deferred is not None
+        self._pending = self._pending_req = self._pending_deferred = None
         if future.cancelled():
             res = _CANCELLED
         else:
             try:
-                res = finish(future)
+                res = deferred.finish(deferred.context, future)
             except Exception:
                 log.exception("HTTP handler failed")
                 res = _INTERNAL

@@ -42,7 +42,7 @@ class ConnectionLifetime(ConnectionState):
             self._task = None
         if self._pending is not None:
             self._pending.cancel()
-            self._pending = None
+            self._pending = self._pending_req = self._pending_deferred = None
         self._busy = False
         transport = self._transport
         self._coalescer.release(transport)

@@ -18,7 +18,7 @@ import httptools
 
 if TYPE_CHECKING:
     from .coalesce import Coalescer
-    from .messages import Handler, Request, Response
+    from .messages import Deferred, Handler, Request, Response
 
 
 class ConnectionHost(Protocol):
@@ -85,11 +85,15 @@ class ConnectionState(asyncio.Protocol):
         self._blen = 0
         self._expect = False
         self._max_pipelined = server.max_pipelined
+        self._max_header_size = server.max_header_size
+        self._max_headers = server.max_headers
         # requests parsed and waiting (or the 503s owed to those beyond max_pipelined), and the one running
         self._queue: deque[Request | Refused] = deque()
         self._busy = False
         self._task: asyncio.Task[None] | None = None
         self._pending: asyncio.Future[Any] | None = None  # the Deferred future the running request waits on
+        self._pending_req: Request | None = None  # ... its request, and the Deferred
+        self._pending_deferred: Deferred | None = None
         self._paused_reading = False
         self._paused_writing = False
         self._write_ready: asyncio.Future[None] | None = None

@@ -28,6 +28,7 @@ BUSY = 503  # too many requests pipelined on one connection, or too many connect
 # raw header name -> its lower-cased str: one dict lookup per request instead of decoding each time
 # (bounded: clients choose the names)
 _HEADER_NAMES: dict[bytes, str] = {}
+_TARGETS: dict[bytes, tuple[str, str]] = {}  # request target -> (path, query), the same way
 _CACHE_MAX = 256
 
 
@@ -82,7 +83,7 @@ class RequestReader(ConnectionState):
     # ---- httptools callbacks ----
     def on_message_begin(self) -> None:
         self.state = HEADERS
-        self.since = time.monotonic()
+        self.since = self.last_read  # the read that began it
         self._url = b""
         self._headers = {}
         self._hbytes = 0
@@ -95,19 +96,21 @@ class RequestReader(ConnectionState):
     def on_url(self, url: bytes) -> None:
         self._url += url
         self._hbytes += len(url)
-        if self._hbytes > self._server.max_header_size:
+        if self._hbytes > self._max_header_size:
             raise Abort(414, "request URI too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._hbytes += len(name) + len(value) + 4
-        if self._hbytes > self._server.max_header_size or len(self._headers) >= self._server.max_headers:
+        hbytes = self._hbytes + len(name) + len(value) + 4
+        headers = self._headers
+        if hbytes > self._max_header_size or len(headers) >= self._max_headers:
             raise Abort(431, "request header too large")
+        self._hbytes = hbytes
         key = _HEADER_NAMES.get(name)
         if key is None:
             key = name.decode("latin-1").lower()
             if len(_HEADER_NAMES) < _CACHE_MAX:
                 _HEADER_NAMES[name] = key
-        self._headers[key] = value.decode("latin-1")
+        headers[key] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.state = BODY
@@ -153,18 +156,23 @@ class RequestReader(ConnectionState):
         self._completed += 1
         parser = self._parser
         url = self._url
-        path, _, query = url.partition(b"?")
+        target = _TARGETS.get(url)
+        if target is None:
+            path, _, query = url.partition(b"?")
+            target = path.decode("latin-1"), query.decode("latin-1")
+            if len(_TARGETS) < _CACHE_MAX and len(url) <= 256:
+                _TARGETS[url] = target
         body = self._body
         if body is None:
             body = b""
         elif self._blen != len(body):
             body = memoryview(body)[: self._blen]
-        req = Request(parser.get_method().decode("latin-1"), path.decode("latin-1"),
-                      query.decode("latin-1"), self._headers, body, parser.should_keep_alive(), self._raw)
+        req = Request(parser.get_method().decode("latin-1"), target[0], target[1], self._headers, body,
+                      parser.should_keep_alive(), self._raw)
         self._body = None
         self._expect = False
         self.state = IDLE
-        self.since = time.monotonic()
+        self.since = self.last_read
         if self._busy:
             if len(self._queue) >= self._max_pipelined:  # not run: answered 503 in its turn
                 self._queue.append(self._too_many(req))
