@@ -10,7 +10,7 @@ from typing import Any
 
 from .connection_state import ConnectionState
 from .messages import Request, Response
-from .response_bytes import CONTINUE, chunked_head, response_head
+from .response_bytes import CONTINUE, chunked_head, json_ok, response_head
 
 SMALL = 65536  # a response up to this size is joined into one buffer
 
@@ -52,6 +52,10 @@ class ResponseWriter(ConnectionState):
     # ---- the bytes ----
     def _write(self, transport: asyncio.Transport, res: Response, keep: bool, conn_hdr: str | None) -> None:
         body: Any = res.body
+        if (type(body) is bytes and keep and conn_hdr is None and res.status == 200 and res.headers is None
+                and body and len(body) <= SMALL and res.content_type == "application/json"):
+            self._coalescer.write(transport, json_ok(body))  # the common answer, its head from a template
+            return
         if type(body) is bytes:
             single, size = True, len(body)
         else:
