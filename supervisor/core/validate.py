@@ -38,9 +38,10 @@ class IOSpec:
     injected: frozenset[str] = frozenset()
 
     @cached_property
-    def passed(self) -> dict[tuple[str, str, tuple[int, ...]], tuple[int | None, int]]:
-        """(input name, datatype, shape) -> (its batch dimension or None, element count) for the inputs of
-        this spec that passed every check but the byte size: a tensor seen before is not walked again."""
+    def passed(self) -> dict[tuple[str, str, tuple[int, ...]], tuple[int | None, int, int]]:
+        """(input name, datatype, shape) -> (its batch dimension or None, element count, byte size or -1 for
+        BYTES) for the inputs of this spec that passed every check but the bytes': a tensor seen before is
+        not walked again."""
         return {}
 
     @cached_property
@@ -117,14 +118,16 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         key = (name, datatype, tuple(shape))
         known = passed.get(key)
         if known is not None:  # the checks below passed for this name, datatype and shape before
-            batch, count = known
+            batch, count, nbytes = known
             if batch is not None:
                 if batch_size is None:
                     batch_size = batch
                 elif batch != batch_size:
                     raise invalid_arg("input '%s' batch size %d does not match %d of the other inputs for model "
                                       "'%s'" % (name, batch, batch_size, model))
-            _check_size(tensor, datatype, count, name, model)
+            data = tensor.data
+            if type(data) is not bytes or len(data) != nbytes or tensor.device_ref is not None:
+                _check_size(tensor, datatype, count, name, model)  # (bytes of the right size pass)
             continue
         ts = spec_inputs.get(name)
         if ts is None or name in spec.injected:
@@ -155,7 +158,8 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         _check_size(tensor, datatype, count, name, model)
         if len(passed) >= _PASSED_MAX:
             passed.clear()
-        passed[key] = (shape[0] if max_batch > 0 else None, count)
+        passed[key] = (shape[0] if max_batch > 0 else None, count,
+                       -1 if datatype == "BYTES" else count * dtypes.BY_NAME[datatype].itemsize)
     if batch_size is not None and batch_size > max_batch:
         raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (max_batch, model))
     outputs = request.outputs

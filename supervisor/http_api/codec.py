@@ -32,6 +32,7 @@ from .parsed import OutputPlan, ParsedInfer
 from .server import Response
 
 UINT64_MAX = (1 << 64) - 1
+_JOIN_BYTES = 16384  # binary outputs up to this size are joined with the JSON into one body
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
@@ -335,6 +336,7 @@ class InferCodec:
         entries = []
         blobs: list[Any] = []
         binary_any = False
+        blob_bytes = 0
         default = parsed.binary_default
         plans = parsed.plans
         for t in resp.outputs:
@@ -365,6 +367,7 @@ class InferCodec:
                 entry["parameters"] = {"binary_data_size": nbytes}
                 if nbytes:
                     blobs.append(t.data)
+                    blob_bytes += nbytes
             else:
                 code = tensors.ARRAY_CODES.get(t.datatype)  # numbers: size checked above, a flat list at once
                 entry["data"] = (view.cast("B").cast(code).tolist() if code is not None  # type: ignore[call-overload]
@@ -384,5 +387,7 @@ class InferCodec:
             raise internal(f"response could not be serialized: {exc}") from None
         if binary_any:
             headers = {"Inference-Header-Content-Length": str(len(head))}
-            return Response(200, [head, *blobs] if blobs else head, "application/octet-stream", headers)
+            if blobs and blob_bytes > _JOIN_BYTES:  # large: the buffers are written as they are
+                return Response(200, [head, *blobs], "application/octet-stream", headers)
+            return Response(200, b"".join([head, *blobs]) if blobs else head, "application/octet-stream", headers)
         return Response(200, head)

@@ -51,7 +51,7 @@ class RequestReader(ConnectionState):
             if self._drained > self._server.max_body + DRAIN_EXTRA:
                 self.abort()
             return
-        if self._coalescer.held:
+        if self._coalescer.waiting:
             self._coalescer.flush()  # answers first, then the request just read
         self.last_read = time.monotonic()
         completed = self._completed
