@@ -111,7 +111,7 @@ class InferCodec:
             tpl = self._templates.get(key)
             if tpl is not None:
                 parsed = ParsedInfer(*tpl.instantiate(model, version, body, hlen))
-                if parsed.plans:
+                if tpl.shm_outputs:
                     self._ask_device_outputs(parsed)
                 return parsed
         try:
