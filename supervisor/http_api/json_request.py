@@ -10,7 +10,7 @@ their messages come from one place.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from inferd.supervisor.inference.tensors import ARRAY_CODES, INT64_MAX, MAX_DIMS, pack_plain
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
@@ -18,8 +18,14 @@ from inferd.worker.wire.dtypes import BY_NAME
 
 from .parsed import OutputPlan, ParsedInfer
 
-if TYPE_CHECKING:
-    from .codec import Limits
+
+class Limits(Protocol):
+    """The caps parse_plain applies (codec.Limits has them)."""
+
+    @property
+    def max_tensors(self) -> int: ...
+    @property
+    def max_name_len(self) -> int: ...
 
 _INPUT_KEYS = frozenset(("name", "datatype", "shape", "data"))
 _DOC_KEYS = frozenset(("id", "inputs", "outputs"))
