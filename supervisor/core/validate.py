@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from inferd.worker.wire import dtypes
@@ -17,6 +18,7 @@ from ..inference.tensors import check_bytes_framing
 from ..inference.types import InferRequest
 from ..memory.cuda_regions import CudaSpan
 
+_NAME = attrgetter("name")
 _PASSED_MAX = 256  # remembered (input, datatype, shape) per model version; cleared when full
 
 
@@ -93,7 +95,7 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
     inputs = request.inputs
     spec_inputs = spec.inputs
     required = spec.required
-    given = [t.name for t in inputs]
+    given = list(map(_NAME, inputs))
     for n in required:
         if n not in given:
             break

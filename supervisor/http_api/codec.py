@@ -351,7 +351,12 @@ class InferCodec:
             dt = BY_NAME.get(t.datatype)
             if dt is None:
                 raise internal(f"output '{t.name}' has an unknown datatype")
-            fixed = dt.itemsize * tensors.element_count(t.shape) if dt.itemsize else nbytes
+            fixed = dt.itemsize
+            if fixed:
+                for d in t.shape:  # (tensors.element_count, inline: once per output)
+                    fixed *= d
+            else:
+                fixed = nbytes
             if fixed != nbytes:
                 raise internal(f"output '{t.name}' holds {nbytes} bytes, its shape {list(t.shape)} of "
                                f"{t.datatype} needs {fixed}")
@@ -370,8 +375,12 @@ class InferCodec:
                     blob_bytes += nbytes
             else:
                 code = tensors.ARRAY_CODES.get(t.datatype)  # numbers: size checked above, a flat list at once
-                entry["data"] = (view.cast("B").cast(code).tolist() if code is not None  # type: ignore[call-overload]
-                                 else tensors.raw_to_json(t.datatype, t.shape, t.data, t.name))
+                if code is None:
+                    entry["data"] = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
+                else:
+                    if view.format != "B" or view.ndim != 1:
+                        view = view.cast("B")
+                    entry["data"] = view.cast(code).tolist()  # type: ignore[call-overload]
             entries.append(entry)
         doc: dict[str, Any] = {}
         if resp.id:
