@@ -144,3 +144,33 @@ def test_the_templated_answer_is_the_general_answer(body: bytes) -> None:
     from inferd.supervisor.http_api.response_bytes import json_ok, response_head
 
     assert json_ok(body) == b"".join([*response_head(Response(200, body), len(body), True, None), body])
+
+
+def test_served_answers_are_the_same_bytes_with_and_without_the_one_pass_parser(served: Any,
+                                                                               monkeypatch: Any) -> None:
+    """Over a real connection: every document above, to two models, answered with the same status, headers
+    and body whether the one-pass parser runs or the general parser reads everything."""
+    from inferd.supervisor.http_api import codec as codec_module
+
+    from .rawhttp import RawConn, build
+
+    requests = [build("POST", f"/v2/models/{model}/infer", json.dumps(doc).encode(),
+                      {"Content-Type": "application/json"})
+                for model in ("identity_FP32", "simple") for doc in PLAIN + OTHER]
+
+    def answers() -> list[tuple[int, dict[str, str], bytes]]:
+        conn = RawConn(served.port)
+        try:
+            out = []
+            for raw in requests:
+                conn.send(raw)
+                out.append(conn.read_response())
+            return out
+        finally:
+            conn.close()
+
+    fast = answers()
+    monkeypatch.setattr(codec_module, "parse_plain", lambda *args: None)
+    general = answers()
+    assert [status for status, _, _ in fast].count(200) >= 5  # some of them do run
+    assert fast == general
