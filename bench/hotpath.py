@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import json
 import pstats
 import statistics
 import struct
@@ -46,11 +47,38 @@ BODY = b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "da
 REQUEST = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Length: %d\r\n"
            b"Content-Type: application/json\r\n\r\n" % len(BODY)) + BODY
 OUTPUT = struct.pack("<4f", 1, 2, 3, 4)
+OUTPUTS = [("OUTPUT0", [1, 4], OUTPUT)]
 CONFIG: dict[str, Any] = {
     "name": "m", "max_batch_size": BATCH, "dynamic_batching": {"max_queue_delay_microseconds": 10_000_000},
     "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
     "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]}],
 }
+
+
+def use_body(kind: str) -> None:
+    """--body add_sub / add_sub_binary: bench/run.py's add_sub request (two FP32[16] inputs, JSON data or
+    binary tensors asking for binary outputs), batch dimension added."""
+    global REQUEST, OUTPUTS
+    if kind == "small":
+        return
+    names = ("INPUT0", "INPUT1")
+    CONFIG["input"] = [{"name": n, "data_type": "TYPE_FP32", "dims": [16]} for n in names]
+    CONFIG["output"] = [{"name": n, "data_type": "TYPE_FP32", "dims": [16]} for n in ("OUTPUT0", "OUTPUT1")]
+    raw = struct.pack("<16f", *range(16))
+    OUTPUTS = [("OUTPUT0", [1, 16], raw), ("OUTPUT1", [1, 16], raw)]
+    if kind == "add_sub":
+        body = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
+                                      for n in names]}, separators=(",", ":")).encode()
+        extra = b"Content-Type: application/json\r\n"
+    else:
+        head = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16],
+                                       "parameters": {"binary_data_size": 64}} for n in names],
+                           "outputs": [{"name": n, "parameters": {"binary_data": True}}
+                                       for n in ("OUTPUT0", "OUTPUT1")]}, separators=(",", ":")).encode()
+        body = head + raw + raw
+        extra = b"Content-Type: application/octet-stream\r\nInference-Header-Content-Length: %d\r\n" % len(head)
+    REQUEST = (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Length: %d\r\n"
+               % len(body)) + extra + b"\r\n" + body
 
 
 class Stats:
@@ -161,7 +189,8 @@ async def measure(rounds: int, trace_file: str = "") -> tuple[list[float], list[
         t1 = time.perf_counter_ns()
         (future, requests), = instance.sent
         instance.sent.clear()
-        future.set_result(Result([InferResponse("m", "1", r.id, [Tensor("OUTPUT0", "FP32", [1, 4], OUTPUT)])
+        future.set_result(Result([InferResponse("m", "1", r.id, [Tensor(n, "FP32", list(shape), data)
+                                                                 for n, shape, data in OUTPUTS])
                                   for r in requests]))
         for _ in range(3):  # the batch's callback, the answers' callbacks, the coalescer's flush
             await asyncio.sleep(0)
@@ -180,7 +209,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3000, help="batches of 32 requests")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--trace-file", default="", help="trace every request (rate 1, TIMESTAMPS) into this file")
+    ap.add_argument("--body", choices=["small", "add_sub", "add_sub_binary"], default="small",
+                    help="small: one FP32[4] JSON input; add_sub(_binary): bench/run.py's add_sub request")
     args = ap.parse_args()
+    use_body(args.body)
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:
         profiler.enable()

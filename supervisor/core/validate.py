@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from inferd.worker.wire import dtypes
@@ -16,6 +17,9 @@ from inferd.worker.wire.errors import InferdError, invalid_arg
 from ..inference.tensors import check_bytes_framing
 from ..inference.types import InferRequest
 from ..memory.cuda_regions import CudaSpan
+
+_NAME = attrgetter("name")
+_PASSED_MAX = 256  # remembered (input, datatype, shape) per model version; cleared when full
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,13 @@ class IOSpec:
     outputs: dict[str, TensorSpec]
     # control inputs the scheduler injects (sequence batching), never sent by clients
     injected: frozenset[str] = frozenset()
+
+    @cached_property
+    def passed(self) -> dict[tuple[str, str, tuple[int, ...]], tuple[int | None, int, int]]:
+        """(input name, datatype, shape) -> (its batch dimension or None, element count, byte size or -1 for
+        BYTES) for the inputs of this spec that passed every check but the bytes': a tensor seen before is
+        not walked again."""
+        return {}
 
     @cached_property
     def required(self) -> list[str]:
@@ -84,7 +95,7 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
     inputs = request.inputs
     spec_inputs = spec.inputs
     required = spec.required
-    given = [t.name for t in inputs]
+    given = list(map(_NAME, inputs))
     for n in required:
         if n not in given:
             break
@@ -98,19 +109,34 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
     seen: set[str] = set()
     batch_size: int | None = None
     max_batch = spec.max_batch_size
+    passed = spec.passed
     for tensor in inputs:
         name = tensor.name
         if name in seen:
             raise invalid_arg("input '%s' is specified more than once for model '%s'" % (name, model))
         seen.add(name)
+        datatype = tensor.datatype
+        shape = tensor.shape
+        key = (name, datatype, tuple(shape))
+        known = passed.get(key)
+        if known is not None:  # the checks below passed for this name, datatype and shape before
+            batch, count, nbytes = known
+            if batch is not None:
+                if batch_size is None:
+                    batch_size = batch
+                elif batch != batch_size:
+                    raise invalid_arg("input '%s' batch size %d does not match %d of the other inputs for model "
+                                      "'%s'" % (name, batch, batch_size, model))
+            data = tensor.data
+            if type(data) is not bytes or len(data) != nbytes or tensor.device_ref is not None:
+                _check_size(tensor, datatype, count, name, model)  # (bytes of the right size pass)
+            continue
         ts = spec_inputs.get(name)
         if ts is None or name in spec.injected:
             raise invalid_arg("unexpected inference input '%s' for model '%s'" % (name, model))
-        datatype = tensor.datatype
         if datatype != ts.datatype:
             raise invalid_arg("inference input '%s' data-type is '%s', but model '%s' expects '%s'"
                               % (name, datatype, model, ts.datatype))
-        shape = tensor.shape
         count = 1
         for s in shape:
             if s < 0:
@@ -131,17 +157,11 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
             expected = ([-1] if max_batch > 0 else []) + list(ts.dims)
             raise invalid_arg("unexpected shape for input '%s' for model '%s'. Expected %s, got %s"
                               % (name, model, _fmt(expected), _fmt(list(shape))))
-        if datatype == "BYTES":
-            check_bytes_framing(tensor.data, count, name)
-        else:
-            expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
-            data = tensor.data
-            device = tensor.device_ref  # device memory: its size is what the producer declared
-            got = (device.nbytes if device is not None else len(data) if type(data) is bytes
-                   else data.nbytes if type(data) is CudaSpan else len(memoryview(data).cast("B")))
-            if got != expected_bytes:
-                raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
-                                  % (name, model, expected_bytes, got))
+        _check_size(tensor, datatype, count, name, model)
+        if len(passed) >= _PASSED_MAX:
+            passed.clear()
+        passed[key] = (shape[0] if max_batch > 0 else None, count,
+                       -1 if datatype == "BYTES" else count * dtypes.BY_NAME[datatype].itemsize)
     if batch_size is not None and batch_size > max_batch:
         raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (max_batch, model))
     outputs = request.outputs
@@ -152,6 +172,21 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
                 raise invalid_arg("unexpected inference output '%s' for model '%s'" % (out.name, model))
         if len({o.name for o in outputs}) != len(outputs):
             raise invalid_arg("output requested more than once for model '%s'" % model)
+
+
+def _check_size(tensor: Any, datatype: str, count: int, name: str, model: str) -> None:
+    """The tensor's bytes hold `count` elements of `datatype` (BYTES: their length prefixes do)."""
+    if datatype == "BYTES":
+        check_bytes_framing(tensor.data, count, name)
+        return
+    expected_bytes = count * dtypes.BY_NAME[datatype].itemsize
+    data = tensor.data
+    device = tensor.device_ref  # device memory: its size is what the producer declared
+    got = (device.nbytes if device is not None else len(data) if type(data) is bytes
+           else data.nbytes if type(data) is CudaSpan else len(memoryview(data).cast("B")))
+    if got != expected_bytes:
+        raise invalid_arg("input byte size mismatch for input '%s' for model '%s'. Expected %d, got %d"
+                          % (name, model, expected_bytes, got))
 
 
 def _fmt(shape: list[int]) -> str:

@@ -23,12 +23,12 @@ class Coalescer:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._held: dict[asyncio.Transport, list[bytes]] = {}
+        self.waiting: dict[asyncio.Transport, list[bytes]] = {}  # answers held, per transport
         self._in_pass = False  # an answer has been written in this pass: hold the next ones
 
     @property
     def held(self) -> bool:
-        return bool(self._held)
+        return bool(self.waiting)
 
     def write(self, transport: asyncio.Transport, data: bytes) -> None:
         if not self._in_pass:
@@ -36,7 +36,7 @@ class Coalescer:
             self._loop.call_soon(self.flush)
             transport.write(data)
             return
-        held = self._held
+        held = self.waiting
         parts = held.get(transport)
         if parts is None:
             held[transport] = [data]
@@ -45,17 +45,17 @@ class Coalescer:
 
     def release(self, transport: asyncio.Transport) -> None:
         """Write what is held for `transport` now."""
-        parts = self._held.pop(transport, None)
+        parts = self.waiting.pop(transport, None)
         if parts and not transport.is_closing():
             transport.write(b"".join(parts))
 
     def drop(self, transport: asyncio.Transport) -> None:
         """Forget what is held for `transport` (aborted or lost)."""
-        self._held.pop(transport, None)
+        self.waiting.pop(transport, None)
 
     def flush(self) -> None:
         self._in_pass = False
-        held, self._held = self._held, {}
+        held, self.waiting = self.waiting, {}
         for transport, parts in held.items():
             if not transport.is_closing():
                 transport.write(parts[0] if len(parts) == 1 else b"".join(parts))

@@ -27,10 +27,12 @@ from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import internal, invalid_arg
 
 from . import templates
+from .json_request import parse_plain
 from .parsed import OutputPlan, ParsedInfer
 from .server import Response
 
 UINT64_MAX = (1 << 64) - 1
+_JOIN_BYTES = 16384  # binary outputs up to this size are joined with the JSON into one body
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
 
@@ -109,7 +111,7 @@ class InferCodec:
             tpl = self._templates.get(key)
             if tpl is not None:
                 parsed = ParsedInfer(*tpl.instantiate(model, version, body, hlen))
-                if parsed.plans:
+                if tpl.shm_outputs:
                     self._ask_device_outputs(parsed)
                 return parsed
         try:
@@ -118,6 +120,10 @@ class InferCodec:
             raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
         if not isinstance(doc, dict):
             raise invalid_arg("the inference request must be a JSON object")
+        if hlen < 0:  # a JSON body: the simple form in one pass, anything else below
+            plain = parse_plain(model, version, doc, self.limits)
+            if plain is not None:
+                return plain
         parsed = self._parse_doc(model, version, doc, body, hlen, total)
         if key is not None:
             tpl = templates.HeaderTemplate.of(parsed, body, hlen)
@@ -330,6 +336,7 @@ class InferCodec:
         entries = []
         blobs: list[Any] = []
         binary_any = False
+        blob_bytes = 0
         default = parsed.binary_default
         plans = parsed.plans
         for t in resp.outputs:
@@ -344,7 +351,12 @@ class InferCodec:
             dt = BY_NAME.get(t.datatype)
             if dt is None:
                 raise internal(f"output '{t.name}' has an unknown datatype")
-            fixed = dt.itemsize * tensors.element_count(t.shape) if dt.itemsize else nbytes
+            fixed = dt.itemsize
+            if fixed:
+                for d in t.shape:  # (tensors.element_count, inline: once per output)
+                    fixed *= d
+            else:
+                fixed = nbytes
             if fixed != nbytes:
                 raise internal(f"output '{t.name}' holds {nbytes} bytes, its shape {list(t.shape)} of "
                                f"{t.datatype} needs {fixed}")
@@ -360,10 +372,15 @@ class InferCodec:
                 entry["parameters"] = {"binary_data_size": nbytes}
                 if nbytes:
                     blobs.append(t.data)
+                    blob_bytes += nbytes
             else:
                 code = tensors.ARRAY_CODES.get(t.datatype)  # numbers: size checked above, a flat list at once
-                entry["data"] = (view.cast("B").cast(code).tolist() if code is not None  # type: ignore[call-overload]
-                                 else tensors.raw_to_json(t.datatype, t.shape, t.data, t.name))
+                if code is None:
+                    entry["data"] = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
+                else:
+                    if view.format != "B" or view.ndim != 1:
+                        view = view.cast("B")
+                    entry["data"] = view.cast(code).tolist()  # type: ignore[call-overload]
             entries.append(entry)
         doc: dict[str, Any] = {}
         if resp.id:
@@ -379,5 +396,7 @@ class InferCodec:
             raise internal(f"response could not be serialized: {exc}") from None
         if binary_any:
             headers = {"Inference-Header-Content-Length": str(len(head))}
-            return Response(200, [head, *blobs] if blobs else head, "application/octet-stream", headers)
+            if blobs and blob_bytes > _JOIN_BYTES:  # large: the buffers are written as they are
+                return Response(200, [head, *blobs], "application/octet-stream", headers)
+            return Response(200, b"".join([head, *blobs]) if blobs else head, "application/octet-stream", headers)
         return Response(200, head)

@@ -40,14 +40,16 @@ class Response:
 
 
 class Deferred:
-    """A response that `finish(future)` builds once `future` is done. The connection waits for it with a
-    done-callback instead of running a task per request (cheaper); cancelling `future` abandons it."""
+    """A response that `finish(context, future)` builds once `future` is done. The connection waits for it
+    with a done-callback instead of running a task per request (cheaper); cancelling `future` abandons it."""
 
-    __slots__ = ("future", "finish")
+    __slots__ = ("future", "finish", "context")
 
-    def __init__(self, future: asyncio.Future[Any], finish: Callable[[asyncio.Future[Any]], Response]) -> None:
+    def __init__(self, future: asyncio.Future[Any], finish: Callable[[Any, asyncio.Future[Any]], Response],
+                 context: Any = None) -> None:
         self.future = future
         self.finish = finish
+        self.context = context
 
 
 HandlerResult = Union[Response, Deferred, Awaitable[Response]]

@@ -53,6 +53,15 @@ def response_head(res: Any, size: int, keep: bool, conn_hdr: str | None) -> list
     return head
 
 
+_JSON_OK = STATUS_LINES[200] + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+
+
+def json_ok(body: bytes) -> bytes:
+    """A whole 200 response with a non-empty JSON body on a kept-alive connection whose client did not
+    send `Connection` (the common answer): the bytes response_head and the body make, in one step."""
+    return _JSON_OK % (len(body), body)
+
+
 def chunked_head(status: int, content_type: str | None) -> bytes:
     """The head of a body written as it is produced (chunked; the connection closes after it)."""
     return b"".join((

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -246,9 +245,10 @@ class Router:
             self._forward(req, parsed)
         if live.armed:  # tracing: a client's W3C trace context is continued
             parsed.request.trace_parent = req.headers.get("traceparent")
-        if pick_encoding(req.headers.get("accept-encoding")) is None:
+        accept = req.headers.get("accept-encoding")
+        if accept is None or pick_encoding(accept) is None:
             # the common case: no task per request, the response is built in a done-callback
-            return Deferred(self.dp.infer_nowait(parsed.request), functools.partial(self._infer_done, parsed))
+            return Deferred(self.dp.infer_nowait(parsed.request), self._infer_done, parsed)
         return self._infer_run(req, parsed)
 
     def _infer_done(self, parsed: ParsedInfer, future: asyncio.Future[InferResponse]) -> Response:

@@ -3,7 +3,7 @@
 What it does: keep-alive, pipelined requests answered in order, Content-Length and chunked request
 bodies, `Expect: 100-continue`, header and body size caps checked before buffering, header/body read
 timeouts (slow-loris), an idle keep-alive timeout, write back-pressure, and a graceful close that lets
-in-flight requests finish. The protocol itself lives in connection.py.
+in-flight requests finish. The protocol itself lives in connection.py (and the parts it is built from).
 
 The handler is called with a `Request` and returns a `Response`, or an awaitable of one. Returning a
 `Response` directly (the synchronous endpoints: health, metadata) skips creating a task.

@@ -26,7 +26,7 @@ MAX_TEMPLATES = 128  # per codec; the table is cleared when full
 
 class HeaderTemplate:
     __slots__ = ("id", "parameters", "correlation_id", "flags", "priority", "timeout_us", "inputs", "outputs",
-                 "binary_default", "plans")
+                 "binary_default", "plans", "shm_outputs")
 
     def __init__(self, req: InferRequest, inputs: list[tuple[str, str, list[int], Any, int, dict[str, Any]]],
                  binary_default: bool, plans: dict[str, OutputPlan]) -> None:
@@ -41,6 +41,7 @@ class HeaderTemplate:
         self.outputs = [(o.name, dict(o.parameters)) for o in req.outputs]
         self.binary_default = binary_default
         self.plans = dict(plans)  # the OutputPlan objects are only read after parsing
+        self.shm_outputs = any(p.shm is not None for p in plans.values())  # outputs that may go to a CUDA region
 
     @classmethod
     def of(cls, parsed: ParsedInfer, body: Any, hlen: int) -> HeaderTemplate | None:
@@ -59,7 +60,9 @@ class HeaderTemplate:
     def instantiate(self, model: str, version: str, body: Any,
                     hlen: int) -> tuple[InferRequest, bool, dict[str, OutputPlan]]:
         """A fresh request (and ParsedInfer's other fields) as parsing the same header over `body` gives."""
-        view = memoryview(body).cast("B")
+        view = memoryview(body)
+        if type(body) is not bytes:
+            view = view.cast("B")
         pos = hlen
         tensors = []
         for name, datatype, shape, inline, size, params in self.inputs:
@@ -68,7 +71,9 @@ class HeaderTemplate:
                 pos += size
             else:
                 data = inline
-            tensors.append(Tensor(name, datatype, list(shape), data, dict(params)))
-        req = InferRequest(model, version, self.id, tensors, [RequestedOutput(n, dict(p)) for n, p in self.outputs],
-                           dict(self.parameters), self.correlation_id, self.flags, self.priority, self.timeout_us)
+            tensors.append(Tensor(name, datatype, list(shape), data, dict(params) if params else {}))
+        req = InferRequest(model, version, self.id, tensors,
+                           [RequestedOutput(n, dict(p) if p else {}) for n, p in self.outputs],
+                           dict(self.parameters) if self.parameters else {}, self.correlation_id, self.flags,
+                           self.priority, self.timeout_us)
         return req, self.binary_default, dict(self.plans)

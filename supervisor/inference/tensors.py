@@ -161,7 +161,7 @@ def json_to_raw(datatype: str, shape: list[int], data: Any, name: str = "",
     return pack_json(dt, shape, count, data, name, max_depth)
 
 
-def _pack_plain(code: str, flat: list[Any]) -> bytes | None:
+def pack_plain(code: str, flat: list[Any]) -> bytes | None:
     """`flat` packed with the array module (typecode `code`) when that gives exactly numpy's bytes:
     only floats and exactly convertible ints for FP32/FP64, only in-range ints for integer types;
     else None."""
@@ -188,7 +188,7 @@ def pack_json(dt: DataType, shape: list[int], count: int, data: Any, name: str =
                           f"{count}, got {len(flat)}")
     code = ARRAY_CODES.get(dt.name)  # the common case first: numbers of a numeric type
     if code is not None and flat:
-        packed = _pack_plain(code, flat)
+        packed = pack_plain(code, flat)
         if packed is not None:
             return packed
     if dt.name == "BYTES":

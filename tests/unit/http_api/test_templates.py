@@ -62,3 +62,14 @@ def test_binary_bytes_inputs_are_not_remembered() -> None:
     headers, body = _body(header, [b"\x01\x00\x00\x00a"])
     codec.parse("m", "", headers, body)
     assert not codec._templates
+
+
+def test_a_seen_header_over_a_chunked_body_view_gives_the_same_request() -> None:
+    """A chunked body reaches the codec as a memoryview of a bytearray, not as bytes."""
+    codec = InferCodec(FakeDataPlane())
+    headers, first = _body(HEADER, [struct.pack("<4f", 1, 2, 3, 4)])
+    codec.parse("m", "", headers, first)
+    _, second = _body(HEADER, [struct.pack("<4f", 5, 6, 7, 8)])
+    view = memoryview(bytearray(second) + b"spare")[: len(second)]
+    again = codec.parse("m", "", headers, view)
+    assert _fields(again) == _fields(InferCodec(FakeDataPlane()).parse("m", "", headers, second))
