@@ -54,7 +54,7 @@ from .http2.grpc_wire import (
     parse_timeout,
     trailers_only,
 )
-from .http2.hpack_codec import encode
+from .http2.hpack_codec import HeaderList, encode
 from .http2.lifetime import Lifetime
 from .servicer import HEALTH_SERVICE, SERVICE, InferenceService, Policy, allowed
 
@@ -137,6 +137,30 @@ def ping_policy(keepalive: GrpcKeepalive) -> PingPolicy:
     )
 
 
+RequestHead = tuple[str | None, str | None, str | None, str | None, str | None, tuple[tuple[str, str], ...]]
+
+
+def _request_head(headers: list[tuple[str, str]]) -> RequestHead:
+    """(:path, :method, content-type, grpc-timeout, grpc-encoding, the rest as the call's metadata)."""
+    path = verb = ctype = timeout = encoding = None
+    metadata: list[tuple[str, str]] = []
+    for key, value in headers:
+        if key[0] == ":":
+            if key == ":path":
+                path = value
+            elif key == ":method":
+                verb = value
+        elif key == "content-type":
+            ctype = value
+        elif key == "grpc-timeout":
+            timeout = value
+        elif key == "grpc-encoding":
+            encoding = value
+        else:
+            metadata.append((key, value))
+    return path, verb, ctype, timeout, encoding, tuple(metadata)
+
+
 class NativeGrpcServer:
     """Listens, owns the connections and tracks the calls so that `stop` can drain them."""
 
@@ -168,22 +192,12 @@ class NativeGrpcServer:
         self, conn: H2Connection, stream_id: int, headers: list[tuple[str, str]], end_stream: bool
     ) -> Call | None:
         sid = stream_id
-        path = verb = ctype = timeout = encoding = None
-        metadata: list[tuple[str, str]] = []
-        for key, value in headers:
-            if key[0] == ":":
-                if key == ":path":
-                    path = value
-                elif key == ":method":
-                    verb = value
-            elif key == "content-type":
-                ctype = value
-            elif key == "grpc-timeout":
-                timeout = value
-            elif key == "grpc-encoding":
-                encoding = value
-            else:
-                metadata.append((key, value))
+        head = getattr(headers, "memo", None)  # a block seen before on this connection: read once (hpack_codec)
+        if head is None:
+            head = _request_head(headers)
+            if isinstance(headers, HeaderList):
+                headers.memo = head
+        path, verb, ctype, timeout, encoding, metadata = head
         if verb != "POST":
             conn.send_headers(sid, _STATUS_405, end_stream=True)
             return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,11 +56,11 @@ class Context:
 
     __slots__ = ("metadata",)
 
-    def __init__(self, metadata: list[tuple[str, str]]) -> None:
-        self.metadata = metadata
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self.metadata = metadata  # shared by the calls of one header block: a tuple, never changed
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return tuple(self.metadata)
+        return tuple(self.metadata)  # the same object when it is a tuple already
 
     async def abort(self, code: Any, details: str = "") -> None:
         raise Abort(status_of_code(code), details)
@@ -70,7 +70,7 @@ class Call:
     """Shared by unary and streaming calls: the stream, its deadline, and ending with a status."""
 
     def __init__(
-        self, server: Any, conn: Any, sid: int, method: Method, metadata: list[tuple[str, str]],
+        self, server: Any, conn: Any, sid: int, method: Method, metadata: tuple[tuple[str, str], ...],
         timeout: float | None, encoding: str | None,
     ) -> None:
         self.server = server
@@ -157,6 +157,12 @@ class UnaryCall(Call):
             return
         try:
             if payload:
+                if end_stream and not self.started:  # the common call: its one message in one DATA frame
+                    message = self.deframer.whole(payload)
+                    if message is not None:  # nothing to hold or give back (the stream's window is done with)
+                        self.started = True
+                        self._start(message)
+                        return
                 messages = self.deframer.feed(payload)
                 self._track_partial()
                 self.conn.acknowledge(self.sid, len(payload))

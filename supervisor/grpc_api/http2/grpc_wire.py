@@ -129,6 +129,16 @@ class Deframer:
                 out.append(self._message(body))
         return out
 
+    def whole(self, data: memoryview) -> bytes | None:
+        """`data` as one uncompressed message within the size limit, when it is exactly that and nothing
+        is held from before: the message, as `feed` would give it. Else None (and nothing changed): feed it."""
+        if self.flag >= 0 or self.head or len(data) < 5 or data[0]:
+            return None
+        length = MESSAGE_PREFIX.unpack_from(data)[1]
+        if length + 5 != len(data) or length > self.max_size:
+            return None
+        return bytes(data[5:])
+
     def _prefix(self, prefix: bytes | memoryview) -> None:
         flag, length = MESSAGE_PREFIX.unpack(prefix)
         if length > self.max_size:
