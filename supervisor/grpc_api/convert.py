@@ -306,7 +306,7 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
                     )
             else:
                 check_bytes_framing(data, count, name)
-        tensor = Tensor(name, datatype, shape, data)
+        tensor = Tensor(name, datatype, list(shape), data)  # its own: a parsed head is shared (wire.py)
         if tparams:
             for k, p in tparams.items():
                 if not k.startswith("shared_memory_"):
