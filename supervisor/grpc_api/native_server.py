@@ -44,7 +44,7 @@ from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
 from .http2.abuse import PingPolicy
 from .http2.connection import H2Connection
-from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
+from .http2.grpc_calls import Call, Context, Method, StreamCall, UnaryCall
 from .http2.grpc_wire import (
     INVALID_ARGUMENT,
     MAX_MESSAGE_LIMIT,
@@ -137,11 +137,12 @@ def ping_policy(keepalive: GrpcKeepalive) -> PingPolicy:
     )
 
 
-RequestHead = tuple[str | None, str | None, str | None, str | None, str | None, tuple[tuple[str, str], ...]]
+RequestHead = tuple[str | None, str | None, str | None, str | None, str | None, Context]
 
 
 def _request_head(headers: list[tuple[str, str]]) -> RequestHead:
-    """(:path, :method, content-type, grpc-timeout, grpc-encoding, the rest as the call's metadata)."""
+    """(:path, :method, content-type, grpc-timeout, grpc-encoding, a Context with the rest as the call's
+    metadata; read only, it serves every call of these headers)."""
     path = verb = ctype = timeout = encoding = None
     metadata: list[tuple[str, str]] = []
     for key, value in headers:
@@ -158,7 +159,7 @@ def _request_head(headers: list[tuple[str, str]]) -> RequestHead:
             encoding = value
         else:
             metadata.append((key, value))
-    return path, verb, ctype, timeout, encoding, tuple(metadata)
+    return path, verb, ctype, timeout, encoding, Context(tuple(metadata))
 
 
 class NativeGrpcServer:
@@ -197,7 +198,7 @@ class NativeGrpcServer:
             head = _request_head(headers)
             if isinstance(headers, HeaderList):
                 headers.memo = head
-        path, verb, ctype, timeout, encoding, metadata = head
+        path, verb, ctype, timeout, encoding, context = head
         if verb != "POST":
             conn.send_headers(sid, _STATUS_405, end_stream=True)
             return None
@@ -211,11 +212,11 @@ class NativeGrpcServer:
             return self._refuse(conn, sid, UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported")
         if self.stopping:
             return self._refuse(conn, sid, UNAVAILABLE, "the server is shutting down")
-        if method.rule is not None and not allowed(method.rule, metadata):  # --grpc-restricted-protocol
+        if method.rule is not None and not allowed(method.rule, context.metadata):  # --grpc-restricted-protocol
             return self._refuse(conn, sid, UNAVAILABLE, method.rule.message)
         seconds = parse_timeout(timeout) if timeout is not None else None
         kind = StreamCall if method.streaming else UnaryCall
-        return kind(self, conn, sid, method, metadata, seconds, encoding)
+        return kind(self, conn, sid, method, context, seconds, encoding)
 
     @staticmethod
     def _refuse(conn: H2Connection, sid: int, code: int, message: str) -> None:

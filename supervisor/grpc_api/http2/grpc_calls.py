@@ -25,6 +25,7 @@ from .grpc_wire import (
     Abort,
     Deframer,
     frame_message,
+    single_message,
     status_of_code,
     trailers,
     trailers_only,
@@ -70,15 +71,16 @@ class Call:
     """Shared by unary and streaming calls: the stream, its deadline, and ending with a status."""
 
     def __init__(
-        self, server: Any, conn: Any, sid: int, method: Method, metadata: tuple[tuple[str, str], ...],
-        timeout: float | None, encoding: str | None,
+        self, server: Any, conn: Any, sid: int, method: Method, context: Context, timeout: float | None,
+        encoding: str | None,
     ) -> None:
         self.server = server
         self.conn = conn
         self.sid = sid
         self.method = method
-        self.context = Context(metadata)
-        self.deframer = Deframer(server.max_message_bytes, encoding)
+        self.context = context  # shared by the calls of one header block (native_server.open_stream)
+        self.encoding = encoding
+        self._deframer: Deframer | None = None  # made when a message does not come whole in one frame
         self.done = False
         self.held = 0  # bytes of an unfinished request message counted in the connection's budget
         self.headers_sent = False
@@ -86,6 +88,12 @@ class Call:
         if timeout is not None:
             self.timer = asyncio.get_running_loop().call_later(timeout, self._deadline)
         server.calls.add(self)
+
+    @property
+    def deframer(self) -> Deframer:
+        if self._deframer is None:
+            self._deframer = Deframer(self.server.max_message_bytes, self.encoding)
+        return self._deframer
 
     def _deadline(self) -> None:
         self.timer = None
@@ -147,19 +155,20 @@ class Call:
 
 
 class UnaryCall(Call):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.started = False
-        self.future: asyncio.Future[Any] | None = None
+    started = False
+    future: asyncio.Future[Any] | None = None
+    state: Any = None  # what method.start gave for method.finish
 
     def on_data(self, payload: memoryview, end_stream: bool) -> None:
         if self.done:
             return
         try:
             if payload:
-                if end_stream and not self.started:  # the common call: its one message in one DATA frame
-                    message = self.deframer.whole(payload)
-                    if message is not None:  # nothing to hold or give back (the stream's window is done with)
+                if end_stream and not self.started and self._deframer is None:
+                    # the common call: its one message in one DATA frame, nothing held before it (nothing
+                    # to hold or give back either: the stream's window is done with)
+                    message = single_message(payload, self.server.max_message_bytes)
+                    if message is not None:
                         self.started = True
                         self._start(message)
                         return
@@ -178,9 +187,9 @@ class UnaryCall(Call):
         method = self.method
         request = method.decode(data)
         if method.start is not None:
-            future, state = method.start(request, self.context)
+            future, self.state = method.start(request, self.context)
             self.future = future
-            future.add_done_callback(lambda fut: self._answer(fut, state))
+            future.add_done_callback(self._answer)
         else:
             self.future = asyncio.ensure_future(self._run(request))
 
@@ -194,11 +203,11 @@ class UnaryCall(Call):
         except Exception as exc:
             self.fail(exc)
 
-    def _answer(self, future: asyncio.Future[Any], state: Any) -> None:
+    def _answer(self, future: asyncio.Future[Any]) -> None:
         if self.done or future.cancelled():
             return
         try:
-            pieces, size = self.method.finish(future.result(), state)  # type: ignore[misc]
+            pieces, size = self.method.finish(future.result(), self.state)  # type: ignore[misc]
         except Exception as exc:
             self.fail(exc)
             return

@@ -3,7 +3,7 @@
 - a unary answer packed in one write (sending.response_frames) is byte for byte the frames frames.header
   builds (what respond wrote before), small and large, with the content the split path
   (send_headers / send_data / send_trailers) sends;
-- Deframer.whole takes a single-frame message only when feed would return exactly that message;
+- single_message takes a single-frame message only when a Deframer's feed would return exactly that message;
 - the HPACK decoder's remembered blocks decode like a decoder that remembers nothing, through table
   inserts, evictions and size updates;
 - the request head read once per remembered block is what reading the headers gives.
@@ -20,7 +20,7 @@ import hpack
 import pytest
 from inferd.supervisor.grpc_api.http2 import frames as f
 from inferd.supervisor.grpc_api.http2.connection import H2Connection
-from inferd.supervisor.grpc_api.http2.grpc_wire import RESPONSE_HEAD, TRAILERS_OK, Deframer, trailers
+from inferd.supervisor.grpc_api.http2.grpc_wire import RESPONSE_HEAD, TRAILERS_OK, Deframer, single_message, trailers
 from inferd.supervisor.grpc_api.http2.hpack_codec import BLOCK_CACHE, Decoder, HeaderList
 from inferd.supervisor.grpc_api.http2.sending import JOIN_LIMIT
 from inferd.supervisor.grpc_api.native_server import _request_head
@@ -161,7 +161,7 @@ def _larger_than_a_frame() -> None:
     assert bytes(out.out) == bytes(split_out.out)
 
 
-# ---- Deframer.whole ----
+# ---- single_message ----
 def _prefixed(body: bytes, flag: int = 0, length: int | None = None) -> bytes:
     return struct.pack(">BI", flag, len(body) if length is None else length) + body
 
@@ -176,16 +176,15 @@ def _prefixed(body: bytes, flag: int = 0, length: int | None = None) -> bytes:
         _prefixed(b"abc", length=10),  # a message cut short
         _prefixed(b"abcdef", length=2),  # a message and a partial prefix
         _prefixed(b"abc", flag=1),  # compressed
-        _prefixed(b"y" * 2000),  # above the limit below
+        _prefixed(b"y" * 1019),  # at the limit below
+        _prefixed(b"y" * 1025),  # above it
         b"\x00\x00",  # a partial prefix
     ],
 )
-def test_whole_is_feed_or_nothing(payload: bytes) -> None:
+def test_single_message_is_feed_or_nothing(payload: bytes) -> None:
     limit = 1024
-    d = Deframer(limit, None)
-    got = d.whole(memoryview(payload))
-    assert d.idle  # whole never changes the deframer
-    ref = Deframer(limit, None)
+    got = single_message(memoryview(payload), limit)
+    ref = Deframer(limit, "gzip")
     try:
         fed = ref.feed(memoryview(payload))
         complete = ref.idle
@@ -194,14 +193,8 @@ def test_whole_is_feed_or_nothing(payload: bytes) -> None:
     if got is not None:
         assert type(got) is bytes
         assert fed == [got] and complete
-    else:  # refused: feed gives something else (several, none, an error or a compressed one)
-        assert not (fed is not None and len(fed) == 1 and complete and payload[0] == 0 and len(payload) <= limit + 5)
-
-
-def test_whole_refuses_while_a_message_is_held() -> None:
-    d = Deframer(1024, None)
-    assert d.feed(memoryview(_prefixed(b"abcdef")[:7])) == []
-    assert d.whole(memoryview(_prefixed(b"zz"))) is None
+    else:  # refused: feed gives something else (several, none, an error) or it is compressed
+        assert payload[:1] == b"\x01" or not (fed is not None and len(fed) == 1 and complete)
 
 
 # ---- HPACK: remembered blocks ----
@@ -253,5 +246,6 @@ def test_request_head_from_headers() -> None:
     headers = HeaderList()
     headers.extend([(":method", "POST"), (":path", "/s/M"), (":scheme", "http"), ("content-type", "application/grpc"),
                     ("grpc-timeout", "5S"), ("grpc-encoding", "gzip"), ("x-meta", "v"), ("te", "trailers")])
-    assert _request_head(headers) == ("/s/M", "POST", "application/grpc", "5S", "gzip",
-                                      (("x-meta", "v"), ("te", "trailers")))
+    *head, context = _request_head(headers)
+    assert head == ["/s/M", "POST", "application/grpc", "5S", "gzip"]
+    assert context.invocation_metadata() == (("x-meta", "v"), ("te", "trailers"))
