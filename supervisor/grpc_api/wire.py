@@ -299,7 +299,10 @@ _from_string = pb.ModelInferRequest.FromString
 
 def decode_request(data: bytes) -> ParsedRequest | BadRequest:
     """The request deserializer: fast path, else protobuf; BAD for bytes that do not decode."""
-    parsed = parse_request(data)
+    try:
+        parsed = _parse_headed(data) or _parse(data)  # parse_request, one call less
+    except Exception:
+        parsed = None
     if parsed is not None:
         return parsed
     try:
@@ -312,6 +315,7 @@ def decode_request(data: bytes) -> ParsedRequest | BadRequest:
 # encoding
 
 _SMALL = [bytes((i,)) for i in range(128)]
+_RAW_TAGS = [b"\x32" + b for b in _SMALL]  # raw_output_contents tag + a one-byte length
 
 
 def _uvarint(v: int) -> bytes:
@@ -419,7 +423,8 @@ def response_parts(
     Every output gets outputs[i] and raw_output_contents[i] (empty for shm outputs, which are
     written to their region here). `extra` parameters override the response's own.
     """
-    parts: list[Any] = [_model_head(resp.model_name, resp.model_version)]
+    head = _model_heads.get((resp.model_name, resp.model_version))
+    parts: list[Any] = [head if head is not None else _model_head(resp.model_name, resp.model_version)]
     if resp.id:
         parts.append(_field(b"\x1a", resp.id.encode()))
     params = resp.parameters
@@ -432,7 +437,8 @@ def response_parts(
         if t.parameters:
             parts.append(_output_tensor(t.name, t.datatype, t.shape, t.parameters))
         else:
-            parts.append(_plain_output_head(t.name, t.datatype, t.shape))
+            out_head = _output_heads.get((t.name, t.datatype, *t.shape))
+            parts.append(out_head if out_head is not None else _plain_output_head(t.name, t.datatype, t.shape))
         data = t.data
         shm = shm_out.get(t.name) if shm_out else None
         if shm is not None:
@@ -458,7 +464,8 @@ def response_parts(
                 data = view.cast("B")
             else:
                 data = view
-        tail.append(b"\x32" + _uvarint(len(data)))
+        n = len(data)
+        tail.append(_RAW_TAGS[n] if n < 0x80 else b"\x32" + _uvarint(n))
         tail.append(data)
     parts += tail
     return parts, sum(map(len, parts))

@@ -224,10 +224,12 @@ class Sending:
         """We sent END_STREAM. A client still sending is told to stop (RST_STREAM NO_ERROR)."""
         self.streams.pop(stream.id, None)
         stream.handler = None
-        self._forget(stream)
+        if stream.pending or stream.sent is not None or stream.id in self.conn_blocked:
+            self._forget(stream)
         if not stream.remote_closed:
             self._write(f.rst_stream(stream.id, f.NO_ERROR))
-        self._close_if_idle()
+        if self.closing:
+            self._close_if_idle()
 
     def _reset_stream(self, stream: Stream, code: int) -> None:
         self.streams.pop(stream.id, None)
