@@ -70,6 +70,9 @@ class Context:
 class Call:
     """Shared by unary and streaming calls: the stream, its deadline, and ending with a status."""
 
+    __slots__ = ("server", "conn", "sid", "method", "context", "encoding", "_deframer", "done", "held",
+                 "headers_sent", "timer", "started", "future", "state")
+
     def __init__(
         self, server: Any, conn: Any, sid: int, method: Method, context: Context, timeout: float | None,
         encoding: str | None,
@@ -85,6 +88,10 @@ class Call:
         self.held = 0  # bytes of an unfinished request message counted in the connection's budget
         self.headers_sent = False
         self.timer: asyncio.TimerHandle | None = None
+        # a unary call's (here, not in UnaryCall.__init__: one frame less per call)
+        self.started = False
+        self.future: asyncio.Future[Any] | None = None
+        self.state: Any = None  # what method.start gave, for method.finish
         if timeout is not None:
             self.timer = asyncio.get_running_loop().call_later(timeout, self._deadline)
         server.calls.add(self)
@@ -155,9 +162,7 @@ class Call:
 
 
 class UnaryCall(Call):
-    started = False
-    future: asyncio.Future[Any] | None = None
-    state: Any = None  # what method.start gave for method.finish
+    __slots__ = ()
 
     def on_data(self, payload: memoryview, end_stream: bool) -> None:
         if self.done:
@@ -236,6 +241,8 @@ class StreamCall(Call):
     iterator (their bytes are given back to the client's window when read); each answer the
     handler yields is written as one message, waiting while the socket's buffer is full or the
     client's flow-control window holds the previous one back."""
+
+    __slots__ = ("inbox", "unacked", "inbox_bytes", "task")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
