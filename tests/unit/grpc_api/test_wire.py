@@ -346,3 +346,21 @@ def test_out_of_range_parameter_fails_like_protobuf() -> None:
         wire.encode_response(resp, None, FakeShm())  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         _reference(resp, None)
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "message"),
+    [
+        ([2, -1], b"", "input 'X' has a negative dimension in shape [2, -1]"),
+        ([2, 3], bytes(20), "input byte size mismatch for input 'X' for model 'm'. Expected 24, got 20"),
+    ],
+)
+def test_to_core_names_a_bad_shape_or_size(shape: list[int], data: bytes, message: str) -> None:
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=shape)
+    msg.raw_input_contents.append(data)
+    parsed = wire.decode_request(msg.SerializeToString())
+    assert isinstance(parsed, convert.ParsedRequest)
+    with pytest.raises(InferdError) as err:
+        convert.to_core(parsed, None)  # type: ignore[arg-type]
+    assert err.value.message == message
