@@ -192,17 +192,6 @@ def _request_parameters(params: Params, req: InferRequest) -> None:
             custom[key] = value
 
 
-def _shape_and_count(name: str, dims: list[int]) -> tuple[list[int], int]:
-    if len(dims) > MAX_DIMS:
-        raise invalid_arg(f"input '{name}' has {len(dims)} dimensions, at most {MAX_DIMS} are allowed")
-    count = 1
-    for d in dims:
-        if d < 0:
-            raise invalid_arg(f"input '{name}' has a negative dimension in shape {dims}")
-        count *= d  # Python ints: a huge product cannot overflow, it just fails the size check
-    return dims, count
-
-
 def check_bytes_framing(buf: Any, count: int, name: str) -> None:
     """A BYTES buffer must hold exactly `count` length-prefixed elements, no more, no less."""
     total = len(buf)
@@ -271,7 +260,7 @@ def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) 
 
 def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, ShmOutputs | None]:
     """Build the core request; returns it with the outputs to be written to shared memory."""
-    req = InferRequest(model_name=msg.model_name, model_version=msg.model_version, id=msg.id)
+    req = InferRequest(msg.model_name, msg.model_version, msg.id)
     if msg.parameters:
         _request_parameters(msg.parameters, req)
     raw = msg.raw
@@ -286,11 +275,19 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
         dt = BY_NAME.get(datatype)
         if dt is None:
             raise invalid_arg(f"input '{name}' has an invalid datatype '{datatype}'")
-        shape, count = _shape_and_count(name, t.shape)
+        shape = t.shape
+        if len(shape) > MAX_DIMS:
+            raise invalid_arg(f"input '{name}' has {len(shape)} dimensions, at most {MAX_DIMS} are allowed")
+        count = 1
+        for d in shape:
+            if d < 0:
+                raise invalid_arg(f"input '{name}' has a negative dimension in shape {shape}")
+            count *= d  # Python ints: a huge product cannot overflow, it just fails the size check
+        itemsize = dt.itemsize
         tparams = t.parameters
         if tparams and "shared_memory_region" in tparams:
-            data = _shm_input(t, count, dt.itemsize, dataplane)
-            if not dt.itemsize:
+            data = _shm_input(t, count, itemsize, dataplane)
+            if not itemsize:
                 check_bytes_framing(data, count, name)
         elif t.contents is not None:
             if n_raw:
@@ -306,15 +303,15 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
                 )
             data = raw[raw_idx]
             raw_idx += 1
-            if dt.itemsize:
-                if len(data) != count * dt.itemsize:
+            if itemsize:
+                if len(data) != count * itemsize:
                     raise invalid_arg(
                         f"input byte size mismatch for input '{name}' for model '{msg.model_name}'. "
-                        f"Expected {count * dt.itemsize}, got {len(data)}"
+                        f"Expected {count * itemsize}, got {len(data)}"
                     )
             else:
                 check_bytes_framing(data, count, name)
-        tensor = Tensor(name, datatype, shape, data)
+        tensor = Tensor(name, datatype, list(shape), data)  # its own: a parsed head is shared (wire.py)
         if tparams:
             for k, p in tparams.items():
                 if not k.startswith("shared_memory_"):

@@ -44,7 +44,7 @@ from .convert import BAD, PARSE_ERROR, deserializer
 from .errors import status_of
 from .http2.abuse import PingPolicy
 from .http2.connection import H2Connection
-from .http2.grpc_calls import Call, Method, StreamCall, UnaryCall
+from .http2.grpc_calls import Call, Context, Method, StreamCall, UnaryCall
 from .http2.grpc_wire import (
     INVALID_ARGUMENT,
     MAX_MESSAGE_LIMIT,
@@ -54,7 +54,7 @@ from .http2.grpc_wire import (
     parse_timeout,
     trailers_only,
 )
-from .http2.hpack_codec import encode
+from .http2.hpack_codec import HeaderList, encode
 from .http2.lifetime import Lifetime
 from .servicer import HEALTH_SERVICE, SERVICE, InferenceService, Policy, allowed
 
@@ -137,6 +137,31 @@ def ping_policy(keepalive: GrpcKeepalive) -> PingPolicy:
     )
 
 
+RequestHead = tuple[str | None, str | None, str | None, str | None, str | None, Context]
+
+
+def _request_head(headers: list[tuple[str, str]]) -> RequestHead:
+    """(:path, :method, content-type, grpc-timeout, grpc-encoding, a Context with the rest as the call's
+    metadata; read only, it serves every call of these headers)."""
+    path = verb = ctype = timeout = encoding = None
+    metadata: list[tuple[str, str]] = []
+    for key, value in headers:
+        if key[0] == ":":
+            if key == ":path":
+                path = value
+            elif key == ":method":
+                verb = value
+        elif key == "content-type":
+            ctype = value
+        elif key == "grpc-timeout":
+            timeout = value
+        elif key == "grpc-encoding":
+            encoding = value
+        else:
+            metadata.append((key, value))
+    return path, verb, ctype, timeout, encoding, Context(tuple(metadata))
+
+
 class NativeGrpcServer:
     """Listens, owns the connections and tracks the calls so that `stop` can drain them."""
 
@@ -168,22 +193,12 @@ class NativeGrpcServer:
         self, conn: H2Connection, stream_id: int, headers: list[tuple[str, str]], end_stream: bool
     ) -> Call | None:
         sid = stream_id
-        path = verb = ctype = timeout = encoding = None
-        metadata: list[tuple[str, str]] = []
-        for key, value in headers:
-            if key[0] == ":":
-                if key == ":path":
-                    path = value
-                elif key == ":method":
-                    verb = value
-            elif key == "content-type":
-                ctype = value
-            elif key == "grpc-timeout":
-                timeout = value
-            elif key == "grpc-encoding":
-                encoding = value
-            else:
-                metadata.append((key, value))
+        head = getattr(headers, "memo", None)  # a block seen before on this connection: read once (hpack_codec)
+        if head is None:
+            head = _request_head(headers)
+            if isinstance(headers, HeaderList):
+                headers.memo = head
+        path, verb, ctype, timeout, encoding, context = head
         if verb != "POST":
             conn.send_headers(sid, _STATUS_405, end_stream=True)
             return None
@@ -197,11 +212,11 @@ class NativeGrpcServer:
             return self._refuse(conn, sid, UNIMPLEMENTED, f"Compression algorithm '{encoding}' is not supported")
         if self.stopping:
             return self._refuse(conn, sid, UNAVAILABLE, "the server is shutting down")
-        if method.rule is not None and not allowed(method.rule, metadata):  # --grpc-restricted-protocol
+        if method.rule is not None and not allowed(method.rule, context.metadata):  # --grpc-restricted-protocol
             return self._refuse(conn, sid, UNAVAILABLE, method.rule.message)
         seconds = parse_timeout(timeout) if timeout is not None else None
         kind = StreamCall if method.streaming else UnaryCall
-        return kind(self, conn, sid, method, metadata, seconds, encoding)
+        return kind(self, conn, sid, method, context, seconds, encoding)
 
     @staticmethod
     def _refuse(conn: H2Connection, sid: int, code: int, message: str) -> None:

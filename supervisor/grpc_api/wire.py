@@ -199,9 +199,62 @@ def _output(buf: bytes, pos: int, end: int) -> ParsedOutput:
 def parse_request(data: bytes) -> ParsedRequest | None:
     """The common ModelInferRequest without protobuf; None = leave it to protobuf."""
     try:
-        return _parse(data)
+        return _parse_headed(data) or _parse(data)
     except Exception:  # _Unusual, IndexError (truncated), UnicodeDecodeError, ...
         return None
+
+
+# A client sends the same fields before its tensors' bytes on every call (model, inputs, outputs, in field
+# order, raw_input_contents last): those bytes are parsed once, and every request that starts with them shares
+# that parse's parameters, inputs and outputs (read only: to_core copies what it keeps). Bounded: cleared
+# when full.
+HEAD_CACHE = 256
+HEAD_CACHE_BYTES = 2048  # longer heads are parsed each time
+_heads: dict[bytes, ParsedRequest] = {}
+
+
+def _parse_headed(buf: bytes) -> ParsedRequest | None:
+    """A request whose raw_input_contents all come after its other fields, with that head parsed once
+    (_parse of the head bytes: the same values _parse gives for the whole message). None: parse it all."""
+    if type(buf) is not bytes:
+        return None
+    end = len(buf)
+    pos = 0
+    while pos < end:  # the head: every field up to the first raw_input_contents
+        tag = buf[pos]
+        if tag == 0x3A:
+            break
+        if tag & 7 != 2:
+            raise _Unusual
+        n = buf[pos + 1]
+        if n < 0x80:
+            pos += 2 + n
+        else:
+            pos = _span(buf, pos + 1, end)[1]
+    if pos > HEAD_CACHE_BYTES or pos > end:
+        return None
+    prefix = buf[:pos]
+    head = _heads.get(prefix)
+    if head is None:
+        head = _parse(prefix)
+        if len(_heads) >= HEAD_CACHE:
+            _heads.clear()
+        _heads[prefix] = head
+    view = memoryview(buf)
+    raw = []
+    while pos < end:
+        if buf[pos] != 0x3A:
+            return None  # other fields after the tensors' bytes: not the common order
+        n = buf[pos + 1]
+        if n < 0x80:
+            a = pos + 2
+            pos = a + n
+            if pos > end:
+                raise _Unusual
+        else:
+            a, pos = _span(buf, pos + 1, end)
+        raw.append(view[a:pos])
+    return ParsedRequest(head.model_name, head.model_version, head.id, head.parameters, head.inputs, head.outputs, raw)
 
 
 def _parse(buf: bytes) -> ParsedRequest:
@@ -246,7 +299,10 @@ _from_string = pb.ModelInferRequest.FromString
 
 def decode_request(data: bytes) -> ParsedRequest | BadRequest:
     """The request deserializer: fast path, else protobuf; BAD for bytes that do not decode."""
-    parsed = parse_request(data)
+    try:
+        parsed = _parse_headed(data) or _parse(data)  # parse_request, one call less
+    except Exception:
+        parsed = None
     if parsed is not None:
         return parsed
     try:
@@ -259,6 +315,7 @@ def decode_request(data: bytes) -> ParsedRequest | BadRequest:
 # encoding
 
 _SMALL = [bytes((i,)) for i in range(128)]
+_RAW_TAGS = [b"\x32" + b for b in _SMALL]  # raw_output_contents tag + a one-byte length
 
 
 def _uvarint(v: int) -> bytes:
@@ -366,7 +423,8 @@ def response_parts(
     Every output gets outputs[i] and raw_output_contents[i] (empty for shm outputs, which are
     written to their region here). `extra` parameters override the response's own.
     """
-    parts: list[Any] = [_model_head(resp.model_name, resp.model_version)]
+    head = _model_heads.get((resp.model_name, resp.model_version))
+    parts: list[Any] = [head if head is not None else _model_head(resp.model_name, resp.model_version)]
     if resp.id:
         parts.append(_field(b"\x1a", resp.id.encode()))
     params = resp.parameters
@@ -379,7 +437,8 @@ def response_parts(
         if t.parameters:
             parts.append(_output_tensor(t.name, t.datatype, t.shape, t.parameters))
         else:
-            parts.append(_plain_output_head(t.name, t.datatype, t.shape))
+            out_head = _output_heads.get((t.name, t.datatype, *t.shape))
+            parts.append(out_head if out_head is not None else _plain_output_head(t.name, t.datatype, t.shape))
         data = t.data
         shm = shm_out.get(t.name) if shm_out else None
         if shm is not None:
@@ -405,7 +464,8 @@ def response_parts(
                 data = view.cast("B")
             else:
                 data = view
-        tail.append(b"\x32" + _uvarint(len(data)))
+        n = len(data)
+        tail.append(_RAW_TAGS[n] if n < 0x80 else b"\x32" + _uvarint(n))
         tail.append(data)
     parts += tail
     return parts, sum(map(len, parts))

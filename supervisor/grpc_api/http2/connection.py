@@ -228,10 +228,11 @@ class H2Connection(Sending, asyncio.Protocol):
         end = bool(flags & f.END_STREAM)
         if end:
             stream.remote_closed = True
-        body = self._unpad(flags, payload)
-        stream.consumed += size - len(body)  # padding is ours to give back at once
+        if flags & f.PADDED:
+            payload = self._unpad(flags, payload)
+            stream.consumed += size - len(payload)  # padding is ours to give back at once
         if stream.handler is not None:
-            stream.handler.on_data(body, end)
+            stream.handler.on_data(payload, end)
 
     def acknowledge(self, stream_id: int, nbytes: int) -> None:
         """The handler is done with `nbytes` of the stream's data: the client may send that much more

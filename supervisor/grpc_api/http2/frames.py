@@ -51,7 +51,7 @@ MAX_WINDOW = 2**31 - 1
 MAX_STREAM_ID = 2**31 - 1
 MAX_FRAME_LIMIT = 2**24 - 1
 
-_HEAD = struct.Struct(">HBBBI")  # 24-bit length as 16 + 8 bits, type, flags, stream id
+HEAD = struct.Struct(">HBBBI")  # 24-bit length as 16 + 8 bits, type, flags, stream id (R bit included)
 _U32 = struct.Struct(">I")
 _SETTING = struct.Struct(">HI")
 
@@ -65,12 +65,12 @@ class ConnectionError_(Exception):
 
 
 def header(length: int, ftype: int, flags: int, stream_id: int) -> bytes:
-    return _HEAD.pack(length >> 8, length & 0xFF, ftype, flags, stream_id)
+    return HEAD.pack(length >> 8, length & 0xFF, ftype, flags, stream_id)
 
 
 def parse_header(buf: bytes | memoryview, pos: int) -> tuple[int, int, int, int]:
     """(length, type, flags, stream id) of the 9-byte frame header at `pos`."""
-    hi, lo, ftype, flags, sid = _HEAD.unpack_from(buf, pos)
+    hi, lo, ftype, flags, sid = HEAD.unpack_from(buf, pos)
     return (hi << 8) | lo, ftype, flags, sid & 0x7FFFFFFF
 
 

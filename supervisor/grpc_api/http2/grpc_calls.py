@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from .grpc_wire import (
     Abort,
     Deframer,
     frame_message,
+    single_message,
     status_of_code,
     trailers,
     trailers_only,
@@ -56,11 +57,11 @@ class Context:
 
     __slots__ = ("metadata",)
 
-    def __init__(self, metadata: list[tuple[str, str]]) -> None:
-        self.metadata = metadata
+    def __init__(self, metadata: Sequence[tuple[str, str]]) -> None:
+        self.metadata = metadata  # shared by the calls of one header block: a tuple, never changed
 
     def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return tuple(self.metadata)
+        return tuple(self.metadata)  # the same object when it is a tuple already
 
     async def abort(self, code: Any, details: str = "") -> None:
         raise Abort(status_of_code(code), details)
@@ -69,23 +70,37 @@ class Context:
 class Call:
     """Shared by unary and streaming calls: the stream, its deadline, and ending with a status."""
 
+    __slots__ = ("server", "conn", "sid", "method", "context", "encoding", "_deframer", "done", "held",
+                 "headers_sent", "timer", "started", "future", "state")
+
     def __init__(
-        self, server: Any, conn: Any, sid: int, method: Method, metadata: list[tuple[str, str]],
-        timeout: float | None, encoding: str | None,
+        self, server: Any, conn: Any, sid: int, method: Method, context: Context, timeout: float | None,
+        encoding: str | None,
     ) -> None:
         self.server = server
         self.conn = conn
         self.sid = sid
         self.method = method
-        self.context = Context(metadata)
-        self.deframer = Deframer(server.max_message_bytes, encoding)
+        self.context = context  # shared by the calls of one header block (native_server.open_stream)
+        self.encoding = encoding
+        self._deframer: Deframer | None = None  # made when a message does not come whole in one frame
         self.done = False
         self.held = 0  # bytes of an unfinished request message counted in the connection's budget
         self.headers_sent = False
         self.timer: asyncio.TimerHandle | None = None
+        # a unary call's (here, not in UnaryCall.__init__: one frame less per call)
+        self.started = False
+        self.future: asyncio.Future[Any] | None = None
+        self.state: Any = None  # what method.start gave, for method.finish
         if timeout is not None:
             self.timer = asyncio.get_running_loop().call_later(timeout, self._deadline)
         server.calls.add(self)
+
+    @property
+    def deframer(self) -> Deframer:
+        if self._deframer is None:
+            self._deframer = Deframer(self.server.max_message_bytes, self.encoding)
+        return self._deframer
 
     def _deadline(self) -> None:
         self.timer = None
@@ -147,16 +162,21 @@ class Call:
 
 
 class UnaryCall(Call):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.started = False
-        self.future: asyncio.Future[Any] | None = None
+    __slots__ = ()
 
     def on_data(self, payload: memoryview, end_stream: bool) -> None:
         if self.done:
             return
         try:
             if payload:
+                if end_stream and not self.started and self._deframer is None:
+                    # the common call: its one message in one DATA frame, nothing held before it (nothing
+                    # to hold or give back either: the stream's window is done with)
+                    message = single_message(payload, self.server.max_message_bytes)
+                    if message is not None:
+                        self.started = True
+                        self._start(message)
+                        return
                 messages = self.deframer.feed(payload)
                 self._track_partial()
                 self.conn.acknowledge(self.sid, len(payload))
@@ -172,9 +192,9 @@ class UnaryCall(Call):
         method = self.method
         request = method.decode(data)
         if method.start is not None:
-            future, state = method.start(request, self.context)
+            future, self.state = method.start(request, self.context)
             self.future = future
-            future.add_done_callback(lambda fut: self._answer(fut, state))
+            future.add_done_callback(self._answer)
         else:
             self.future = asyncio.ensure_future(self._run(request))
 
@@ -188,11 +208,11 @@ class UnaryCall(Call):
         except Exception as exc:
             self.fail(exc)
 
-    def _answer(self, future: asyncio.Future[Any], state: Any) -> None:
+    def _answer(self, future: asyncio.Future[Any]) -> None:
         if self.done or future.cancelled():
             return
         try:
-            pieces, size = self.method.finish(future.result(), state)  # type: ignore[misc]
+            pieces, size = self.method.finish(future.result(), self.state)  # type: ignore[misc]
         except Exception as exc:
             self.fail(exc)
             return
@@ -221,6 +241,8 @@ class StreamCall(Call):
     iterator (their bytes are given back to the client's window when read); each answer the
     handler yields is written as one message, waiting while the socket's buffer is full or the
     client's flow-control window holds the previous one back."""
+
+    __slots__ = ("inbox", "unacked", "inbox_bytes", "task")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)

@@ -79,6 +79,17 @@ def frame_message(message: bytes | memoryview) -> list[Any]:
     return [MESSAGE_PREFIX.pack(0, len(message)), message]
 
 
+def single_message(data: memoryview, max_size: int) -> bytes | None:
+    """`data` as exactly one uncompressed message within `max_size`: the message, as a fresh Deframer's
+    `feed` gives it. Else None: feed it to a Deframer."""
+    if len(data) < 5 or data[0]:
+        return None
+    length = MESSAGE_PREFIX.unpack_from(data)[1]
+    if length + 5 != len(data) or length > max_size:
+        return None
+    return bytes(data[5:])
+
+
 class Deframer:
     """Length-prefixed messages out of DATA payloads; each message's size is checked before it is kept.
 

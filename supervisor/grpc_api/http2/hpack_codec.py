@@ -21,8 +21,27 @@ _STATIC_LEN = len(_STATIC)  # 61
 DEFAULT_TABLE_SIZE = 4096
 
 
+# Header blocks that left the dynamic table as it was are remembered, per connection, with what they decoded
+# to: a client's calls after the first are usually the same bytes (table references and literals without
+# indexing), and the same bytes against the same table decode to the same list. Any block that changes
+# the table forgets them all.
+BLOCK_CACHE = 16  # blocks per connection (then forgotten all at once)
+BLOCK_CACHE_BYTES = 1024  # longer blocks are not remembered
+
+
 class HeaderListTooLarge(Exception):
     pass
+
+
+class HeaderList(list[tuple[str, str]]):
+    """A decoded header list, shared by every call whose block decoded to it (read only). `memo` is the
+    application's: what it made of these headers, kept with them."""
+
+    __slots__ = ("memo",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.memo: object = None
 
 
 class Decoder:
@@ -32,6 +51,8 @@ class Decoder:
         self.table_limit = DEFAULT_TABLE_SIZE  # what the encoder chose (size updates)
         self.dynamic: list[tuple[str, str]] = []  # newest first
         self.size = 0
+        self.blocks: dict[bytes, HeaderList] = {}  # blocks that did not change the table -> their headers
+        self.changes = 0  # table changes so far
 
     def _entry(self, index: int) -> tuple[str, str]:
         if 0 < index <= _STATIC_LEN:
@@ -42,17 +63,28 @@ class Decoder:
         raise ConnectionError_(COMPRESSION_ERROR, f"HPACK index {index} out of range")
 
     def _add(self, name: str, value: str) -> None:
+        self._changed()
         self.dynamic.insert(0, (name, value))
         self.size += len(name) + len(value) + 32
         self._evict()
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self.blocks.clear()
 
     def _evict(self) -> None:
         while self.size > self.table_limit and self.dynamic:
             n, v = self.dynamic.pop()
             self.size -= len(n) + len(v) + 32
 
-    def decode(self, block: bytes) -> list[tuple[str, str]]:
-        out: list[tuple[str, str]] = []
+    def decode(self, block: bytes) -> HeaderList:
+        """The block's header list; the same object for the same bytes while the table is unchanged (do not
+        modify it)."""
+        out = self.blocks.get(block)
+        if out is not None:
+            return out
+        out = HeaderList()
+        changes = self.changes
         total = 0
         pos = 0
         end = len(block)
@@ -73,6 +105,7 @@ class Decoder:
                     limit, pos = _integer(block, pos, 5)
                     if limit > self.max_table:
                         raise ConnectionError_(COMPRESSION_ERROR, "HPACK table size above the limit")
+                    self._changed()
                     self.table_limit = limit
                     self._evict()
                     continue
@@ -85,6 +118,11 @@ class Decoder:
             raise ConnectionError_(COMPRESSION_ERROR, "truncated HPACK block") from exc
         if total > self.max_header_list:  # only now: the table must see the whole block's inserts
             raise HeaderListTooLarge(f"header list larger than {self.max_header_list} bytes")
+        if len(block) <= BLOCK_CACHE_BYTES and changes == self.changes:
+            blocks = self.blocks
+            if len(blocks) >= BLOCK_CACHE:
+                blocks.clear()
+            blocks[block] = out
         return out
 
     def _literal(self, block: bytes, pos: int, prefix: int) -> tuple[tuple[str, str], int]:

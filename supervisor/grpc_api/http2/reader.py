@@ -72,14 +72,17 @@ class FrameReader:
         pos = 0
         end = len(view)
         on_frame = self.on_frame
+        unpack = f.HEAD.unpack_from  # frames.parse_header, inline
         while end - pos >= 9:
-            length, ftype, flags, sid = f.parse_header(view, pos)
-            self._check_length(length)
+            hi, lo, ftype, flags, sid = unpack(view, pos)
+            length = (hi << 8) | lo
+            if length > self.max_frame:
+                self._check_length(length)
             if end - pos - 9 < length:
                 break
             start = pos + 9
             pos = start + length
-            on_frame(ftype, flags, sid, view[start:pos])
+            on_frame(ftype, flags, sid & 0x7FFFFFFF, view[start:pos])
         if pos < end:
             self._hold = [bytes(view[pos:])]
             self._hold_len = end - pos

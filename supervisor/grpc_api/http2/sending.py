@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,33 @@ log = logging.getLogger("inferd.grpc")
 # opens its window holds at most this much of ours (or one answer, if larger).
 MAX_PENDING_OUT = 256 * 1024 * 1024
 LINGER_S = 2.0  # after a connection error's GOAWAY, what the client still sends is read and dropped this long
+
+
+# A whole answer at most this large leaves as one joined buffer (one copy of small pieces is cheaper than
+# handing the transport many); a larger one leaves as its pieces, so big outputs are not copied here.
+JOIN_LIMIT = 16 * 1024
+_packers: dict[tuple[int, int], Any] = {}
+
+
+def response_frames(stream_id: int, head: bytes, message: Sequence[Any], size: int, trailers: bytes) -> list[Any]:
+    """HEADERS (`head`, END_HEADERS), DATA (`message`, `size` bytes) and HEADERS (`trailers`, END_STREAM) of
+    one stream, as the buffers to write: byte for byte the frames `frames.header` builds, with the three
+    frame headers and both header blocks packed at once (one struct per pair of block sizes)."""
+    packer = _packers.get((len(head), len(trailers)))
+    if packer is None:
+        packer = struct.Struct(f">HBBBI{len(head)}sHBBBI")
+        tail = struct.Struct(f">HBBBI{len(trailers)}s")
+        if len(_packers) >= 64:  # head and trailers come from a few constants: this never fills in practice
+            _packers.clear()
+        packer = _packers[(len(head), len(trailers))] = (packer, tail)
+    pre, post = packer
+    hl, tl = len(head), len(trailers)
+    first = pre.pack(hl >> 8, hl & 0xFF, f.HEADERS, f.END_HEADERS, stream_id, head,
+                     size >> 8, size & 0xFF, f.DATA, 0, stream_id)
+    last = post.pack(tl >> 8, tl & 0xFF, f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id, trailers)
+    if size <= JOIN_LIMIT:
+        return [b"".join([first, *message, last])]
+    return [first, *message, last]
 
 
 class Sending:
@@ -73,18 +101,14 @@ class Sending:
         if size <= self.peer_max_frame and size <= self.send_window and size <= stream.send_window:
             self.send_window -= size
             stream.send_window -= size
-            self.guard.data_frames_sent += 1
-            self.guard.pings.forgive()
-            self._writelines(
-                [
-                    f.header(len(head), f.HEADERS, f.END_HEADERS, stream_id),
-                    head,
-                    f.header(size, f.DATA, 0, stream_id),
-                    *message,
-                    f.header(len(trailers), f.HEADERS, f.END_HEADERS | f.END_STREAM, stream_id),
-                    trailers,
-                ]
-            )
+            guard = self.guard
+            guard.data_frames_sent += 1
+            guard.pings.forgive()
+            out = response_frames(stream_id, head, message, size, trailers)
+            if len(out) == 1:
+                self._write(out[0])
+            else:
+                self._writelines(out)
             self._end(stream)
             return True
         if self.pending_out and self.pending_out + size > MAX_PENDING_OUT:
@@ -200,10 +224,12 @@ class Sending:
         """We sent END_STREAM. A client still sending is told to stop (RST_STREAM NO_ERROR)."""
         self.streams.pop(stream.id, None)
         stream.handler = None
-        self._forget(stream)
+        if stream.pending or stream.sent is not None or stream.id in self.conn_blocked:
+            self._forget(stream)
         if not stream.remote_closed:
             self._write(f.rst_stream(stream.id, f.NO_ERROR))
-        self._close_if_idle()
+        if self.closing:
+            self._close_if_idle()
 
     def _reset_stream(self, stream: Stream, code: int) -> None:
         self.streams.pop(stream.id, None)

@@ -82,6 +82,42 @@ def test_fast_parse_matches_protobuf(msg: pb.ModelInferRequest) -> None:
     assert all(isinstance(r, memoryview) for r in fast.raw)  # zero copy
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_shared_head_parse_matches_the_whole_parse(msg: pb.ModelInferRequest) -> None:
+    """A request whose head (the fields before raw_input_contents) was parsed before gives the values
+    parsing it all gives, the first time and from the shared head."""
+    data = msg.SerializeToString()
+    whole = wire._parse(data)
+    for _ in range(2):
+        headed = wire._parse_headed(data)
+        assert headed is not None, "a request serialized by protobuf has its raw contents last"
+        _same(headed, whole)
+    if whole.inputs:  # what to_core keeps of a shared head is its own
+        assert wire._parse_headed(data).inputs is headed.inputs  # type: ignore[union-attr]
+
+
+def test_the_tensors_of_a_shared_head_have_their_own_shapes() -> None:
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=[1, 2])
+    msg.raw_input_contents.append(bytes(8))
+    data = msg.SerializeToString()
+    first, second = wire.decode_request(data), wire.decode_request(data)
+    assert isinstance(first, convert.ParsedRequest) and isinstance(second, convert.ParsedRequest)
+    assert first.inputs is second.inputs  # one parse of the head
+    a, _ = convert.to_core(first, None)  # type: ignore[arg-type]
+    b, _ = convert.to_core(second, None)  # type: ignore[arg-type]
+    a.inputs[0].shape[0] = 7
+    assert b.inputs[0].shape == [1, 2] and first.inputs[0].shape == [1, 2]
+
+
+def test_raw_contents_before_other_fields_parse_whole() -> None:
+    data = _ld(7, b"\x01\x02") + _ld(1, b"m") + _ld(7, b"\x03")
+    assert wire._parse_headed(data) is None
+    got = wire.parse_request(data)
+    assert got is not None and got.model_name == "m" and [bytes(r) for r in got.raw] == [b"\x01\x02", b"\x03"]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_decode_like_protobuf(data: bytes) -> None:
@@ -310,3 +346,21 @@ def test_out_of_range_parameter_fails_like_protobuf() -> None:
         wire.encode_response(resp, None, FakeShm())  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         _reference(resp, None)
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "message"),
+    [
+        ([2, -1], b"", "input 'X' has a negative dimension in shape [2, -1]"),
+        ([2, 3], bytes(20), "input byte size mismatch for input 'X' for model 'm'. Expected 24, got 20"),
+    ],
+)
+def test_to_core_names_a_bad_shape_or_size(shape: list[int], data: bytes, message: str) -> None:
+    msg = pb.ModelInferRequest(model_name="m")
+    msg.inputs.add(name="X", datatype="FP32", shape=shape)
+    msg.raw_input_contents.append(data)
+    parsed = wire.decode_request(msg.SerializeToString())
+    assert isinstance(parsed, convert.ParsedRequest)
+    with pytest.raises(InferdError) as err:
+        convert.to_core(parsed, None)  # type: ignore[arg-type]
+    assert err.value.message == message
