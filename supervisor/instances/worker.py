@@ -31,13 +31,13 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import codec, liveness
+from . import liveness, results
 from .channel import Channel
-from .codec import BatchResult
 from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
 from .outputs import WorkerOutputs
 from .packing import InputPacker, release_leases
+from .results import BatchResult
 from .streams import OpenStreams
 
 log = logging.getLogger("inferd.instances.worker")
@@ -323,9 +323,7 @@ class WorkerProcess:
         if streams:
             self._streams.add(streams)
         try:
-            header = (codec.execute_header(batch_id, packed.items, packed.forget) if packed.columns is None
-                      else codec.execute_columns_header(batch_id, packed.columns, packed.forget))
-            self._channel.send(self.identity, [header, *packed.frames])
+            self._channel.send(self.identity, [packed.header(batch_id), *packed.frames])
         except InferdError:
             self._batches.pop(batch_id, None)
             self._release_leases(leases)
@@ -357,15 +355,15 @@ class WorkerProcess:
             return InferdError(ErrorCode.UNAVAILABLE, self.error.message)
         return InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} is {self.state.value}")
 
-    def _on_execute_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
-        batch_id = msg.get("batch_id")
+    def _on_execute_result(self, msg: m.ExecuteResult | m.ExecuteResultColumns, data: Sequence[Any]) -> None:
+        batch_id = msg.batch_id
         batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
         if batch is None:
             log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
             return
         self._release_leases(batch.leases)
         try:
-            result = codec.batch_result(batch.requests, batch.ids, msg, data, self.model_version, self._outputs)
+            result = results.batch_result(batch.requests, batch.ids, msg, data, self.model_version, self._outputs)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             result = None
             self._kill(f"sent a malformed result ({exc!r})")
@@ -404,12 +402,12 @@ class WorkerProcess:
 
     def _on_message(self, frames: list[Any]) -> None:
         try:
-            msg, data = codec.parse(frames)
+            msg, data = results.decode(frames)
         except m.ProtocolError as exc:
             self._kill(f"sent a malformed message ({exc})")
             return
         cls = type(msg)
-        if cls is dict:
+        if cls is m.ExecuteResult or cls is m.ExecuteResultColumns:
             self._on_execute_result(msg, data)
         elif cls is m.StreamResponse:
             self._streams.on_response(msg, data, self.model_version, self._outputs)

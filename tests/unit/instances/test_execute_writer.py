@@ -1,4 +1,5 @@
-"""The hot-path Execute/ExecuteResult framing stays equivalent to wire.messages."""
+"""The Execute writer (wire.codec.execute_header, fed by instances/packing.py) and the supervisor's
+decoding of results (instances/results.decode) stay equivalent to the generic wire codec."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import json
 
 import pytest
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
-from inferd.supervisor.instances import codec
+from inferd.supervisor.instances import results
+from inferd.supervisor.instances.packing import request_item
 from inferd.supervisor.tracing.record import Trace
 from inferd.worker.wire import messages as m
 
@@ -19,9 +21,9 @@ def test_execute_header_matches_wire_encoding():
     req = InferRequest("m", id="abc", outputs=[RequestedOutput("OUT")], parameters={"p": 1},
                        correlation_id="seq-1", flags=3, timeout_us=5, device_outputs=True)
     req.trace = Trace(42, "m", "1", "abc", None, False, lambda t: None)  # a traced request names its trace
-    refs = [codec.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
-            codec.tensor_ref("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")]
-    fast = codec.execute_header(7, [codec.request_item(11, req, refs)], ["inferd_1_9"])
+    refs = [m.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
+            m.tensor_ref("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")]
+    fast = m.execute_header(7, [request_item(11, req, refs)], ["inferd_1_9"])
     typed = m.Execute(7, [m.RequestItem(
         11, "abc",
         [m.TensorRef("IN", "FP32", [2], "frame", 0, "", 0, 8),
@@ -41,10 +43,10 @@ def test_execute_header_matches_wire_encoding():
 
 def test_execute_header_leaves_defaults_out_and_decodes_the_same():
     plain = InferRequest("m", inputs=[Tensor("X", "FP32", [1], b"1234")])
-    ref = codec.tensor_ref("X", "FP32", [1], "frame", 0, "", 4, 4)
+    ref = m.tensor_ref("X", "FP32", [1], "frame", 0, "", 4, 4)
     for cid in (0, "", "s", 7):
         plain.correlation_id = cid
-        fast = codec.execute_header(1, [codec.request_item(1, plain, [ref])], [])
+        fast = m.execute_header(1, [request_item(1, plain, [ref])], [])
         item = json.loads(fast)["requests"][0]
         assert set(item) == {"request_id", "id", "inputs", "requested_outputs"} | (
             set() if cid == 0 and type(cid) is int else {"correlation_id"})
@@ -56,19 +58,51 @@ def test_execute_header_leaves_defaults_out_and_decodes_the_same():
         assert type(decoded.requests[0].correlation_id) is type(cid)
 
 
-def test_parse_execute_result_and_others():
+def test_decode_execute_result_and_others():
     res = m.ExecuteResult(3, [m.ResponseItem(5, [m.TensorRef("O", "FP32", [1], "frame", 0)],
                                              None, {"k": "v"}),
                               m.ResponseItem(6, [], m.WireError(3, "bad"))], 1, 2, 3)
     frames = [Frame(f if isinstance(f, bytes) else bytes(f)) for f in m.encode(res, [b"abcd"])]
-    header, data = codec.parse(frames)
-    assert header["t"] == "execute_result" and header["batch_id"] == 3 and len(data) == 1
-    assert header["responses"][1]["error"] == {"code": 3, "message": "bad"}
-    msg, _ = codec.parse([Frame(m.encode(m.Hello(1, 2, "x", "3.11", "2", "4"))[0])])
+    header, data = results.decode(frames)
+    assert header == res and len(data) == 1
+    assert header.responses[1].error == m.WireError(3, "bad")
+    msg, _ = results.decode([Frame(m.encode(m.Hello(1, 2, "x", "3.11", "2", "4"))[0])])
     assert isinstance(msg, m.Hello)
     with pytest.raises(m.ProtocolError):
-        codec.parse([Frame(b"{nope")])
+        results.decode([Frame(b"{nope")])
     with pytest.raises(m.ProtocolError):
-        codec.parse([Frame(b'{"t":"what"}')])
+        results.decode([Frame(b'{"t":"what"}')])
     with pytest.raises(m.ProtocolError):
-        codec.parse([])
+        results.decode([])
+
+
+@pytest.mark.parametrize("body", [
+    '{"batch_id":1,"responses":[{"request_id":1,"outputs":[],"extra":1}],"t":"execute_result"}',
+    '{"batch_id":1,"responses":[{"outputs":[]}],"t":"execute_result"}',
+    '{"batch_id":1,"responses":[{"request_id":1,"outputs":[{"name":"x","bogus":1}]}],"t":"execute_result"}',
+    '{"batch_id":1,"responses":[{"request_id":1,"outputs":{}}],"t":"execute_result"}',
+    '{"batch_id":1,"responses":[{"request_id":1,"error":{"code":1}}],"t":"execute_result"}',
+    '{"batch_id":1,"responses":{},"t":"execute_result"}',
+    '{"responses":[],"t":"execute_result"}',
+    '{"batch_id":1,"request_ids":[1],"outputs":[{"name":"x","datatype":"FP32","shape":[]}],'
+    '"t":"execute_result_columns"}',
+    '{"batch_id":1,"request_ids":[1],"t":"execute_result_columns"}',
+])
+def test_malformed_results_are_protocol_errors_as_in_the_generic_decoder(body):
+    """The fast result decoders leave anything unusual to the generic one, which refuses it."""
+    with pytest.raises(m.ProtocolError) as fast:
+        results.decode([Frame(body.encode())])
+    with pytest.raises(m.ProtocolError) as generic:
+        m.decode([body.encode()])
+    assert str(fast.value) == str(generic.value)
+
+
+def test_results_with_defaults_left_out_or_given_decode_alike():
+    full = m.ExecuteResult(4, [m.ResponseItem(9, [m.TensorRef("O", "FP32", [1], "frame", 0, "", 0, 4)],
+                                              None, {}), m.ResponseItem(10, [], m.WireError(13, "x"), {"a": 1})])
+    compact = m.execute_result_header(4, [
+        m.response_item_json(9, [m.output_ref_json("O", "FP32", (1,), 0, 0, 4)]),
+        m.response_item_json(10, [], m.WireError(13, "x"), {"a": 1})])
+    for raw in (m.encode_header(full), compact, compact.replace(b',"outputs":[]', b"")):
+        message, _ = results.decode([Frame(raw)])
+        assert message == full and repr(message) == repr(full)
