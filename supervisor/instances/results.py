@@ -21,8 +21,15 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
 def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
-    """(message, data frames) of what a worker sent; wire.messages.ProtocolError on anything malformed."""
-    return m.decode(frames, orjson.loads)
+    """(message, data frames) of what a worker sent; wire.messages.ProtocolError on anything malformed.
+    (wire.codec.decode with orjson, which takes the channel's memoryviews as they are.)"""
+    if not frames:
+        raise m.ProtocolError("empty message")
+    return _decode_header(frames[0], _loads), frames[1:]
+
+
+_decode_header = m.decode_header
+_loads = orjson.loads
 
 
 @dataclass(slots=True)
@@ -103,26 +110,26 @@ def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], v
         except ValueError:
             code = ErrorCode.INTERNAL
         return InferdError(code, str(err.message))
-    outputs = [_output(req, ref, buffers, outputs_in_shm) for ref in item.outputs]
+    outputs = []
+    for ref in item.outputs:
+        loc = ref.loc
+        if loc == "frame":
+            name = ref.name
+            outputs.append(Tensor(name, ref.datatype, ref.shape,
+                                  output_buffer(name, ref.frame, ref.offset, ref.nbytes, buffers)))
+        elif loc == "shm":
+            outputs.append(shm_output(ref.name, ref.datatype, ref.shape, ref.region, ref.offset, ref.nbytes,
+                                      outputs_in_shm))
+        elif loc == "cuda":
+            outputs.append(device_output(req, ref, outputs_in_shm))
+        else:
+            raise ValueError(f"output '{ref.name}' has a bad reference")
     gone = _dead_device_input(req)
     if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
         return gone  # (its own device outputs are released as `outputs` is dropped)
     params = item.parameters
     return InferResponse(req.model_name, version or req.model_version, req.id, outputs,
                          params if type(params) is dict else {})
-
-
-def _output(req: InferRequest, ref: m.TensorRef, buffers: Sequence[memoryview], outputs_in_shm: Any) -> Tensor:
-    """One output tensor of a ResponseItem; ValueError for a reference the worker may not send."""
-    loc = ref.loc
-    if loc == "frame":
-        buf = output_buffer(ref.name, ref.frame, ref.offset, ref.nbytes, buffers)
-        return Tensor(ref.name, ref.datatype, ref.shape, buf)
-    if loc == "shm":
-        return shm_output(ref.name, ref.datatype, ref.shape, ref.region, ref.offset, ref.nbytes, outputs_in_shm)
-    if loc == "cuda":
-        return device_output(req, ref, outputs_in_shm)
-    raise ValueError(f"output '{ref.name}' has a bad reference")
 
 
 def _columns_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: m.ExecuteResultColumns,

@@ -105,6 +105,9 @@ def decode_header(raw: Any, loads: Optional[Callable[[Any], Any]] = None) -> Any
             message = fast(header)
             if message is not None:
                 return message
+            if cls is ExecuteResult:  # its fast decoder may have changed `header` before giving up
+                header = (loads or _loads)(raw)
+                del header["t"]
         return _build(cls, header)
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ProtocolError("malformed message: %s" % exc) from None
@@ -192,8 +195,8 @@ def _build(cls: type[Any], data: dict[str, Any]) -> Any:
 # Same result as the generic `_build` (tests pin the equivalence): the parsed JSON objects become the
 # instances' attribute dicts. A field left out keeps its default, which a dataclass holds as a class
 # attribute (read when the instance dict lacks the key); a default_factory field left out is filled in.
-# Anything unusual (a missing or extra field, a list that is not one) returns None before anything in
-# the header was changed, and `_build` decides.
+# Anything unusual (a missing or extra field, a list that is not one) returns None, and `_build` decides
+# (on the header as parsed: only the ExecuteResult decoder changes it as it goes).
 
 def _required(cls: type[Any]) -> frozenset[str]:
     """Fields of `cls` without a default."""
@@ -216,23 +219,30 @@ _COLUMN_KEYS = frozenset(_field_names(TensorColumn))
 _new = object.__new__
 
 
+# The checks below spell out a TensorRef's required fields (name, datatype, shape: `"name" in ref` is cheaper
+# than a set comparison); tests/unit/worker/test_hot_path.py holds them to the schema.
+
+
 def _refs_ok(refs: Any) -> bool:
-    """`refs` is a list of TensorRef objects (JSON) that `_refs` may turn into TensorRefs."""
+    """`refs` is a list of TensorRef objects (JSON) that `_as_refs` may turn into TensorRefs."""
     if type(refs) is not list:
         return False
-    for ref in refs:  # noqa: SIM110 - a loop: no generator per call on the hot path
-        if type(ref) is not dict or not _TENSOR_REQUIRED <= ref.keys() <= _TENSOR_KEYS:
+    keys = _TENSOR_KEYS
+    for ref in refs:
+        if type(ref) is not dict or not ref.keys() <= keys or "name" not in ref or "datatype" not in ref \
+                or "shape" not in ref:
             return False
     return True
 
 
-def _refs(refs: list[dict[str, Any]]) -> list[TensorRef]:
-    out = []
-    for ref in refs:
-        tensor = _new(TensorRef)
+def _as_refs(refs: list[Any]) -> list[Any]:
+    """The parsed TensorRef objects of `refs` (checked by `_refs_ok`) become TensorRefs, in place."""
+    new = _new
+    for i, ref in enumerate(refs):
+        tensor = new(TensorRef)
         tensor.__dict__ = ref
-        out.append(tensor)
-    return out
+        refs[i] = tensor
+    return refs
 
 
 def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
@@ -247,47 +257,53 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
             return None
         if not _refs_ok(item["inputs"]):
             return None
-    requests = []
-    for item in items:
-        item["inputs"] = _refs(item["inputs"])
-        request = _new(RequestItem)
+    new = _new
+    for i, item in enumerate(items):
+        _as_refs(item["inputs"])
+        request = new(RequestItem)
         request.__dict__ = item
-        requests.append(request)
-    header["requests"] = requests
-    message = _new(Execute)
+        items[i] = request
+    message = new(Execute)
     message.__dict__ = header
     return message
 
 
 def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
-    """An ExecuteResult as the worker sends it (`execute_result_header`)."""
+    """An ExecuteResult as the worker sends it (`execute_result_header`), checked and built in one pass
+    (the supervisor reads one per batch): None may leave `header` half changed, and `decode_header`
+    parses the frame again for `_build`."""
     if not _RESULT_REQUIRED <= header.keys() <= _RESULT_KEYS:
         return None
     items = header["responses"]
     if type(items) is not list:
         return None
-    for item in items:
-        if type(item) is not dict or "request_id" not in item or not item.keys() <= _RESPONSE_KEYS:
+    item_keys, ref_keys, new = _RESPONSE_KEYS, _TENSOR_KEYS, _new
+    for i, item in enumerate(items):
+        if type(item) is not dict or not item.keys() <= item_keys or "request_id" not in item:
             return None
-        if "outputs" in item and not _refs_ok(item["outputs"]):
+        refs = item.get("outputs")
+        if type(refs) is list:
+            for j, ref in enumerate(refs):
+                if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref \
+                        or "datatype" not in ref or "shape" not in ref:
+                    return None
+                tensor = refs[j] = new(TensorRef)
+                tensor.__dict__ = ref
+        elif refs is None and "outputs" not in item:
+            item["outputs"] = []
+        else:
             return None
-        error = item.get("error")
-        if error is not None and (type(error) is not dict or error.keys() != _ERROR_KEYS):
-            return None
-    responses = []
-    for item in items:
-        item["outputs"] = _refs(item["outputs"]) if "outputs" in item else []
-        if "parameters" not in item:
-            item["parameters"] = {}
         error = item.get("error")
         if error is not None:
-            item["error"] = _new(WireError)
-            item["error"].__dict__ = error
-        response = _new(ResponseItem)
+            if type(error) is not dict or error.keys() != _ERROR_KEYS:
+                return None
+            wire_error = item["error"] = new(WireError)
+            wire_error.__dict__ = error
+        if "parameters" not in item:
+            item["parameters"] = {}
+        response = items[i] = new(ResponseItem)
         response.__dict__ = item
-        responses.append(response)
-    header["responses"] = responses
-    message = _new(ExecuteResult)
+    message = new(ExecuteResult)
     message.__dict__ = header
     return message
 
@@ -297,15 +313,16 @@ def _execute_result_columns_fast(header: dict[str, Any]) -> Optional[ExecuteResu
     if not _COLUMNS_RESULT_REQUIRED <= header.keys() <= _COLUMNS_RESULT_KEYS:
         return None
     outputs = header["outputs"]
-    if type(outputs) is not list or not all(type(c) is dict and c.keys() == _COLUMN_KEYS for c in outputs):
+    if type(outputs) is not list:
         return None
-    columns = []
     for fields in outputs:
-        column = _new(TensorColumn)
+        if type(fields) is not dict or fields.keys() != _COLUMN_KEYS:
+            return None
+    new = _new
+    for i, fields in enumerate(outputs):
+        column = outputs[i] = new(TensorColumn)
         column.__dict__ = fields
-        columns.append(column)
-    header["outputs"] = columns
-    message = _new(ExecuteResultColumns)
+    message = new(ExecuteResultColumns)
     message.__dict__ = header
     return message
 

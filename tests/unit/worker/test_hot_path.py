@@ -361,3 +361,7 @@ def test_frame_packer_shares_one_frame_for_small_buffers():
     one = m.FramePacker()
     one.add(b"xy", 2)
     assert one.finish() == [b"xy"]
+
+
+def test_fast_decoders_spell_out_the_tensor_ref_required_fields():
+    assert frozenset(("name", "datatype", "shape")) == wire_codec._TENSOR_REQUIRED
