@@ -83,6 +83,9 @@ def test_decode_execute_result_and_others():
     '{"batch_id":1,"responses":[{"request_id":1,"outputs":{}}],"t":"execute_result"}',
     '{"batch_id":1,"responses":[{"request_id":1,"error":{"code":1}}],"t":"execute_result"}',
     '{"batch_id":1,"responses":{},"t":"execute_result"}',
+    # the first response already built when the second turns out bad: the generic decoder starts afresh
+    '{"batch_id":1,"responses":[{"request_id":1,"outputs":[{"name":"x","datatype":"FP32","shape":[1]}],'
+    '"error":{"code":1,"message":"m"}},{"request_id":2,"outputs":[{"name":"y"}]}],"t":"execute_result"}',
     '{"responses":[],"t":"execute_result"}',
     '{"batch_id":1,"request_ids":[1],"outputs":[{"name":"x","datatype":"FP32","shape":[]}],'
     '"t":"execute_result_columns"}',
