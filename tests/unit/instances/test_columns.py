@@ -19,7 +19,6 @@ from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Ten
 from inferd.supervisor.instances import results
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.worker import columns as worker_columns
-from inferd.worker import tensors
 from inferd.worker.backends.base import ModelSpec, Response
 from inferd.worker.backends.base import Tensor as WorkerTensor
 from inferd.worker.channel import header_loads
@@ -82,8 +81,7 @@ def runtime() -> tuple[Runtime, SentToSupervisor, Doubling]:
     backend = Doubling()
     rt._backend = backend  # type: ignore[assignment]
     rt._spec = ModelSpec("m", "/x", "1", json.dumps(CONFIG), "fake")
-    rt._outputs = tensors.output_specs(CONFIG)
-    rt._output_names = list(rt._outputs)
+    rt._results.configure(rt._spec)
     return rt, channel, backend
 
 
@@ -205,13 +203,13 @@ def test_unalike_results_go_back_request_by_request(change):
     def prepare(rt: Runtime, backend: Doubling) -> None:
         if change == "vary":
             backend.vary = True
-            rt._outputs = tensors.output_specs(dict(CONFIG, output=[
-                {"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}, CONFIG["output"][1]]))
+            rt._results.configure(ModelSpec("m", "/x", "1", json.dumps(dict(CONFIG, output=[
+                {"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}, CONFIG["output"][1]])), "fake"))
         elif change == "params":
             backend.params = {"k": "v"}
         else:  # S declared INT32: every response fails the output check
-            rt._outputs = tensors.output_specs(dict(CONFIG, output=[
-                CONFIG["output"][0], {"name": "S", "data_type": "TYPE_INT32", "dims": [1]}]))
+            rt._results.configure(ModelSpec("m", "/x", "1", json.dumps(dict(CONFIG, output=[
+                CONFIG["output"][0], {"name": "S", "data_type": "TYPE_INT32", "dims": [1]}])), "fake"))
 
     packed, msg, result, _ = round_trip(requests, prepare=prepare)
     assert packed.columns is not None and type(msg) is m.ExecuteResult
