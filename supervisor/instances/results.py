@@ -42,19 +42,6 @@ class BatchResult:
     compute_output_ns: int = 0
 
 
-def output_buffer(name: Any, frame: Any, offset: Any, nbytes: Any, buffers: Sequence[memoryview]) -> memoryview:
-    """The bytes of one output: `nbytes` at `offset` of data frame `frame` (the worker packs small
-    outputs into one frame). ValueError when the reference lies outside the frames."""
-    if type(frame) is not int or not 0 <= frame < len(buffers):
-        raise ValueError(f"output '{name}' has a bad reference")
-    buf = buffers[frame]
-    if offset == 0 and (nbytes == 0 or nbytes == len(buf)):  # offset 0 + nbytes 0: the whole frame
-        return buf
-    if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 or offset + nbytes > len(buf):
-        raise ValueError(f"output '{name}' lies outside its data frame")
-    return buf[offset:offset + nbytes]
-
-
 def shm_output(name: str, datatype: str, shape: list[int], region: Any, offset: Any, nbytes: Any,
                outputs: Any) -> Tensor:
     """An output the worker wrote into its own region (worker/arena.py): a view of its mapping, passed on
@@ -111,12 +98,20 @@ def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], v
             code = ErrorCode.INTERNAL
         return InferdError(code, str(err.message))
     outputs = []
+    count = len(buffers)
     for ref in item.outputs:
         loc = ref.loc
-        if loc == "frame":
-            name = ref.name
-            outputs.append(Tensor(name, ref.datatype, ref.shape,
-                                  output_buffer(name, ref.frame, ref.offset, ref.nbytes, buffers)))
+        if loc == "frame":  # `nbytes` at `offset` of data frame `frame` (small outputs share a frame)
+            name, frame, offset, nbytes = ref.name, ref.frame, ref.offset, ref.nbytes
+            if type(frame) is not int or not 0 <= frame < count:
+                raise ValueError(f"output '{name}' has a bad reference")
+            buf = buffers[frame]
+            if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):  # offset 0 + nbytes 0: the whole frame
+                if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                        or offset + nbytes > len(buf):
+                    raise ValueError(f"output '{name}' lies outside its data frame")
+                buf = buf[offset:offset + nbytes]
+            outputs.append(Tensor(name, ref.datatype, ref.shape, buf))
         elif loc == "shm":
             outputs.append(shm_output(ref.name, ref.datatype, ref.shape, ref.region, ref.offset, ref.nbytes,
                                       outputs_in_shm))
@@ -124,9 +119,12 @@ def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], v
             outputs.append(device_output(req, ref, outputs_in_shm))
         else:
             raise ValueError(f"output '{ref.name}' has a bad reference")
-    gone = _dead_device_input(req)
-    if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
-        return gone  # (its own device outputs are released as `outputs` is dropped)
+    for t in req.inputs:
+        if t.device_ref is not None:
+            gone = _dead_device_input(req)
+            if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
+                return gone  # (its own device outputs are released as `outputs` is dropped)
+            break
     params = item.parameters
     return InferResponse(req.model_name, version or req.model_version, req.id, outputs,
                          params if type(params) is dict else {})

@@ -109,3 +109,29 @@ def test_results_with_defaults_left_out_or_given_decode_alike():
     for raw in (m.encode_header(full), compact, compact.replace(b',"outputs":[]', b"")):
         message, _ = results.decode([Frame(raw)])
         assert message == full and repr(message) == repr(full)
+
+
+@pytest.mark.parametrize("ref,error", [
+    ('{"name":"O","datatype":"FP32","shape":[1],"frame":1,"offset":0,"nbytes":4}', "bad reference"),
+    ('{"name":"O","datatype":"FP32","shape":[1],"frame":0,"offset":6,"nbytes":4}', "outside its data frame"),
+    ('{"name":"O","datatype":"FP32","shape":[1],"frame":0,"offset":-1,"nbytes":4}', "outside its data frame"),
+    ('{"name":"O","datatype":"FP32","shape":[1],"frame":true,"offset":0,"nbytes":4}', "bad reference"),
+    ('{"name":"O","datatype":"FP32","shape":[1],"loc":"disk","frame":0}', "bad reference"),
+    ('{"name":"O","datatype":"FP32","shape":[1],"loc":"shm","region":"r","nbytes":4}', "bad reference"),
+])
+def test_results_with_bad_output_references_are_refused(ref, error):
+    header = m.execute_result_header(1, [m.response_item_json(7, [ref])])
+    msg, data = results.decode([Frame(header), Frame(b"12345678")])
+    with pytest.raises(ValueError, match=error):
+        results.batch_result([InferRequest("m")], [7], msg, data, "1")
+
+
+def test_result_outputs_are_views_of_their_frames():
+    refs = [m.output_ref_json("A", "FP32", [1], 0, 0, 4), m.output_ref_json("B", "FP32", [1], 0, 4, 4),
+            m.output_ref_json("C", "UINT8", [0], 1, 0, 0)]
+    msg, data = results.decode([Frame(m.execute_result_header(1, [m.response_item_json(7, refs, None, {"k": 1})])),
+                                Frame(b"12345678"), Frame(b"")])
+    (response,) = results.batch_result([InferRequest("m", id="x")], [7], msg, data, "2").responses
+    assert [(t.name, list(t.shape), bytes(t.data)) for t in response.outputs] == [
+        ("A", [1], b"1234"), ("B", [1], b"5678"), ("C", [0], b"")]
+    assert (response.id, response.model_version, response.parameters) == ("x", "2", {"k": 1})
