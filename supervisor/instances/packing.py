@@ -59,9 +59,13 @@ class Packed:
 
 def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]]) -> dict[str, Any]:
     """`req` as an Execute's request item (wire.codec.request_item); `inputs` from wire.codec.tensor_ref."""
-    return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs],
-                          json.dumps(req.parameters) if req.parameters else "{}", req.correlation_id, req.flags,
-                          req.timeout_us, req.device_outputs, str(req.trace.id) if req.trace is not None else "")
+    cid, trace = req.correlation_id, req.trace
+    if (req.parameters or req.flags or req.timeout_us or req.device_outputs or trace is not None
+            or not (type(cid) is int and cid == 0)):
+        return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs],
+                              json.dumps(req.parameters) if req.parameters else "{}", cid, req.flags,
+                              req.timeout_us, req.device_outputs, "" if trace is None else str(trace.id))
+    return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs])  # the other fields at default
 
 
 def release_leases(leases: list[Any]) -> None:
