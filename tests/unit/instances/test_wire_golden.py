@@ -14,13 +14,15 @@ golden also decodes to the message it came from, with the generic decoder and wi
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput
 from inferd.supervisor.instances import results
 from inferd.supervisor.instances.packing import request_item
 from inferd.supervisor.tracing.record import Trace
-from inferd.worker.wire import codec
+from inferd.worker.wire import codec, writers
 from inferd.worker.wire import messages as m
 
 
@@ -204,7 +206,7 @@ def test_worker_result_headers_decode_to_messages():
 
 def test_execute_writer_without_orjson_gives_the_same_bytes(monkeypatch):
     """A worker environment may lack orjson: the json fallback writes the same Execute headers."""
-    monkeypatch.setattr(codec, "_dumpb", codec._dumpb_json)
+    monkeypatch.setattr(writers, "_dumpb", writers._dumpb_json)
     for name in ("sup_execute", "sup_execute_utf8", "sup_execute_columns", "sup_execute_columns_plain"):
         assert _fast()[name] == GOLDEN_FAST[name], name
 
@@ -214,9 +216,9 @@ def test_result_objects_take_the_writer_and_the_generic_path_alike(name, monkeyp
     """encode_header writes an ExecuteResult / StreamResponse with the worker's writers (every field);
     without them (the generic path) the bytes are the same."""
     message = _samples()[name]
-    assert type(message) in codec._OBJECT_WRITERS
-    assert codec._OBJECT_WRITERS[type(message)](message) == GOLDEN[name]
-    monkeypatch.setattr(codec, "_OBJECT_WRITERS", {})
+    assert type(message) in writers.OBJECT_WRITERS
+    assert writers.OBJECT_WRITERS[type(message)](message) == GOLDEN[name]
+    monkeypatch.setattr(codec, "OBJECT_WRITERS", {})  # what encode_header consults
     assert m.encode_header(message) == GOLDEN[name]
 
 
@@ -243,3 +245,14 @@ def test_supervisor_decodes_results_as_messages():
     assert type(columns) is m.ExecuteResultColumns and type(columns.outputs[1]) is m.TensorColumn
     message, _ = results.decode([GOLDEN["log_settings"]])
     assert message == m.LogSettings(2, True, False, True)
+
+
+def test_the_wire_package_works_without_orjson():
+    """A worker environment has only the standard library, numpy and pyzmq."""
+    script = ("import sys; sys.modules['orjson'] = None\n"
+              "from inferd.worker.wire import messages as m, writers\n"
+              "assert writers._dumpb is writers._dumpb_json\n"
+              "sys.stdout.buffer.write(m.execute_columns_header(8, [1, 2], [('X', 'INT32', (1, 4))], ['a', 'b'],"
+              " ['OUT'], ['inferd_1_1']))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, check=True).stdout
+    assert out == GOLDEN_FAST["sup_execute_columns"]
