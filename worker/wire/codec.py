@@ -216,47 +216,32 @@ _new = object.__new__
 # The checks below spell out a TensorRef's required fields (name, datatype, shape: `"name" in ref` is cheaper
 # than a set comparison); tests/unit/worker/test_hot_path.py holds them to the schema.
 
-
-def _refs_ok(refs: Any) -> bool:
-    """`refs` is a list of TensorRef objects (JSON) that `_as_refs` may turn into TensorRefs."""
-    if type(refs) is not list:
-        return False
-    keys = _TENSOR_KEYS
-    for ref in refs:
-        if type(ref) is not dict or not ref.keys() <= keys or "name" not in ref or "datatype" not in ref \
-                or "shape" not in ref:
-            return False
-    return True
-
-
-def _as_refs(refs: list[Any]) -> list[Any]:
-    """The parsed TensorRef objects of `refs` (checked by `_refs_ok`) become TensorRefs, in place."""
-    new = _new
-    for i, ref in enumerate(refs):
-        tensor = new(TensorRef)
-        tensor.__dict__ = ref
-        refs[i] = tensor
-    return refs
-
-
 def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
-    """An Execute as the supervisor sends it (`execute_header`)."""
+    """An Execute as the supervisor sends it (wire.writers.execute_header); the worker reads one per batch."""
     if header.keys() != _EXECUTE_KEYS:
         return None
     items = header["requests"]
     if type(items) is not list:
         return None
+    item_keys, ref_keys = _REQUEST_KEYS, _TENSOR_KEYS
     for item in items:
-        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= _REQUEST_KEYS:
+        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= item_keys:
             return None
-        if not _refs_ok(item["inputs"]):
+        refs = item["inputs"]
+        if type(refs) is not list:
             return None
+        for ref in refs:
+            if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref or "datatype" not in ref \
+                    or "shape" not in ref:
+                return None
     new = _new
     for i, item in enumerate(items):
-        _as_refs(item["inputs"])
-        request = new(RequestItem)
+        refs = item["inputs"]
+        for j, ref in enumerate(refs):
+            tensor = refs[j] = new(TensorRef)
+            tensor.__dict__ = ref
+        request = items[i] = new(RequestItem)
         request.__dict__ = item
-        items[i] = request
     message = new(Execute)
     message.__dict__ = header
     return message
