@@ -225,6 +225,17 @@ def stream_response_header(request_id: int, final: bool, item: Optional[str]) ->
 # ---- the same writers for messages given as objects (wire.codec.encode_header), every field written ---
 # None when a field does not have its declared type: the generic path then encodes (or refuses) it.
 
+def _texts(values: Any, write: Callable[[Any], Optional[str]]) -> Optional[list[str]]:
+    """`write` of every value, or None where one of them gives None."""
+    texts = []
+    for value in values:
+        text = write(value)
+        if text is None:
+            return None
+        texts.append(text)
+    return texts
+
+
 def _tensor_ref_text(ref: Any) -> Optional[str]:
     """A TensorRef with every field, as `_plain` + `_dumps` would write it."""
     if type(ref) is not TensorRef:
@@ -252,13 +263,8 @@ def _response_item_text(item: Any) -> Optional[str]:
     if error is not None and not (type(error) is WireError and type(error.code) is int
                                   and type(error.message) is str):
         return None
-    refs = []
-    for ref in item.outputs:
-        text = _tensor_ref_text(ref)
-        if text is None:
-            return None
-        refs.append(text)
-    return response_item_json(request_id, refs, error, params, every_field=True)
+    refs = _texts(item.outputs, _tensor_ref_text)
+    return None if refs is None else response_item_json(request_id, refs, error, params, every_field=True)
 
 
 def _execute_result_text(message: ExecuteResult) -> Optional[bytes]:
@@ -267,13 +273,8 @@ def _execute_result_text(message: ExecuteResult) -> Optional[bytes]:
     if not (type(batch_id) is int and type(t_in) is int and type(t_infer) is int and type(t_out) is int
             and type(message.responses) in (list, tuple)):
         return None
-    items = []
-    for item in message.responses:
-        text = _response_item_text(item)
-        if text is None:
-            return None
-        items.append(text)
-    return execute_result_header(batch_id, items, t_in, t_infer, t_out)
+    items = _texts(message.responses, _response_item_text)
+    return None if items is None else execute_result_header(batch_id, items, t_in, t_infer, t_out)
 
 
 def _stream_response_text(message: StreamResponse) -> Optional[bytes]:
