@@ -4,14 +4,7 @@ contract."""
 
 from __future__ import annotations
 
-from .codec import (
-    ProtocolError,
-    decode,
-    decode_header,
-    encode,
-    encode_header,
-    json_loads,
-)
+from .codec import ProtocolError, decode, decode_header, encode, encode_header, json_loads
 from .schema import (
     INLINE_MAX_BYTES,
     MESSAGE_TYPES,
