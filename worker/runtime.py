@@ -21,13 +21,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-import numpy as np
 import zmq
 
-from . import backends, bulk_copy, columns, log_levels, tensors
-from .arena import Arena
+from . import backends, columns, log_levels, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
 from .channel import Channel, Outbox
+from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
     AutoComplete,
@@ -36,7 +35,6 @@ from .wire.messages import (
     Cancel,
     Execute,
     ExecuteColumns,
-    FramePacker,
     Heartbeat,
     LoadModel,
     LoadResult,
@@ -45,18 +43,10 @@ from .wire.messages import (
     ReleaseOutputs,
     Shutdown,
     WireError,
-    device_ref_json,
-    execute_result_columns_header,
-    execute_result_header,
-    output_ref_json,
-    output_shm_ref_json,
-    response_item_json,
-    stream_response_header,
 )
 
 _now_ns = time.perf_counter_ns
 _input_array = tensors.input_array
-_output_data = tensors.output_data
 
 
 def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Tensor:
@@ -64,11 +54,6 @@ def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Te
     if rule is None:
         return tensor
     return Tensor(tensor.name, tensor.datatype, tensors.reshape_input(tensor.array, tensor.name, *rule))
-_ref_json = output_ref_json
-
-
-# outputs this big are written into the worker's own shared memory instead of a ZeroMQ frame
-OUTPUT_SHM_MIN_BYTES = 256 * 1024
 
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
 
@@ -82,12 +67,6 @@ def settle_heap() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
-
-
-def wire_error(exc: BaseException) -> WireError:
-    if isinstance(exc, InferdError):
-        return WireError(code=int(exc.code), message=exc.message)
-    return WireError(code=int(ErrorCode.INTERNAL), message="%s: %s" % (type(exc).__name__, exc))
 
 
 class Runtime:
@@ -105,16 +84,9 @@ class Runtime:
         self._owns_process = backend_factory is None
         self._log = log or (lambda message: None)
         self._cache = tensors.ShmCache()
-        self._out_arena = Arena("o")  # large outputs (worker/arena.py), released by the supervisor
-        # device outputs handed out by CUDA IPC handle, kept alive until the supervisor releases them:
-        # key "<handle hex>:<offset>" -> the arrays (one per hand-out)
-        self._device_exports: dict[str, list[Any]] = {}
-        self._device_lock = threading.Lock()  # decoupled models export from their own threads
+        self._results = ResultWriter(self._log)  # the answers: outputs checked, placed and written
         self._backend: Optional[Backend] = None
         self._spec: Optional[ModelSpec] = None
-        self._outputs: dict[str, tensors.OutputSpec] = {}
-        self._check_output = tensors.check_output  # or tensors.output_as_returned (backend.checks_outputs)
-        self._output_names: list[str] = []
         self._reshapes: dict[str, tuple[bool, list[int]]] = {}  # inputs the config reshapes
         self._cancelled: set[int] = set()
         self._main_thread = threading.current_thread()
@@ -200,6 +172,9 @@ class Runtime:
         with self._open_lock:  # only requests still open: a late Cancel must not linger
             self._cancelled.update(rid for rid in message.request_ids if rid in self._open)
 
+    def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
+        self._results.release(message.regions, message.device)
+
     def _on_auto_complete(self, message: AutoComplete, frames: Sequence[Any]) -> None:
         try:
             backend = backends.create(message.backend)
@@ -233,10 +208,7 @@ class Runtime:
             return
         self._backend, self._spec = backend, spec
         self._cache.device_inputs = bool(getattr(backend, "device_inputs", False))
-        self._outputs = tensors.output_specs(spec.config)
-        if not getattr(backend, "checks_outputs", True):
-            self._check_output = tensors.output_as_returned
-        self._output_names = list(self._outputs)
+        self._results.configure(spec, bool(getattr(backend, "checks_outputs", True)))
         self._reshapes = tensors.input_reshapes(spec.config)
         if spec.decoupled:
             self._outbox = Outbox()
@@ -262,7 +234,7 @@ class Runtime:
         """Unmap the input regions and free the output arena. Shutdown does it; a runtime that ends
         otherwise in a process that lives on (the Python API's host after the server died) calls it."""
         self._cache.close()
-        self._out_arena.close()
+        self._results.close()
 
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
         error = None
@@ -379,25 +351,7 @@ class Runtime:
         """(ExecuteResult header, data frames) of one batch; ids of the requests answered with an
         error are added to `failed` if given."""
         results = self._run_backend(runnable)
-        t2 = _now_ns()
-        if failed is None and len(runnable) == len(entries) > 1:
-            by_columns = columns.output_columns(runnable, results, self._outputs, self._output_names,
-                                                self._spec.model_name if self._spec else "", self._check_output)
-            if by_columns is not None:
-                layout, frames = by_columns
-                return execute_result_columns_header(
-                    batch_id, [r.request_id for r in runnable], layout, t1 - t0, t2 - t1, _now_ns() - t2), frames
-        packer = FramePacker()
-        encode = self._encode
-        if len(runnable) == len(entries):
-            items = [encode(request, result, packer, failed) for request, result in zip(runnable, results)]
-        else:
-            pending = iter(results)
-            items = [encode(entry, next(pending), packer, failed) if type(entry) is Request
-                     else self._error_item(entry[0], entry[1], failed) for entry in entries]
-        out_frames = packer.finish()
-        t3 = _now_ns()
-        return execute_result_header(batch_id, items, t1 - t0, t2 - t1, t3 - t2), out_frames
+        return self._results.batch(batch_id, entries, runnable, results, (t0, t1, _now_ns()), failed)
 
     # ---- decoupled models -------------------------------------------------------------------------
 
@@ -414,8 +368,7 @@ class Runtime:
             error = wire_error(exc)
             ids = [e.request_id if type(e) is Request else e[0] for e in entries]
             failed = ids
-            header = execute_result_header(batch_id, [response_item_json(rid, (), error) for rid in ids])
-            out_frames = []
+            header, out_frames = self._results.failed_batch(batch_id, ids, error), []
         for request_id in failed:
             self._end_stream(request_id)
         self._flush_metrics()
@@ -426,16 +379,11 @@ class Runtime:
         outbox = self._outbox
         if outbox is None:
             raise InferdError(ErrorCode.INTERNAL, "responses can only be streamed by decoupled models")
-        frames: list[Any] = []
-        item = None
-        if response is not None:
-            packer = FramePacker()
-            item = self._encode(request, response, packer)
-            frames = packer.finish()
+        header, frames = self._results.stream_response(request, response, final)
         if final:
             self._end_stream(request.request_id)
         self._flush_metrics()
-        outbox.post_encoded(stream_response_header(request.request_id, final, item), frames)
+        outbox.post_encoded(header, frames)
 
     def _end_stream(self, request_id: int) -> None:
         with self._open_lock:
@@ -462,95 +410,3 @@ class Runtime:
                 ErrorCode.INTERNAL, "%s: %s" % (type(exc).__name__, exc))
             self._log("execute failed in the backend: %s" % error.message)
             return [Response(error=error) for _ in requests]
-
-    @staticmethod
-    def _error_item(request_id: int, error: WireError, failed: Optional[list[int]],
-                    params: Optional[dict[str, Any]] = None) -> str:
-        if failed is not None:
-            failed.append(request_id)
-        return response_item_json(request_id, (), error, params)
-
-    def _shm_ref(self, name: str, datatype: str, shape: Any, data: Any, nbytes: int,
-                 add: Callable[[Any, int], tuple[int, int]]) -> str:
-        """A large output goes into one of this worker's regions (the supervisor maps it, and passes it
-        to the next ensemble step by name); with the arena full it rides as a frame after all."""
-        region = self._out_arena.take(nbytes)
-        if region is None:
-            frame, offset = add(data, nbytes)
-            return _ref_json(name, datatype, shape, frame, offset, nbytes)
-        bulk_copy.copy_into(region.buf, data)
-        return output_shm_ref_json(name, datatype, shape, region.name, nbytes)
-
-    def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
-        self._out_arena.give_back_names(message.regions)
-        if message.device:
-            with self._device_lock:
-                for key in message.device:
-                    held = self._device_exports.get(key)
-                    if held:
-                        held.pop()
-                        if not held:
-                            del self._device_exports[key]
-
-    def _device_ref(self, request: Request, name: str, array: Any) -> str:
-        """A device output passed on by CUDA IPC handle (the consumer is another worker). An input of
-        this request that came from another worker's memory goes on under its owner's reference
-        (memory opened by IPC cannot be exported again; the supervisor holds it for the request); other
-        memory opened from another worker (a BLS result) is first copied on the device into our own."""
-        from . import device
-
-        source = array.ref
-        given = [getattr(t.array, "ref", None) for t in request.inputs]
-        if source is not None and not any(
-                ref is not None and ref.region == source.region and ref.offset == source.offset for ref in given):
-            array, source = device.clone(array), None
-        if source is not None:
-            region, offset, owner = source.region, source.offset, source.owner
-        else:
-            region, offset = device.export(array)
-            owner = self._spec.instance_name if self._spec else ""
-            with self._device_lock:
-                self._device_exports.setdefault(device.ref_key(region, offset), []).append(array)
-        return device_ref_json(name, array.datatype, array.shape, region, offset, array.nbytes, array.device, owner)
-
-    def _encode(self, request: Request, result: Response, packer: FramePacker,
-                failed: Optional[list[int]] = None) -> str:
-        """The ResponseItem JSON of one result; its outputs go into `packer`."""
-        params = result.parameters
-        if result.error is not None:
-            return self._error_item(request.request_id, wire_error(result.error), failed, params)
-        model = self._spec.model_name if self._spec else ""
-        wanted = request.requested_outputs or self._output_names
-        specs = self._outputs
-        check = self._check_output
-        outputs = []
-        try:
-            for out in result.outputs:
-                name = out.name
-                if name not in wanted:
-                    continue
-                datatype = out.datatype
-                array = check(specs.get(name), name, datatype, out.array, model)
-                if type(array) is not np.ndarray and hasattr(array, "ptr"):  # a device.DeviceArray
-                    outputs.append(self._device_output(request, name, datatype, array))
-                    continue
-                outputs.append((name, datatype) + _output_data(datatype, array))
-        except Exception as exc:
-            return self._error_item(request.request_id, wire_error(exc), failed, params)
-        add = packer.add  # only once every output is checked: a failed request adds no frames
-        refs = [self._shm_ref(name, datatype, shape, data, nbytes, add) if nbytes >= OUTPUT_SHM_MIN_BYTES
-                and datatype != "BYTES" else _ref_json(name, datatype, shape, *add(data, nbytes), nbytes)
-                if nbytes >= 0 else data for name, datatype, shape, data, nbytes in outputs]
-        return response_item_json(request.request_id, refs, None, params)
-
-    def _device_output(self, request: Request, name: str, datatype: str, array: Any) -> tuple[Any, ...]:
-        """A device output as an `outputs` entry of `_encode`: (name, datatype, shape, ref JSON, -1)
-        when it may stay on the GPU, else the host copy's (name, datatype, shape, buffer, nbytes)."""
-        from .wire.cuda_ipc import CudaIpcError
-
-        if request.device_outputs:
-            try:
-                return name, datatype, array.shape, self._device_ref(request, name, array), -1
-            except CudaIpcError as exc:  # e.g. memory this process cannot export: copy it out instead
-                self._log("device output '%s' goes through host memory: %s" % (name, exc))
-        return (name, datatype) + _output_data(datatype, array.to_numpy())

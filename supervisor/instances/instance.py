@@ -30,9 +30,9 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from ..tracing import live
 from ..tracing.record import watch_batch
 from .channel import Channel
-from .codec import BatchResult
 from .external import ExternalLauncher
 from .launcher import Launcher
+from .results import BatchResult
 from .worker import WorkerProcess
 
 log = logging.getLogger("inferd.instances")

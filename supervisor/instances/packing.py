@@ -6,12 +6,14 @@ larger ones are written into shared-memory pool leases, or, when already in a re
 seen, so each Execute can list the ones unlinked since (`forget_regions`) and the worker drops its
 stale mappings. A decoupled request keeps its leases (in its OpenStream) until its final response;
 other requests' leases go back with the batch's result. A batch of alike small requests goes by columns
-instead (`wire.messages.ExecuteColumns`): one frame per input, no per-request items.
+instead (`wire.messages.ExecuteColumns`): one frame per input, no per-request items. The header is written
+by wire.codec (`execute_header`, `execute_columns_header`) from the plain values taken here.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +26,6 @@ from ..inference.tensors import element_count
 from ..inference.types import InferRequest
 from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
-from . import codec
 
 
 class OpenStream:
@@ -46,7 +47,25 @@ class Packed:
     leases: list[Any] = field(default_factory=list)  # released when the batch is answered
     forget: list[str] = field(default_factory=list)
     streams: dict[int, OpenStream] = field(default_factory=dict)  # request id -> decoupled request
-    columns: dict[str, Any] | None = None  # an ExecuteColumns' fields instead of `items` (codec.execute_columns_header)
+    # an ExecuteColumns instead of `items`: (request ids, inputs (name, datatype, shape), client ids, outputs)
+    columns: tuple[list[int], list[tuple[str, str, list[int]]], list[str], list[str]] | None = None
+
+    def header(self, batch_id: int) -> bytes:
+        """The Execute (or ExecuteColumns) header frame of this batch; `frames` follow it."""
+        if self.columns is None:
+            return m.execute_header(batch_id, self.items, self.forget)
+        return m.execute_columns_header(batch_id, *self.columns, self.forget)
+
+
+def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`req` as an Execute's request item (wire.codec.request_item); `inputs` from wire.codec.tensor_ref."""
+    cid, trace = req.correlation_id, req.trace
+    if (req.parameters or req.flags or req.timeout_us or req.device_outputs or trace is not None
+            or not (type(cid) is int and cid == 0)):
+        return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs],
+                              json.dumps(req.parameters) if req.parameters else "{}", cid, req.flags,
+                              req.timeout_us, req.device_outputs, "" if trace is None else str(trace.id))
+    return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs])  # the other fields at default
 
 
 def release_leases(leases: list[Any]) -> None:
@@ -92,32 +111,32 @@ class InputPacker:
                     device = t.device_ref
                     if device is not None:  # stays on its GPU: the worker opens it by IPC handle
                         device.share.check()
-                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, device.region,
-                                                     device.offset, device.nbytes, device.device,
-                                                     device.share.label))
+                        refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, device.region,
+                                                 device.offset, device.nbytes, device.device,
+                                                 device.share.label))
                         continue
                     data = t.data
                     if type(data) is CudaSpan:  # in a client's CUDA region
                         if self._device == data.device:  # a worker on that GPU opens the handle: no host copy
                             self._cuda_seen[data.handle] = data.table
-                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, data.handle.hex(),
-                                                         data.offset, data.nbytes, data.device, data.owner))
+                            refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "cuda", -1, data.handle.hex(),
+                                                     data.offset, data.nbytes, data.device, data.owner))
                             continue
                         data = data.to_host()
                     nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
                     if nbytes <= m.INLINE_MAX_BYTES:
                         if 0 < nbytes < m.ZERO_COPY_MIN_BYTES:  # (offset 0, nbytes 0) would mean a whole frame
-                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", 0, "", size, nbytes))
+                            refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "frame", 0, "", size, nbytes))
                             small.append(data)
                             size += nbytes
                         else:
-                            refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
-                                                         nbytes))
+                            refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "frame", len(frames), "", 0,
+                                                     nbytes))
                             frames.append(data)
                         continue
                     if t.shm_ref is not None:  # already in shared memory (a BLS input): pass the handle
-                        refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, t.shm_ref[0],
-                                                     t.shm_ref[1], nbytes))
+                        refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, t.shm_ref[0],
+                                                 t.shm_ref[1], nbytes))
                         continue
                     if pool is None:
                         raise InferdError(ErrorCode.UNAVAILABLE, f"no shared memory for input '{t.name}'")
@@ -125,9 +144,9 @@ class InputPacker:
                     req_leases.append(lease)
                     lease.write(data)
                     self._regions_seen.add(lease.name)
-                    refs.append(codec.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, lease.name,
-                                                 lease.offset, nbytes))
-                out.items.append(codec.request_item(rid, req, refs))
+                    refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "shm", -1, lease.name,
+                                             lease.offset, nbytes))
+                out.items.append(request_item(rid, req, refs))
                 out.ids.append(rid)
         except BaseException:
             release_leases(out.leases)
@@ -193,11 +212,6 @@ class InputPacker:
                 return None
             ids.append(req.id)
         request_ids = [next(self._request_ids) for _ in requests]
-        fields: dict[str, Any] = {"request_ids": request_ids,
-                                  "inputs": [{"name": name, "datatype": datatype, "shape": shape, "frame": i}
-                                             for i, (name, datatype, shape, _) in enumerate(layout)]}
-        if any(ids):
-            fields["ids"] = ids
-        if wanted:
-            fields["requested_outputs"] = wanted
-        return Packed(frames=[b"".join(column) for column in columns], ids=request_ids, columns=fields)
+        inputs = [(name, datatype, shape) for name, datatype, shape, _ in layout]
+        return Packed(frames=[b"".join(column) for column in columns], ids=request_ids,
+                      columns=(request_ids, inputs, ids, wanted))

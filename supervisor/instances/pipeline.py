@@ -21,10 +21,10 @@ from inferd.supervisor.inference.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import codec
-from .codec import BatchResult
+from . import results
 from .outputs import WorkerOutputs
 from .packing import InputPacker, release_leases
+from .results import BatchResult
 from .streams import OpenStreams
 
 log = logging.getLogger("inferd.instances.worker")
@@ -118,9 +118,7 @@ class BatchPipeline:
         if streams:
             self.streams.add(streams)
         try:
-            header = (codec.execute_header(batch_id, packed.items, packed.forget) if packed.columns is None
-                      else codec.execute_columns_header(batch_id, packed.columns, packed.forget))
-            self._send([header, *packed.frames])
+            self._send([packed.header(batch_id), *packed.frames])
         except InferdError:
             self._batches.pop(batch_id, None)
             release_leases(leases)
@@ -147,16 +145,16 @@ class BatchPipeline:
         if ids:
             self._send_quiet(m.Cancel(ids))
 
-    def on_result(self, msg: dict[str, Any], data: Sequence[Any]) -> None:
+    def on_result(self, msg: m.ExecuteResult | m.ExecuteResultColumns, data: Sequence[Any]) -> None:
         """An ExecuteResult: its batch resolved, its slot freed."""
-        batch_id = msg.get("batch_id")
+        batch_id = msg.batch_id
         batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
         if batch is None:
             log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
             return
         release_leases(batch.leases)
         try:
-            result = codec.batch_result(batch.requests, batch.ids, msg, data, self._model_version, self._outputs)
+            result = results.batch_result(batch.requests, batch.ids, msg, data, self._model_version, self._outputs)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             result = None
             self._kill(f"sent a malformed result ({exc!r})")

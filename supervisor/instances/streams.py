@@ -16,7 +16,7 @@ from inferd.supervisor.inference.types import InferResponse
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import InferdError
 
-from . import codec
+from . import results
 from .outputs import WorkerOutputs
 from .packing import OpenStream, release_leases
 
@@ -61,7 +61,7 @@ class OpenStreams:
         if stream is None:
             return  # ended already (failed, or its worker was replaced): late responses are dropped
         try:
-            item = codec.stream_response(stream.request, msg, data, model_version, outputs)
+            item = results.stream_response(stream.request, msg, data, model_version, outputs)
         except (TypeError, ValueError, AttributeError) as exc:
             self._kill(f"sent a malformed stream response ({exc!r})")
             return

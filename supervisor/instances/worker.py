@@ -29,14 +29,14 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import codec, liveness
+from . import liveness, results
 from .channel import Channel
-from .codec import BatchResult
 from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
 from .outputs import WorkerOutputs
 from .packing import InputPacker
 from .pipeline import BatchPipeline
+from .results import BatchResult
 
 log = logging.getLogger("inferd.instances.worker")
 
@@ -304,12 +304,12 @@ class WorkerProcess:
 
     def _on_message(self, frames: list[Any]) -> None:
         try:
-            msg, data = codec.parse(frames)
+            msg, data = results.decode(frames)
         except m.ProtocolError as exc:
             self._kill(f"sent a malformed message ({exc})")
             return
         cls = type(msg)
-        if cls is dict:
+        if cls is m.ExecuteResult or cls is m.ExecuteResultColumns:
             self._pipeline.on_result(msg, data)
         elif cls is m.StreamResponse:
             self._pipeline.on_stream_response(msg, data)

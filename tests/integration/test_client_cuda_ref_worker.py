@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 from inferd.supervisor.inference.types import InferRequest, Tensor
-from inferd.supervisor.instances import codec
 from inferd.supervisor.memory.client_shm import ClientShm
 from inferd.supervisor.memory.cuda_regions import CudaRegions
 from inferd.worker.wire import messages as m
@@ -52,13 +51,13 @@ async def test_gpu_worker_with_an_unopenable_client_handle(env, monkeypatch):
     packer = inst._worker._pipeline.packer  # type: ignore[union-attr]
     assert list(packer._cuda_seen) == [handle]
     sent: list[list[str]] = []
-    real_header = codec.execute_header
+    real_header = m.execute_header  # what instances/packing.py writes the Execute with
 
     def spy(batch_id, items, forget):
         sent.append(list(forget))
         return real_header(batch_id, items, forget)
 
-    monkeypatch.setattr(codec, "execute_header", spy)
+    monkeypatch.setattr(m, "execute_header", spy)
     result = await asyncio.wait_for(inst.execute([request("sleep", [0.0, 1.0])]), 30)  # carries the forget
     assert sent == [["cuda:" + handle.hex()]] and not packer._cuda_seen
     np.testing.assert_array_equal(output(result.responses[0]), [0.0, 1.0])

@@ -4,10 +4,18 @@ A message travels as ZeroMQ frames: frame 0 is a JSON header `{...fields, "t": <
 following frames carry inline tensor bytes referenced by index and offset (small tensors share a
 frame). Larger tensors live in POSIX shared memory and are referenced by (region, offset, nbytes).
 No pickle: every message is one of the schema's dataclasses, decoded by its tag into that class;
-unknown tags or fields are a protocol error. Hot paths (an Execute decoded, an ExecuteResult or
-StreamResponse written by the worker) give the same bytes and values as the generic path
-(tests/unit/instances/test_wire_golden.py pins the bytes, tests/unit/worker/test_hot_path.py the
-equivalence). The supervisor's own Execute writer (orjson) is supervisor.instances.codec.
+unknown tags or fields are a protocol error.
+
+One encoder and one decoder per message, each with its fast path inside it:
+- Execute / ExecuteColumns: written by the supervisor from plain values (wire.writers: `tensor_ref`,
+  `request_item`, `execute_header`, `execute_columns_header`; fields at their default left out), read by
+  the worker (`decode_header` here, the parsed objects becoming the instances' attribute dicts);
+- ExecuteResult / ExecuteResultColumns / StreamResponse: written by the worker from plain values
+  (wire.writers: `output_ref_json` ... `execute_result_header`), which `encode_header` also uses for such
+  messages given as objects (every field written there), read by the supervisor (`decode_header` again);
+- every other message: `encode_header` and `decode_header`'s generic paths.
+tests/unit/instances/test_wire_golden.py pins the bytes of every path; tests/unit/worker/test_hot_path.py
+the equivalence of the fast paths with the generic ones.
 
 Runs on Python 3.9+ (worker environments), so no `match`, no slots=, no `X | Y` at runtime.
 """
@@ -18,13 +26,11 @@ import dataclasses
 import json
 import json.scanner
 from collections.abc import Callable, Sequence
-from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Optional
 
 from .schema import (
     MESSAGE_TYPES,
     TAGS,
-    ZERO_COPY_MIN_BYTES,
     BlsRequest,
     BlsResponse,
     Execute,
@@ -38,13 +44,14 @@ from .schema import (
     TensorRef,
     WireError,
 )
+from .writers import OBJECT_WRITERS, dumps_ascii
 
 
 class ProtocolError(Exception):
     """A peer sent something that is not a valid message of this wire version."""
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
+_dumps = dumps_ascii
 
 
 def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
@@ -53,22 +60,33 @@ def encode(message: Any, frames: Sequence[Any] = ()) -> list[Any]:
 
 
 def encode_header(message: Any) -> bytes:
-    """The JSON header frame of `message` (what `encode` puts first)."""
+    """The JSON header frame of `message` (what `encode` puts first). An ExecuteResult or StreamResponse
+    goes through the worker's writers (wire.writers), every field written (the generic form)."""
+    writer = OBJECT_WRITERS.get(type(message))
+    if writer is not None:
+        try:
+            text = writer(message)
+        except (TypeError, ValueError):  # e.g. parameters json cannot encode: the generic path says so
+            text = None
+        if text is not None:
+            return text
     header = _plain(message)
     header["t"] = TAGS[type(message)]
     return _dumps(header).encode()
 
 
-def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
-    """(message, data frames) from received frames; raises ProtocolError on anything malformed."""
+def decode(frames: Sequence[Any], loads: Optional[Callable[[Any], Any]] = None) -> tuple[Any, Sequence[Any]]:
+    """(message, data frames) from received frames; raises ProtocolError on anything malformed. `loads`
+    as for `decode_header` (orjson.loads, given by the supervisor, also takes a memoryview as it is)."""
     if not frames:
         raise ProtocolError("empty message")
     first = frames[0]
-    return decode_header(first if type(first) is bytes else first.bytes if hasattr(first, "bytes")
-                         else bytes(first)), frames[1:]
+    if type(first) is not bytes and (loads is None or type(first) is not memoryview):
+        first = first.bytes if hasattr(first, "bytes") else bytes(first)
+    return decode_header(first, loads), frames[1:]
 
 
-def decode_header(raw: bytes, loads: Optional[Callable[[bytes], Any]] = None) -> Any:
+def decode_header(raw: Any, loads: Optional[Callable[[Any], Any]] = None) -> Any:
     """The message of a JSON header frame; raises ProtocolError on anything malformed. `loads`, if
     given, parses the JSON instead of `json_loads` (and must give the same values and errors)."""
     try:
@@ -76,10 +94,14 @@ def decode_header(raw: bytes, loads: Optional[Callable[[bytes], Any]] = None) ->
         if type(header) is not dict:
             raise TypeError("message header is not a JSON object")
         cls = MESSAGE_TYPES[header.pop("t")]
-        if cls is Execute:
-            message = _execute_fast(header)
+        fast = _FAST_DECODERS.get(cls)
+        if fast is not None:
+            message = fast(header)
             if message is not None:
                 return message
+            if cls is ExecuteResult:  # its fast decoder may have changed `header` before giving up
+                header = (loads or _loads)(raw)
+                del header["t"]
         return _build(cls, header)
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ProtocolError("malformed message: %s" % exc) from None
@@ -163,9 +185,12 @@ def _build(cls: type[Any], data: dict[str, Any]) -> Any:
     return cls(**kwargs)
 
 
-# ---- hot path: Execute in ------------------------------------------------------------------------
-# Same result as the generic `_build` (tests pin the equivalence);
-# anything unusual (a missing or extra field, a value of another type) takes the generic path.
+# ---- fast decoders: Execute (worker), ExecuteResult / ExecuteResultColumns (supervisor) ---------------
+# Same result as the generic `_build` (tests pin the equivalence): the parsed JSON objects become the
+# instances' attribute dicts. A field left out keeps its default, which a dataclass holds as a class
+# attribute (read when the instance dict lacks the key); a default_factory field left out is filled in.
+# Anything unusual (a missing or extra field, a list that is not one) returns None, and `_build` decides
+# (on the header as parsed: only the ExecuteResult decoder changes it as it goes).
 
 def _required(cls: type[Any]) -> frozenset[str]:
     """Fields of `cls` without a default."""
@@ -178,152 +203,111 @@ _REQUEST_KEYS = frozenset(_field_names(RequestItem))
 _REQUEST_REQUIRED = _required(RequestItem)
 _TENSOR_KEYS = frozenset(_field_names(TensorRef))
 _TENSOR_REQUIRED = _required(TensorRef)
+_RESULT_KEYS = frozenset(_field_names(ExecuteResult))
+_RESULT_REQUIRED = _required(ExecuteResult)
+_RESPONSE_KEYS = frozenset(_field_names(ResponseItem))
+_ERROR_KEYS = frozenset(_field_names(WireError))
+_COLUMNS_RESULT_KEYS = frozenset(_field_names(ExecuteResultColumns))
+_COLUMNS_RESULT_REQUIRED = _required(ExecuteResultColumns)
+_COLUMN_KEYS = frozenset(_field_names(TensorColumn))
 _new = object.__new__
 
 
+# The checks below spell out a TensorRef's required fields (name, datatype, shape: `"name" in ref` is cheaper
+# than a set comparison); tests/unit/worker/test_hot_path.py holds them to the schema.
+
 def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
-    """An Execute as the supervisor sends it, built without `_build`: the parsed JSON objects become
-    the instances' attribute dicts. A RequestItem or TensorRef field left out keeps its default, which
-    a dataclass holds as a class attribute (read when the instance dict lacks the key); the fields
-    without a default must be there. None: use `_build` (nothing has been changed in `header` then)."""
+    """An Execute as the supervisor sends it (wire.writers.execute_header); the worker reads one per batch."""
     if header.keys() != _EXECUTE_KEYS:
         return None
     items = header["requests"]
     if type(items) is not list:
         return None
-    built = []
+    item_keys, ref_keys = _REQUEST_KEYS, _TENSOR_KEYS
     for item in items:
-        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= _REQUEST_KEYS:
+        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= item_keys:
             return None
         refs = item["inputs"]
         if type(refs) is not list:
             return None
-        inputs = []
         for ref in refs:
-            if type(ref) is not dict or not _TENSOR_REQUIRED <= ref.keys() <= _TENSOR_KEYS:
+            if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref or "datatype" not in ref \
+                    or "shape" not in ref:
                 return None
-            tensor = _new(TensorRef)
+    new = _new
+    for i, item in enumerate(items):
+        refs = item["inputs"]
+        for j, ref in enumerate(refs):
+            tensor = refs[j] = new(TensorRef)
             tensor.__dict__ = ref
-            inputs.append(tensor)
-        built.append((item, inputs))
-    requests = []
-    for item, inputs in built:
-        item["inputs"] = inputs
-        request = _new(RequestItem)
+        request = items[i] = new(RequestItem)
         request.__dict__ = item
-        requests.append(request)
-    header["requests"] = requests
-    message = _new(Execute)
+    message = new(Execute)
     message.__dict__ = header
     return message
 
 
-class FramePacker:
-    """The data frames of one message: buffers below ZERO_COPY_MIN_BYTES share one frame (each at
-    its offset), bigger ones get their own (sent zero-copy). Each frame costs a ZeroMQ send and a
-    receive (with a Frame object), far more than copying a few small buffers once."""
-
-    __slots__ = ("frames", "_parts", "_index", "_size")
-
-    def __init__(self) -> None:
-        self.frames: list[Any] = []
-        self._parts: list[Any] = []
-        self._index = -1  # the shared frame's index, once a small buffer has come
-        self._size = 0
-
-    def add(self, data: Any, nbytes: int) -> tuple[int, int]:
-        """(frame index, offset) where `data` (`nbytes` long) will be. An empty buffer gets an empty
-        frame of its own: (offset 0, nbytes 0) names a whole frame (references that carry no size)."""
-        if nbytes >= ZERO_COPY_MIN_BYTES or nbytes == 0:
-            self.frames.append(data if nbytes else b"")
-            return len(self.frames) - 1, 0
-        if self._index < 0:
-            self._index = len(self.frames)
-            self.frames.append(b"")
-        offset = self._size
-        self._parts.append(data)
-        self._size += nbytes
-        return self._index, offset
-
-    def finish(self) -> list[Any]:
-        """The frames, the shared one filled in."""
-        if self._index >= 0:
-            self.frames[self._index] = b"".join(self._parts)
-        return self.frames
-
-
-# ---- compact writer: the worker's ExecuteResult / StreamResponse headers -------------------------
-# Written straight from values (no ResponseItem/TensorRef objects, no per-field type checks: every
-# value comes from the worker's own checked code) and leaving out fields at their default (a
-# TensorRef's loc "frame" and region "", a ResponseItem's error null and parameters {}), which every
-# decoder fills in: about half the per-output cost of building objects and encoding them.
-
-_REF_HEADS: dict[tuple[str, str], str] = {}  # (name, datatype) -> '{"name":..,"datatype":..,"shape":['
-_SHAPES: dict[tuple[int, ...], str] = {}  # shape tuple -> "1,4": batches repeat a few shapes
+def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
+    """An ExecuteResult as the worker sends it (`execute_result_header`), checked and built in one pass
+    (the supervisor reads one per batch): None may leave `header` half changed, and `decode_header`
+    parses the frame again for `_build`."""
+    if not _RESULT_REQUIRED <= header.keys() <= _RESULT_KEYS:
+        return None
+    items = header["responses"]
+    if type(items) is not list:
+        return None
+    item_keys, ref_keys, new = _RESPONSE_KEYS, _TENSOR_KEYS, _new
+    for i, item in enumerate(items):
+        if type(item) is not dict or not item.keys() <= item_keys or "request_id" not in item:
+            return None
+        refs = item.get("outputs")
+        if type(refs) is list:
+            for j, ref in enumerate(refs):
+                if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref \
+                        or "datatype" not in ref or "shape" not in ref:
+                    return None
+                tensor = refs[j] = new(TensorRef)
+                tensor.__dict__ = ref
+        elif refs is None and "outputs" not in item:
+            item["outputs"] = []
+        else:
+            return None
+        error = item.get("error")
+        if error is not None:
+            if type(error) is not dict or error.keys() != _ERROR_KEYS:
+                return None
+            wire_error = item["error"] = new(WireError)
+            wire_error.__dict__ = error
+        if "parameters" not in item:
+            item["parameters"] = {}
+        response = items[i] = new(ResponseItem)
+        response.__dict__ = item
+    message = new(ExecuteResult)
+    message.__dict__ = header
+    return message
 
 
-def output_ref_json(name: str, datatype: str, shape: Sequence[int], frame: int, offset: int, nbytes: int) -> str:
-    """A TensorRef (loc "frame": `nbytes` bytes at `offset` of data frame `frame`) as compact JSON."""
-    head = _REF_HEADS.get((name, datatype))
-    if head is None:
-        head = '{"name":%s,"datatype":%s,"shape":[' % (_json_str(name), _json_str(datatype))
-        if len(_REF_HEADS) < 4096:  # output names come from the model config: few, but stay bounded
-            _REF_HEADS[(name, datatype)] = head
-    dims = _SHAPES.get(shape) if type(shape) is tuple else None
-    if dims is None:
-        dims = ",".join(map(str, shape))
-        if type(shape) is tuple and len(_SHAPES) < 4096:
-            _SHAPES[shape] = dims
-    return '%s%s],"frame":%d,"offset":%d,"nbytes":%d}' % (head, dims, frame, offset, nbytes)
+def _execute_result_columns_fast(header: dict[str, Any]) -> Optional[ExecuteResultColumns]:
+    """An ExecuteResultColumns as the worker sends it (`execute_result_columns_header`)."""
+    if not _COLUMNS_RESULT_REQUIRED <= header.keys() <= _COLUMNS_RESULT_KEYS:
+        return None
+    outputs = header["outputs"]
+    if type(outputs) is not list:
+        return None
+    for fields in outputs:
+        if type(fields) is not dict or fields.keys() != _COLUMN_KEYS:
+            return None
+    new = _new
+    for i, fields in enumerate(outputs):
+        column = outputs[i] = new(TensorColumn)
+        column.__dict__ = fields
+    message = new(ExecuteResultColumns)
+    message.__dict__ = header
+    return message
 
 
-def output_shm_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, nbytes: int) -> str:
-    """A TensorRef for an output the worker wrote into its own region (loc "shm", offset 0)."""
-    return '{"name":%s,"datatype":%s,"shape":[%s],"loc":"shm","region":%s,"offset":0,"nbytes":%d}' % (
-        _json_str(name), _json_str(datatype), ",".join(map(str, shape)), _json_str(region), nbytes)
-
-
-def device_ref_json(name: str, datatype: str, shape: Sequence[int], region: str, offset: int, nbytes: int,
-                    device: int, owner: str) -> str:
-    """A TensorRef for a device output passed on by CUDA IPC handle (loc "cuda")."""
-    return ('{"name":%s,"datatype":%s,"shape":[%s],"loc":"cuda","region":%s,"offset":%d,"nbytes":%d,'
-            '"device":%d,"owner":%s}' % (_json_str(name), _json_str(datatype), ",".join(map(str, shape)),
-                                         _json_str(region), offset, nbytes, device, _json_str(owner)))
-
-
-def response_item_json(request_id: int, refs: Sequence[str], error: Optional[WireError] = None,
-                       parameters: Optional[dict[str, Any]] = None) -> str:
-    """A ResponseItem as compact JSON; `refs` from `output_ref_json`."""
-    text = '{"request_id":%d,"outputs":[%s]' % (request_id, ",".join(refs))
-    if error is not None:
-        text += ',"error":{"code":%d,"message":%s}' % (error.code, _json_str(error.message))
-    if parameters:
-        text += ',"parameters":' + _dumps(parameters)
-    return text + "}"
-
-
-def execute_result_header(batch_id: int, items: Sequence[str], compute_input_ns: int = 0,
-                          compute_infer_ns: int = 0, compute_output_ns: int = 0) -> bytes:
-    """The header frame of an ExecuteResult whose responses are `response_item_json` texts."""
-    return ('{"batch_id":%d,"responses":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
-            '"compute_output_ns":%d,"t":"execute_result"}' % (
-                batch_id, ",".join(items), compute_input_ns, compute_infer_ns, compute_output_ns)).encode()
-
-
-def execute_result_columns_header(batch_id: int, request_ids: Sequence[int],
-                                  outputs: Sequence[tuple[str, str, Sequence[int]]], compute_input_ns: int = 0,
-                                  compute_infer_ns: int = 0, compute_output_ns: int = 0) -> bytes:
-    """The header frame of an ExecuteResultColumns whose output i is data frame i."""
-    columns = ",".join('{"name":%s,"datatype":%s,"shape":[%s],"frame":%d}' % (
-        _json_str(name), _json_str(datatype), ",".join(map(str, shape)), frame)
-        for frame, (name, datatype, shape) in enumerate(outputs))
-    return ('{"batch_id":%d,"request_ids":[%s],"outputs":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
-            '"compute_output_ns":%d,"t":"execute_result_columns"}' % (
-                batch_id, ",".join(map(str, request_ids)), columns, compute_input_ns, compute_infer_ns,
-                compute_output_ns)).encode()
-
-
-def stream_response_header(request_id: int, final: bool, item: Optional[str]) -> bytes:
-    """The header frame of a StreamResponse; `item` a `response_item_json` text or None (flag-only)."""
-    return ('{"request_id":%d,"final":%s,"response":%s,"t":"stream_response"}' % (
-        request_id, "true" if final else "false", "null" if item is None else item)).encode()
+_FAST_DECODERS: dict[type[Any], Callable[[dict[str, Any]], Any]] = {
+    Execute: _execute_fast,
+    ExecuteResult: _execute_result_fast,
+    ExecuteResultColumns: _execute_result_columns_fast,
+}

@@ -1,24 +1,10 @@
 """The supervisor<->worker wire protocol in one import: the messages (wire.schema) and their codec
-(wire.codec). docs/worker-protocol.md is the contract."""
+(wire.codec, its writers of the request path's messages in wire.writers). docs/worker-protocol.md is the
+contract."""
 
 from __future__ import annotations
 
-from .codec import (
-    FramePacker,
-    ProtocolError,
-    decode,
-    decode_header,
-    device_ref_json,
-    encode,
-    encode_header,
-    execute_result_columns_header,
-    execute_result_header,
-    json_loads,
-    output_ref_json,
-    output_shm_ref_json,
-    response_item_json,
-    stream_response_header,
-)
+from .codec import ProtocolError, decode, decode_header, encode, encode_header, json_loads
 from .schema import (
     INLINE_MAX_BYTES,
     MESSAGE_TYPES,
@@ -55,6 +41,20 @@ from .schema import (
     TensorRef,
     WireError,
 )
+from .writers import (
+    FramePacker,
+    device_ref_json,
+    execute_columns_header,
+    execute_header,
+    execute_result_columns_header,
+    execute_result_header,
+    output_ref_json,
+    output_shm_ref_json,
+    request_item,
+    response_item_json,
+    stream_response_header,
+    tensor_ref,
+)
 
 __all__ = [
     "ProtocolError",
@@ -64,6 +64,10 @@ __all__ = [
     "decode_header",
     "json_loads",
     "FramePacker",
+    "tensor_ref",
+    "request_item",
+    "execute_header",
+    "execute_columns_header",
     "output_ref_json",
     "output_shm_ref_json",
     "device_ref_json",

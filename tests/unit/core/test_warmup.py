@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from inferd.supervisor.core import warmup
 from inferd.supervisor.inference.types import InferResponse
-from inferd.supervisor.instances.codec import BatchResult
+from inferd.supervisor.instances.results import BatchResult
 from inferd.supervisor.stats import ModelStats
 from inferd.worker.wire.errors import ErrorCode, InferdError
 

@@ -8,6 +8,7 @@ through worker processes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 from unittest import mock
@@ -15,10 +16,9 @@ from unittest import mock
 import numpy as np
 import pytest
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
-from inferd.supervisor.instances import codec
+from inferd.supervisor.instances import results
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.worker import columns as worker_columns
-from inferd.worker import tensors
 from inferd.worker.backends.base import ModelSpec, Response
 from inferd.worker.backends.base import Tensor as WorkerTensor
 from inferd.worker.channel import header_loads
@@ -81,8 +81,7 @@ def runtime() -> tuple[Runtime, SentToSupervisor, Doubling]:
     backend = Doubling()
     rt._backend = backend  # type: ignore[assignment]
     rt._spec = ModelSpec("m", "/x", "1", json.dumps(CONFIG), "fake")
-    rt._outputs = tensors.output_specs(CONFIG)
-    rt._output_names = list(rt._outputs)
+    rt._results.configure(rt._spec)
     return rt, channel, backend
 
 
@@ -94,28 +93,27 @@ def request(i: int, **kw: Any) -> InferRequest:
 
 
 def round_trip(requests: list[InferRequest], packer: InputPacker | None = None,
-               prepare: Any = None) -> tuple[Any, dict[str, Any], Any, Doubling]:
-    """Pack, run in the worker, read the result: (Packed, result header dict, BatchResult, backend)."""
+               prepare: Any = None) -> tuple[Any, Any, Any, Doubling]:
+    """Pack, run in the worker, read the result: (Packed, result message, BatchResult, backend)."""
     packer = packer or InputPacker(None)
     packed = packer.pack(requests)
-    header = (codec.execute_header(1, packed.items, packed.forget) if packed.columns is None
-              else codec.execute_columns_header(1, packed.columns, packed.forget))
+    header = packed.header(1)
     rt, channel, backend = runtime()
     if prepare is not None:
         prepare(rt, backend)
     message = m.decode_header(header, header_loads)
     rt._handlers[type(message)](message, [memoryview(f) for f in packed.frames])
     (raw, frames), = channel.sent
-    msg, data = codec.parse([raw, *frames])
-    return packed, msg, codec.batch_result(requests, packed.ids, msg, data, "1"), backend
+    msg, data = results.decode([raw, *frames])
+    return packed, msg, results.batch_result(requests, packed.ids, msg, data, "1"), backend
 
 
-def by_items(requests: list[InferRequest]) -> tuple[dict[str, Any], Any, Doubling]:
+def by_items(requests: list[InferRequest]) -> tuple[Any, Any, Doubling]:
     packer = InputPacker(None)
     packer._pack_columns = lambda requests: None  # type: ignore[method-assign]
     with mock.patch.object(worker_columns, "output_columns", lambda *a: None):  # results by items too
         packed, msg, result, backend = round_trip(requests, packer)
-    assert packed.columns is None and msg["t"] == "execute_result"
+    assert packed.columns is None and type(msg) is m.ExecuteResult
     return msg, result, backend
 
 
@@ -129,7 +127,7 @@ def test_alike_batch_goes_by_columns_both_ways_and_matches_the_item_path():
     requests = [request(i) for i in range(5)]
     packed, msg, result, backend = round_trip(requests)
     assert packed.columns is not None and len(packed.frames) == 2  # one frame per input
-    assert msg["t"] == "execute_result_columns" and len(msg["outputs"]) == 2
+    assert type(msg) is m.ExecuteResultColumns and len(msg.outputs) == 2
     item_msg, item_result, item_backend = by_items(requests)
     # the model saw the same tensors, and the clients get the same answers
     assert [[(n, d, a.tolist(), a.shape) for n, d, a in r] for r in backend.seen[0]] == \
@@ -143,18 +141,19 @@ def test_alike_batch_goes_by_columns_both_ways_and_matches_the_item_path():
 def test_outputs_the_first_request_did_not_need_converted_still_get_converted_in_later_ones():
     requests = [request(i) for i in range(4)]
     _, msg, result, _ = round_trip(requests, prepare=lambda rt, backend: setattr(backend, "strided", True))
-    assert msg["t"] == "execute_result_columns"
+    assert type(msg) is m.ExecuteResultColumns
     assert answers(result) == answers(by_items(requests)[1])
 
 
 def test_columns_keep_client_ids_and_requested_outputs():
     requests = [request(i, id="" if i != 2 else "only-me", outputs=[RequestedOutput("S")]) for i in range(3)]
     packed, msg, result, _ = round_trip(requests)
-    assert packed.columns["ids"] == ["", "", "only-me"] and packed.columns["requested_outputs"] == ["S"]
+    header = json.loads(packed.header(1))
+    assert header["ids"] == ["", "", "only-me"] and header["requested_outputs"] == ["S"]
     assert [r.id for r in result.responses] == ["", "", "only-me"]
     assert [[t.name for t in r.outputs] for r in result.responses] == [["S"]] * 3
     no_ids = [request(i, id="") for i in range(3)]
-    assert "ids" not in round_trip(no_ids)[0].columns  # all empty: left out
+    assert "ids" not in json.loads(round_trip(no_ids)[0].header(1))  # all empty: left out
 
 
 def unlike(kind: str) -> list[InferRequest]:
@@ -204,16 +203,16 @@ def test_unalike_results_go_back_request_by_request(change):
     def prepare(rt: Runtime, backend: Doubling) -> None:
         if change == "vary":
             backend.vary = True
-            rt._outputs = tensors.output_specs(dict(CONFIG, output=[
-                {"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}, CONFIG["output"][1]]))
+            rt._results.configure(ModelSpec("m", "/x", "1", json.dumps(dict(CONFIG, output=[
+                {"name": "Y", "data_type": "TYPE_FP32", "dims": [-1]}, CONFIG["output"][1]])), "fake"))
         elif change == "params":
             backend.params = {"k": "v"}
         else:  # S declared INT32: every response fails the output check
-            rt._outputs = tensors.output_specs(dict(CONFIG, output=[
-                CONFIG["output"][0], {"name": "S", "data_type": "TYPE_INT32", "dims": [1]}]))
+            rt._results.configure(ModelSpec("m", "/x", "1", json.dumps(dict(CONFIG, output=[
+                CONFIG["output"][0], {"name": "S", "data_type": "TYPE_INT32", "dims": [1]}])), "fake"))
 
     packed, msg, result, _ = round_trip(requests, prepare=prepare)
-    assert packed.columns is not None and msg["t"] == "execute_result"
+    assert packed.columns is not None and type(msg) is m.ExecuteResult
     if change == "vary":
         assert [list(r.outputs[0].shape) for r in result.responses] == [[1, 2], [1, 3], [1, 2], [1, 3]]
     elif change == "params":
@@ -227,10 +226,10 @@ def test_a_cancelled_request_of_a_column_batch_is_not_run():
     packed = InputPacker(None).pack(requests)
     rt, channel, backend = runtime()
     rt._cancelled = {packed.ids[1]}
-    message = m.decode_header(codec.execute_columns_header(4, packed.columns, []), header_loads)
+    message = m.decode_header(packed.header(4), header_loads)
     rt._on_execute_columns(message, [memoryview(f) for f in packed.frames])
     (raw, frames), = channel.sent
-    result = codec.batch_result(requests, packed.ids, codec.parse([raw, *frames])[0], frames, "1")
+    result = results.batch_result(requests, packed.ids, results.decode([raw, *frames])[0], frames, "1")
     assert len(backend.seen[0]) == 2
     assert result.responses[1].code.name == "CANCELLED"
     assert [len(r.outputs) for r in (result.responses[0], result.responses[2])] == [2, 2]
@@ -240,10 +239,10 @@ def test_a_column_frame_of_the_wrong_size_fails_every_request_of_the_batch():
     requests = [request(i) for i in range(3)]
     packed = InputPacker(None).pack(requests)
     rt, channel, backend = runtime()
-    message = m.decode_header(codec.execute_columns_header(4, packed.columns, []), header_loads)
+    message = m.decode_header(packed.header(4), header_loads)
     rt._on_execute_columns(message, [memoryview(packed.frames[0][:-4]), memoryview(packed.frames[1])])
     (raw, frames), = channel.sent
-    result = codec.batch_result(requests, packed.ids, codec.parse([raw, *frames])[0], frames, "1")
+    result = results.batch_result(requests, packed.ids, results.decode([raw, *frames])[0], frames, "1")
     assert not backend.seen
     assert all(r.code.name == "INTERNAL" and "input column 'X'" in r.message for r in result.responses)
 
@@ -256,15 +255,15 @@ def test_malformed_column_messages_are_refused():
     requests = [request(i) for i in range(2)]
     packed, msg, _, _ = round_trip(requests)
     frames = [memoryview(bytes(8)), memoryview(bytes(16))]
-    good = dict(msg)
-    cases = [dict(good, request_ids=list(reversed(packed.ids))),
-             dict(good, outputs=[dict(good["outputs"][0], datatype="BYTES")]),
-             dict(good, outputs=[dict(good["outputs"][0], frame=5)]),
-             dict(good, outputs=[dict(good["outputs"][0], shape=[1, -2])]),
-             dict(good, outputs=[dict(good["outputs"][0], shape=[1, 3])])]  # frame too short for it
+    column = msg.outputs[0]
+    cases = [dataclasses.replace(msg, request_ids=list(reversed(packed.ids))),
+             dataclasses.replace(msg, outputs=[dataclasses.replace(column, datatype="BYTES")]),
+             dataclasses.replace(msg, outputs=[dataclasses.replace(column, frame=5)]),
+             dataclasses.replace(msg, outputs=[dataclasses.replace(column, shape=[1, -2])]),
+             dataclasses.replace(msg, outputs=[dataclasses.replace(column, shape=[1, 3])])]  # frame too short
     for case in cases:
         with pytest.raises(ValueError):
-            codec.batch_result(requests, packed.ids, case, frames, "1")
+            results.batch_result(requests, packed.ids, case, frames, "1")
 
 
 def test_column_headers_decode_to_their_messages():
@@ -274,7 +273,8 @@ def test_column_headers_decode_to_their_messages():
         3, [5, 6], [m.TensorColumn("na\u00efve \"y\"", "FP32", [1, 2], 0), m.TensorColumn("S", "INT64", [], 1)],
         1, 2, 3)
     packed = InputPacker(None).pack([request(i) for i in range(2)])
-    decoded = m.decode_header(codec.execute_columns_header(9, packed.columns, ["gone"]), header_loads)
+    packed.forget = ["gone"]
+    decoded = m.decode_header(packed.header(9), header_loads)
     assert decoded == m.ExecuteColumns(9, packed.ids, [m.TensorColumn("X", "FP32", [1, 2], 0),
                                                        m.TensorColumn("N", "INT64", [1, 1], 1)],
                                        ["r0", "r1"], [], ["gone"])

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 
 import pytest
 from inferd.supervisor.inference.types import InferRequest, Tensor
-from inferd.supervisor.instances import codec
+from inferd.supervisor.instances import results
 from inferd.supervisor.instances.outputs import WorkerOutputs
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.supervisor.memory.device_refs import TABLE
@@ -20,9 +19,10 @@ from inferd.worker.wire import messages as m
 HANDLE = "ab" * 64
 
 
-def _result(rid: int, owner: str, offset: int = 256) -> dict:
-    ref = json.loads(m.device_ref_json("Y", "FP32", [4], HANDLE, offset, 16, 0, owner))
-    return {"t": "execute_result", "batch_id": 1, "responses": [{"request_id": rid, "outputs": [ref]}]}
+def _result(rid: int, owner: str, offset: int = 256) -> m.ExecuteResult:
+    ref = m.device_ref_json("Y", "FP32", [4], HANDLE, offset, 16, 0, owner)
+    msg, _ = results.decode([m.execute_result_header(1, [m.response_item_json(rid, [ref])])])
+    return msg
 
 
 def test_device_output_handed_over_then_released() -> None:
@@ -30,7 +30,7 @@ def test_device_output_handed_over_then_released() -> None:
         released: list[list[str]] = []
         producer = WorkerOutputs(lambda names: None, "w901", "gpu_a_0", released.append)
         req = InferRequest("a", device_outputs=True)
-        result = codec.batch_result([req], [7], _result(7, "gpu_a_0"), [], "1", producer)
+        result = results.batch_result([req], [7], _result(7, "gpu_a_0"), [], "1", producer)
         out = result.responses[0].outputs[0]
         assert out.device_ref is not None and out.data == b""
         assert TABLE.count("w901", HANDLE + ":256") == 1
@@ -57,12 +57,12 @@ def test_consumer_result_fails_when_the_producer_died() -> None:
     async def run() -> None:
         producer = WorkerOutputs(lambda names: None, "w902", "gpu_p_0", lambda keys: None)
         consumer = WorkerOutputs(lambda names: None, "w903", "gpu_c_0", lambda keys: None)
-        out = codec.batch_result([InferRequest("p")], [1], _result(1, "gpu_p_0"), [], "1", producer)
+        out = results.batch_result([InferRequest("p")], [1], _result(1, "gpu_p_0"), [], "1", producer)
         given = out.responses[0].outputs[0]
         req = InferRequest("c", inputs=[Tensor("X", "FP32", [4], b"", device_ref=given.device_ref)])
         producer.close()  # kill -9 of the producer: its worker is reaped
-        answer = {"t": "execute_result", "batch_id": 2, "responses": [{"request_id": 5, "outputs": []}]}
-        result = codec.batch_result([req], [5], answer, [], "1", consumer)
+        answer, _ = results.decode([m.execute_result_header(2, [m.response_item_json(5, [])])])
+        result = results.batch_result([req], [5], answer, [], "1", consumer)
         error = result.responses[0]
         assert isinstance(error, Exception) and "gpu_p_0" in str(error) and "died" in str(error)
         with pytest.raises(Exception, match="gpu_p_0"):
@@ -76,14 +76,14 @@ def test_worker_may_hand_back_only_device_memory_it_was_given() -> None:
     async def run() -> None:
         producer = WorkerOutputs(lambda names: None, "w904", "gpu_q_0", lambda keys: None)
         consumer = WorkerOutputs(lambda names: None, "w905", "ident_0", lambda keys: None)
-        first = codec.batch_result([InferRequest("q")], [1], _result(1, "gpu_q_0"), [], "1", producer)
+        first = results.batch_result([InferRequest("q")], [1], _result(1, "gpu_q_0"), [], "1", producer)
         given = first.responses[0].outputs[0]
         req = InferRequest("ident", inputs=[Tensor("X", "FP32", [4], b"", device_ref=given.device_ref)])
-        back = codec.batch_result([req], [2], _result(2, "gpu_q_0"), [], "1", consumer)  # an identity model
+        back = results.batch_result([req], [2], _result(2, "gpu_q_0"), [], "1", consumer)  # an identity model
         assert TABLE.count("w904", HANDLE + ":256") == 2  # the output's share, and the handed-back one
         assert back.responses[0].outputs[0].device_ref.share.label == "gpu_q_0"
         with pytest.raises(ValueError, match="not given"):
-            codec.batch_result([InferRequest("x")], [3], _result(3, "gpu_q_0", 512), [], "1", consumer)
+            results.batch_result([InferRequest("x")], [3], _result(3, "gpu_q_0", 512), [], "1", consumer)
         producer.close()
         consumer.close()
 

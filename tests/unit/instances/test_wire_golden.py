@@ -2,19 +2,27 @@
 
 The literals were produced by the encoders as of WIRE_VERSION 5. A change here is a wire change: it
 needs a WIRE_VERSION bump and a docs update, never a silent edit. Covers the generic encoder for every
-message type, the supervisor's hot-path Execute / ExecuteColumns headers (fields at their default left
-out, loc "cuda" refs carrying device and owner) and the worker's compact ExecuteResult /
-ExecuteResultColumns / StreamResponse writers; each golden also decodes to the message it came from.
+message type (ExecuteResult and StreamResponse through the worker's writers, and without them), the
+supervisor's hot-path Execute / ExecuteColumns headers (fields at their default left out, loc "cuda" refs
+carrying device and owner; written with orjson and with the json fallback a worker environment without
+orjson gets) and the worker's compact ExecuteResult / ExecuteResultColumns / StreamResponse writers; each
+golden also decodes to the message it came from, with the generic decoder and with the fast ones.
 """
 
 # ruff: noqa: E501
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput
-from inferd.supervisor.instances import codec
+from inferd.supervisor.instances import results
+from inferd.supervisor.instances.packing import request_item
 from inferd.supervisor.tracing.record import Trace
+from inferd.worker.wire import codec, writers
 from inferd.worker.wire import messages as m
 
 
@@ -66,12 +74,11 @@ def _fast():
                        correlation_id="seq-1", flags=3, timeout_us=5, device_outputs=True)
     req.trace = Trace(42, "m", "1", "abc", None, False, lambda t: None)
     plain = InferRequest("m", outputs=[])
-    refs = [codec.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
-            codec.tensor_ref("S", "UINT8", [1 << 17], "shm", -1, "inferd_7_3", 64, 1 << 17),
-            codec.tensor_ref("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")]
-    items = [codec.request_item(11, req, refs), codec.request_item(12, plain, refs[:1])]
-    columns = {"request_ids": [1, 2], "inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 4], "frame": 0}],
-               "ids": ["a", "b"], "requested_outputs": ["OUT"]}
+    refs = [m.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8),
+            m.tensor_ref("S", "UINT8", [1 << 17], "shm", -1, "inferd_7_3", 64, 1 << 17),
+            m.tensor_ref("BIG", "INT8", [1 << 20], "cuda", -1, "ab" * 64, 0, 1 << 20, 1, "p_0")]
+    items = [request_item(11, req, refs), request_item(12, plain, refs[:1])]
+    utf8 = InferRequest("m", id="r\u00e9q \"1\"", outputs=[RequestedOutput("\u2603")], correlation_id=1 << 63)
     frame_ref = m.output_ref_json("OUT", "FP32", (1, 4), 0, 16, 16)
     list_ref = m.output_ref_json("OUT\u00e9", "BYTES", [2], 1, 0, 12)
     shm_ref = m.output_shm_ref_json("BIG", "UINT8", (1 << 17,), "inferd_3_1", 1 << 17)
@@ -79,8 +86,13 @@ def _fast():
     item = m.response_item_json(11, [frame_ref, list_ref, shm_ref, dev_ref], None, {"k": "v"})
     failed = m.response_item_json(12, (), m.WireError(13, 'no "way"'))
     return {
-        "sup_execute": codec.execute_header(7, items, ["inferd_1_9"]),
-        "sup_execute_columns": codec.execute_columns_header(8, columns, ["inferd_1_1"]),
+        "sup_execute": m.execute_header(7, items, ["inferd_1_9"]),
+        "sup_execute_utf8": m.execute_header(
+            3, [request_item(1, utf8, [m.tensor_ref("\u00e9", "BYTES", [], "frame", 1, "", 0, 0)])], []),
+        "sup_execute_columns": m.execute_columns_header(8, [1, 2], [("X", "INT32", (1, 4))], ["a", "b"], ["OUT"],
+                                                        ["inferd_1_1"]),
+        "sup_execute_columns_plain": m.execute_columns_header(8, [1, 2], [("X", "INT32", [1, 4]), ("Y", "FP64", [])],
+                                                              ["", ""], [], []),
         "wrk_execute_result": m.execute_result_header(9, [item, failed], 1, 2, 3),
         "wrk_execute_result_empty": m.execute_result_header(9, []),
         "wrk_execute_result_columns": m.execute_result_columns_header(
@@ -122,6 +134,8 @@ GOLDEN = {
 
 GOLDEN_FAST = {
     'sup_execute': b'{"batch_id":7,"requests":[{"request_id":11,"id":"abc","inputs":[{"name":"IN","datatype":"FP32","shape":[2],"frame":0,"offset":0,"nbytes":8},{"name":"S","datatype":"UINT8","shape":[131072],"loc":"shm","frame":-1,"region":"inferd_7_3","offset":64,"nbytes":131072},{"name":"BIG","datatype":"INT8","shape":[1048576],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":0,"nbytes":1048576,"device":1,"owner":"p_0"}],"requested_outputs":["OUT"],"parameters":"{\\"p\\": 1}","correlation_id":"seq-1","flags":3,"timeout_us":5,"device_outputs":true,"trace":"42"},{"request_id":12,"id":"","inputs":[{"name":"IN","datatype":"FP32","shape":[2],"frame":0,"offset":0,"nbytes":8}],"requested_outputs":[]}],"forget_regions":["inferd_1_9"],"t":"execute"}',
+    'sup_execute_utf8': b'{"batch_id":3,"requests":[{"request_id":1,"id":"r\xc3\xa9q \\"1\\"","inputs":[{"name":"\xc3\xa9","datatype":"BYTES","shape":[],"frame":1,"offset":0,"nbytes":0}],"requested_outputs":["\xe2\x98\x83"],"correlation_id":9223372036854775808}],"forget_regions":[],"t":"execute"}',  # UTF-8 as is (orjson's way)
+    'sup_execute_columns_plain': b'{"batch_id":8,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0},{"name":"Y","datatype":"FP64","shape":[],"frame":1}],"forget_regions":[],"t":"execute_columns"}',
     'sup_execute_columns': b'{"batch_id":8,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0}],"ids":["a","b"],"requested_outputs":["OUT"],"forget_regions":["inferd_1_1"],"t":"execute_columns"}',
     'wrk_execute_result': b'{"batch_id":9,"responses":[{"request_id":11,"outputs":[{"name":"OUT","datatype":"FP32","shape":[1,4],"frame":0,"offset":16,"nbytes":16},{"name":"OUT\\u00e9","datatype":"BYTES","shape":[2],"frame":1,"offset":0,"nbytes":12},{"name":"BIG","datatype":"UINT8","shape":[131072],"loc":"shm","region":"inferd_3_1","offset":0,"nbytes":131072},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","region":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","offset":512,"nbytes":8,"device":1,"owner":"m_0"}],"parameters":{"k":"v"}},{"request_id":12,"outputs":[],"error":{"code":13,"message":"no \\"way\\""}}],"compute_input_ns":1,"compute_infer_ns":2,"compute_output_ns":3,"t":"execute_result"}',
     'wrk_execute_result_empty': b'{"batch_id":9,"responses":[],"compute_input_ns":0,"compute_infer_ns":0,"compute_output_ns":0,"t":"execute_result"}',
@@ -190,10 +204,55 @@ def test_worker_result_headers_decode_to_messages():
                                                           m.TensorColumn("Y", "FP64", [3], 1)], 4, 5, 6)
 
 
-def test_supervisor_parse_keeps_results_as_dicts():
-    header, data = codec.parse([GOLDEN["execute_result"], b"x"])
-    assert header["t"] == "execute_result" and header["batch_id"] == 7 and list(data) == [b"x"]
-    header, _ = codec.parse([GOLDEN_FAST["wrk_execute_result_columns"]])
-    assert header["t"] == "execute_result_columns"
-    message, _ = codec.parse([GOLDEN["log_settings"]])
+def test_execute_writer_without_orjson_gives_the_same_bytes(monkeypatch):
+    """A worker environment may lack orjson: the json fallback writes the same Execute headers."""
+    monkeypatch.setattr(writers, "_dumpb", writers._dumpb_json)
+    for name in ("sup_execute", "sup_execute_utf8", "sup_execute_columns", "sup_execute_columns_plain"):
+        assert _fast()[name] == GOLDEN_FAST[name], name
+
+
+@pytest.mark.parametrize("name", ["execute_result", "stream_response", "stream_response_final"])
+def test_result_objects_take_the_writer_and_the_generic_path_alike(name, monkeypatch):
+    """encode_header writes an ExecuteResult / StreamResponse with the worker's writers (every field);
+    without them (the generic path) the bytes are the same."""
+    message = _samples()[name]
+    assert type(message) in writers.OBJECT_WRITERS
+    assert writers.OBJECT_WRITERS[type(message)](message) == GOLDEN[name]
+    monkeypatch.setattr(codec, "OBJECT_WRITERS", {})  # what encode_header consults
+    assert m.encode_header(message) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN) + sorted(GOLDEN_FAST))
+def test_supervisor_decodes_every_golden_like_the_generic_decoder(name):
+    """The supervisor's decode (orjson, fast result decoders) gives what the generic decoder gives."""
+    raw = GOLDEN.get(name) or GOLDEN_FAST[name]
+    header = json.loads(raw)
+    expected = codec._build(m.MESSAGE_TYPES[header.pop("t")], header)
+    message, data = results.decode([memoryview(raw), b"x"])
+    assert message == expected and repr(message) == repr(expected)
+    assert type(message) is type(expected) and list(data) == [b"x"]
+    worker_side, _ = m.decode([raw])
+    assert worker_side == expected
+
+
+def test_supervisor_decodes_results_as_messages():
+    message, _ = results.decode([GOLDEN_FAST["wrk_execute_result"]])
+    assert type(message) is m.ExecuteResult
+    ok, failed = message.responses
+    assert type(ok) is m.ResponseItem and type(ok.outputs[0]) is m.TensorRef and ok.error is None
+    assert type(failed.error) is m.WireError and failed.parameters == {} and failed.outputs == []
+    columns, _ = results.decode([GOLDEN_FAST["wrk_execute_result_columns"]])
+    assert type(columns) is m.ExecuteResultColumns and type(columns.outputs[1]) is m.TensorColumn
+    message, _ = results.decode([GOLDEN["log_settings"]])
     assert message == m.LogSettings(2, True, False, True)
+
+
+def test_the_wire_package_works_without_orjson():
+    """A worker environment has only the standard library, numpy and pyzmq."""
+    script = ("import sys; sys.modules['orjson'] = None\n"
+              "from inferd.worker.wire import messages as m, writers\n"
+              "assert writers._dumpb is writers._dumpb_json\n"
+              "sys.stdout.buffer.write(m.execute_columns_header(8, [1, 2], [('X', 'INT32', (1, 4))], ['a', 'b'],"
+              " ['OUT'], ['inferd_1_1']))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60, check=True).stdout
+    assert out == GOLDEN_FAST["sup_execute_columns"]

@@ -1,7 +1,7 @@
 """Worker CPU per small request (slow; run on demand).
 
 Drives a real worker (examples/add_sub: FP32[16] add/sub) from a raw ZeroMQ ROUTER with Execute
-headers built the way `supervisor/instances/codec.py` builds them, one request per batch, in lock
+headers built the way `supervisor/instances/packing.py` builds them, one request per batch, in lock
 step, and reports the worker's CPU time per request (all threads, and the main thread alone):
 
     .venv/bin/python -m pytest -q -m slow -s tests/unit/worker/test_bench_worker.py

@@ -224,42 +224,37 @@ def test_malformed_device_input_is_an_error_naming_it(fake_cuda: HostBackedCuda)
         tensors.input_array(bad, [], tensors.ShmCache())
 
 
-def test_runtime_encodes_device_outputs_by_handle_or_host_copy(fake_cuda: HostBackedCuda) -> None:
+def test_worker_writes_device_outputs_by_handle_or_host_copy(fake_cuda: HostBackedCuda) -> None:
     from inferd.worker.backends.base import ModelSpec, Request, Response, Tensor
-    from inferd.worker.runtime import Runtime
-    from inferd.worker.wire.messages import FramePacker, ReleaseOutputs
+    from inferd.worker.result_writer import ResultWriter
+    from inferd.worker.wire.messages import FramePacker
 
     memory = np.arange(16, dtype=np.float32)
     fake_cuda.add(memory)
-    runtime = Runtime.__new__(Runtime)  # only the encoding state, no sockets
-    runtime._spec = ModelSpec("m", "", "1", json.dumps({"output": [
-        {"name": "Y", "data_type": "TYPE_FP32", "dims": [16]}]}), "python", "gpu_model_0")
-    runtime._outputs = tensors.output_specs(runtime._spec.config)
-    runtime._output_names = ["Y"]
-    runtime._device_exports = {}
-    runtime._device_lock = __import__("threading").Lock()
-    runtime._check_output = tensors.output_as_returned  # a Python model: outputs go as returned
-    runtime._log = lambda message: None
-    runtime._out_arena = type("NoArena", (), {"give_back_names": lambda self, names: None})()
+    writer = ResultWriter(lambda message: None)
+    writer.configure(ModelSpec("m", "", "1", json.dumps({"output": [
+        {"name": "Y", "data_type": "TYPE_FP32", "dims": [16]}]}), "python", "gpu_model_0"),
+        checks_outputs=False)  # a Python model: outputs go as returned
     result = Response([Tensor("Y", "FP32", device.from_object(FakeDeviceArray(memory), "Y"))])
 
     to_worker = Request(1, "", [], [])
     to_worker.device_outputs = True
-    item = json.loads(runtime._encode(to_worker, result, FramePacker()))
+    item = json.loads(writer.item(to_worker, result, FramePacker()))
     ref = item["outputs"][0]
     assert (ref["loc"], ref["owner"], ref["nbytes"], ref["offset"]) == ("cuda", "gpu_model_0", 64, 0)
     key = device.ref_key(ref["region"], ref["offset"])
-    assert len(runtime._device_exports[key]) == 1  # held until the supervisor releases it
-    runtime._on_release_outputs(ReleaseOutputs([], [key]), [])
-    assert runtime._device_exports == {}
+    assert len(writer._device_exports[key]) == 1  # held until the supervisor releases it
+    writer.release([], [key])
+    assert writer._device_exports == {}
 
     to_client = Request(2, "", [], [])  # the frontend edge: the worker copies it to the host
     packer = FramePacker()
-    item = json.loads(runtime._encode(to_client, result, packer))
+    item = json.loads(writer.item(to_client, result, packer))
     ref = item["outputs"][0]
     assert ref.get("loc", "frame") == "frame"
     frames = packer.finish()
     np.testing.assert_array_equal(np.frombuffer(memoryview(frames[ref["frame"]]), np.float32), memory)
+    writer.close()
 
 
 def test_cpu_worker_never_imports_a_cuda_library(tmp_path: Path) -> None:

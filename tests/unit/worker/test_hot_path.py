@@ -292,7 +292,6 @@ class DoublingBackend:
 
 
 def test_runtime_execute_mixed_batch_keeps_order_and_frame_numbers():
-    from inferd.worker import tensors
     from inferd.worker.backends.base import ModelSpec
     from inferd.worker.runtime import Runtime
 
@@ -302,8 +301,7 @@ def test_runtime_execute_mixed_batch_keeps_order_and_frame_numbers():
                                       {"name": "Z", "data_type": "TYPE_FP32", "dims": [-1]}]}
     runtime._backend = DoublingBackend()  # type: ignore[assignment]
     runtime._spec = ModelSpec("m", "/x", "1", json.dumps(config), "fake")
-    runtime._outputs = tensors.output_specs(config)
-    runtime._output_names = list(runtime._outputs)
+    runtime._results.configure(runtime._spec)
     data = [np.array([1, 2], "<f4").tobytes(), np.array([5], "<f4").tobytes()]
     good = {"name": "X", "datatype": "FP32", "loc": "frame", "region": "", "offset": 0}
     header = {"batch_id": 9, "forget_regions": [], "t": "execute", "requests": [
@@ -361,3 +359,7 @@ def test_frame_packer_shares_one_frame_for_small_buffers():
     one = m.FramePacker()
     one.add(b"xy", 2)
     assert one.finish() == [b"xy"]
+
+
+def test_fast_decoders_spell_out_the_tensor_ref_required_fields():
+    assert frozenset(("name", "datatype", "shape")) == wire_codec._TENSOR_REQUIRED

@@ -1,0 +1,170 @@
+"""A worker's answers as core responses: an ExecuteResult / ExecuteResultColumns (`batch_result`) or a
+StreamResponse (`stream_response`), decoded by wire.codec (`decode`, its JSON parsed by orjson), become
+InferResponses (or the errors they carry) whose output tensors are views of the data frames, of the
+worker's own regions (outputs.WorkerOutputs) or shares of its device memory. Every value the worker
+sent is checked as it is used: nonsense is a KeyError/TypeError/ValueError/AttributeError, and the
+caller kills that worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from inferd.supervisor.inference.tensors import element_count
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
+from inferd.worker.wire import messages as m
+from inferd.worker.wire.dtypes import BY_NAME
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
+
+def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
+    """(message, data frames) of what a worker sent; wire.messages.ProtocolError on anything malformed.
+    (wire.codec.decode with orjson, which takes the channel's memoryviews as they are.)"""
+    if not frames:
+        raise m.ProtocolError("empty message")
+    return _decode_header(frames[0], _loads), frames[1:]
+
+
+_decode_header = m.decode_header
+_loads = orjson.loads
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """What one Execute returned: a response or an error per request (same order), and compute times."""
+
+    responses: list[InferResponse | InferdError]
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+
+def shm_output(name: str, datatype: str, shape: list[int], region: Any, offset: Any, nbytes: Any,
+               outputs: Any) -> Tensor:
+    """An output the worker wrote into its own region (worker/arena.py): a view of its mapping, passed on
+    by handle (`shm_ref`). ValueError for a bad reference or a worker that may not send one."""
+    if outputs is None or type(region) is not str or type(offset) is not int or type(nbytes) is not int:
+        raise ValueError(f"output '{name}' has a bad reference")
+    return Tensor(name, datatype, shape, outputs.view(region, offset, nbytes), shm_ref=(region, offset))
+
+
+def device_output(req: InferRequest, ref: m.TensorRef, outputs: Any) -> Tensor:
+    """A device output kept on the worker's GPU, as a Tensor holding a share of it (no bytes here)."""
+    if outputs is None:
+        raise ValueError(f"output '{ref.name}' has a bad reference")
+    return Tensor(ref.name, ref.datatype, list(ref.shape), b"", device_ref=outputs.device(ref.name, ref, req.inputs))
+
+
+def _dead_device_input(req: InferRequest) -> InferdError | None:
+    for t in req.inputs:
+        if t.device_ref is not None and not t.device_ref.share.alive:
+            try:
+                t.device_ref.share.check()
+            except InferdError as exc:
+                return exc
+    return None
+
+
+def batch_result(requests: Sequence[InferRequest], ids: Sequence[int],
+                 msg: m.ExecuteResult | m.ExecuteResultColumns, data: Sequence[Any], version: str,
+                 outputs_in_shm: Any = None) -> BatchResult:
+    """An ExecuteResult (or ExecuteResultColumns) and its data frames as core responses; output tensors
+    are views of the frames. KeyError/TypeError/ValueError/AttributeError when the worker sent nonsense."""
+    if type(msg) is m.ExecuteResultColumns:
+        return _columns_result(requests, ids, msg, data, version)
+    responses = msg.responses
+    if len(responses) != len(requests):
+        raise ValueError(f"{len(responses)} responses for {len(requests)} requests")
+    buffers = list(data)
+    out: list[InferResponse | InferdError] = []
+    for req, rid, item in zip(requests, ids, responses, strict=True):
+        if item.request_id != rid:
+            raise ValueError("responses out of order")
+        out.append(_response(req, item, buffers, version, outputs_in_shm))
+    return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns))
+
+
+def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], version: str,
+              outputs_in_shm: Any) -> InferResponse | InferdError:
+    """One ResponseItem as a core response, or the error it carries."""
+    err = item.error
+    if err is not None:
+        try:
+            code = ErrorCode(err.code)
+        except ValueError:
+            code = ErrorCode.INTERNAL
+        return InferdError(code, str(err.message))
+    outputs = []
+    count = len(buffers)
+    for ref in item.outputs:
+        loc = ref.loc
+        if loc == "frame":  # `nbytes` at `offset` of data frame `frame` (small outputs share a frame)
+            name, frame, offset, nbytes = ref.name, ref.frame, ref.offset, ref.nbytes
+            if type(frame) is not int or not 0 <= frame < count:
+                raise ValueError(f"output '{name}' has a bad reference")
+            buf = buffers[frame]
+            if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):  # offset 0 + nbytes 0: the whole frame
+                if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                        or offset + nbytes > len(buf):
+                    raise ValueError(f"output '{name}' lies outside its data frame")
+                buf = buf[offset:offset + nbytes]
+            outputs.append(Tensor(name, ref.datatype, ref.shape, buf))
+        elif loc == "shm":
+            outputs.append(shm_output(ref.name, ref.datatype, ref.shape, ref.region, ref.offset, ref.nbytes,
+                                      outputs_in_shm))
+        elif loc == "cuda":
+            outputs.append(device_output(req, ref, outputs_in_shm))
+        else:
+            raise ValueError(f"output '{ref.name}' has a bad reference")
+    for t in req.inputs:
+        if t.device_ref is not None:
+            gone = _dead_device_input(req)
+            if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
+                return gone  # (its own device outputs are released as `outputs` is dropped)
+            break
+    params = item.parameters
+    return InferResponse(req.model_name, version or req.model_version, req.id, outputs,
+                         params if type(params) is dict else {})
+
+
+def _columns_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: m.ExecuteResultColumns,
+                    data: Sequence[Any], version: str) -> BatchResult:
+    """`batch_result` of an ExecuteResultColumns: request i's output is row i of its column's frame."""
+    if msg.request_ids != list(ids):
+        raise ValueError("responses out of order")
+    count = len(requests)
+    columns = []
+    for column in msg.outputs:
+        name, datatype, shape, frame = column.name, column.datatype, column.shape, column.frame
+        dt = BY_NAME.get(datatype) if type(datatype) is str else None
+        if type(name) is not str or dt is None or dt.itemsize == 0:
+            raise ValueError(f"output column {name!r} has a bad datatype")
+        if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+            raise ValueError(f"output column '{name}' has a bad shape")
+        if type(frame) is not int or not 0 <= frame < len(data):
+            raise ValueError(f"output column '{name}' has a bad reference")
+        buf = data[frame]
+        view = buf if type(buf) is memoryview and buf.format == "B" else memoryview(buf).cast("B")
+        size = element_count(shape) * dt.itemsize
+        if len(view) != count * size:
+            raise ValueError(f"output column '{name}' does not hold {count} tensors of shape {shape}")
+        columns.append((name, datatype, shape, view, size))
+    out: list[InferResponse | InferdError] = []
+    for i, req in enumerate(requests):
+        outputs = [Tensor(name, datatype, list(shape), view[i * size:(i + 1) * size])
+                   for name, datatype, shape, view, size in columns]
+        out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
+    return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns))
+
+
+def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any],
+                    version: str, outputs_in_shm: Any = None) -> InferResponse | InferdError:
+    """One StreamResponse as a core response (a flag-only final: a response without outputs) or
+    the error it carries. ValueError when the worker sent nonsense."""
+    item = msg.response
+    if item is None:
+        return InferResponse(req.model_name, version or req.model_version, req.id)
+    return _response(req, item, list(data), version, outputs_in_shm)
