@@ -146,3 +146,62 @@ def test_frames_joined_across_reads_stay_writable():
         reader.feed(bytearray(stream[cut:]))
         assert [bytes(f) for f in got] == [b"a" * 300, b"b" * 10]
         assert not any(f.readonly for f in got), cut
+
+
+def _echo_later(sock, delay: float, payload: bytes) -> threading.Timer:
+    timer = threading.Timer(delay, sock.send_multipart, args=([b"w", payload],))
+    timer.start()
+    return timer
+
+
+def test_a_receive_soon_after_a_send_spins_and_takes_the_message_awake(router, monkeypatch):
+    import inferd.worker.zmtp_socket as zs
+
+    monkeypatch.setattr(zs, "runnable_processes", lambda: 1)  # a CPU to spare
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1 << 20, spin_us=5_000_000)  # a window no test machine outruns
+    dealer.send_multipart([b"result"])
+    assert sock.recv_multipart() == [b"w", b"result"]
+    _echo_later(sock, 0.05, b"next")
+    assert [bytes(f) for f in dealer.recv_multipart()] == [b"next"]
+    assert (dealer.spins, dealer.spin_hits) == (1, 1)
+    dealer.close()
+
+
+def test_no_spin_when_every_cpu_is_wanted_or_the_window_is_over(router, monkeypatch):
+    import inferd.worker.zmtp_socket as zs
+
+    sock, endpoint = router
+    monkeypatch.setattr(zs, "runnable_processes", lambda: 99)  # every CPU wanted: block at once
+    dealer = DealerSocket(endpoint, b"w", 1 << 20, spin_us=5_000_000)
+    dealer.send_multipart([b"r"])
+    _echo_later(sock, 0.05, b"a")
+    assert [bytes(f) for f in dealer.recv_multipart()] == [b"a"]
+    assert dealer.spin_hits == 0
+    dealer.close()
+
+    monkeypatch.setattr(zs, "runnable_processes", lambda: 1)
+    dealer = DealerSocket(endpoint, b"w2", 1 << 20, spin_us=1000)
+    dealer.send_multipart([b"r"])
+    time.sleep(0.05)  # the 1 ms window after the send is over: the receive sleeps in the kernel
+    sock.send_multipart([b"w2", b"b"])
+    assert [bytes(f) for f in dealer.recv_multipart()] == [b"b"]
+    assert dealer.spins == 0
+    dealer.close()
+
+
+def test_a_spin_ends_with_its_window(router, monkeypatch):
+    import inferd.worker.zmtp_socket as zs
+
+    monkeypatch.setattr(zs, "runnable_processes", lambda: 1)
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1 << 20, spin_us=20_000)
+    dealer.send_multipart([b"r"])
+    _echo_later(sock, 0.5, b"late")  # long after the 20 ms window: the receive went to sleep
+    assert [bytes(f) for f in dealer.recv_multipart()] == [b"late"]
+    assert (dealer.spins, dealer.spin_hits) == (1, 0)
+    # the message just received opens a new window; with nothing sent meanwhile it spins and blocks again
+    _echo_later(sock, 0.5, b"later")
+    assert [bytes(f) for f in dealer.recv_multipart()] == [b"later"]
+    assert (dealer.spins, dealer.spin_hits) == (2, 0)
+    dealer.close()
