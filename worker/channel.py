@@ -56,13 +56,9 @@ def header_loads(raw: bytes) -> Any:
     return json_loads(raw)
 
 
-SPIN_US = 1000  # how long the main socket's receive polls before it sleeps (zmtp_socket.py)
-
-
 class Channel:
-    def __init__(self, endpoint: str, identity: str, spin_us: int = SPIN_US) -> None:
-        # LinkClosed is a ProtocolError
-        self._sock = DealerSocket(endpoint, identity.encode("utf-8"), spin_us=spin_us)
+    def __init__(self, endpoint: str, identity: str) -> None:
+        self._sock = DealerSocket(endpoint, identity.encode("utf-8"))  # LinkClosed is a ProtocolError
         self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
         self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
 

@@ -7,18 +7,11 @@ Here the thread that owns the socket reads and writes it itself, so the supervis
 directly and its reply is one `sendmsg`. Used for the main socket (main thread) and for the
 per-thread sockets of synchronous BLS calls; one thread per socket. The heartbeat socket and the
 BLS thread's socket stay libzmq's.
-
-`spin_us` (the main socket): after a message came or went, a blocking receive first polls the socket
-without sleeping, yielding the CPU on each pass, until `spin_us` after it. At concurrency 1 the next
-request then finds the worker awake: the supervisor's write wakes no sleeper (~30 µs inside its send on
-a VM) and the worker starts at once. Only while there is a CPU to spare: when more processes are
-runnable than there are CPUs (/proc/loadavg), it sleeps at once.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import select
 import socket
 import time
@@ -32,13 +25,6 @@ MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this trave
 _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fresh pages
 _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
-_LOAD_CHECK_S = 0.0005  # how often a spinning receive reads how many processes are runnable
-
-
-def runnable_processes() -> int:
-    """Processes running or ready to run on the whole machine now (the 4th field of /proc/loadavg)."""
-    with open("/proc/loadavg", "rb") as f:
-        return int(f.read().split()[3].split(b"/")[0])
 
 
 class LinkClosed(ProtocolError):
@@ -48,7 +34,7 @@ class LinkClosed(ProtocolError):
 
 class DealerSocket:
     def __init__(self, endpoint: str, identity: bytes, max_frame: int = MAX_FRAME,
-                 connect_timeout_s: float = 10.0, spin_us: int = 0) -> None:
+                 connect_timeout_s: float = 10.0) -> None:
         if not endpoint.startswith("ipc://"):
             raise ValueError("the worker link is an ipc:// endpoint, not %r" % endpoint)
         self._sock = _connect(endpoint[len("ipc://"):], connect_timeout_s)
@@ -67,10 +53,6 @@ class DealerSocket:
             self._sock.close()
             raise LinkClosed("no ZMTP handshake from %s: %s" % (endpoint, exc)) from None
         self._sock.settimeout(None)
-        self._spin_s = spin_us / 1e6
-        self._cpus = len(os.sched_getaffinity(0))
-        self._active = 0.0  # when the last message came or went (monotonic s): spins end spin_us after it
-        self.spins = self.spin_hits = 0  # receives that spun, and those that got their message spinning
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -90,12 +72,8 @@ class DealerSocket:
         message is waiting. Raises LinkClosed."""
         messages = self._messages
         while not messages:
-            if block and self._spin_s and self._spin():
-                continue
             if not self._read(block):
                 return None
-        if self._spin_s:
-            self._active = time.monotonic()
         return messages.popleft()
 
     def send_multipart(self, frames: Sequence[Any]) -> None:
@@ -108,8 +86,6 @@ class DealerSocket:
                 self._send_pieces(pieces)
         except OSError as exc:
             raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
-        if self._spin_s:
-            self._active = time.monotonic()
 
     def close(self) -> None:
         self._sock.close()
@@ -126,33 +102,6 @@ class DealerSocket:
                 else:
                     views[0] = head[sent:]
                     sent = 0
-
-    def _spin(self) -> bool:
-        """Poll without sleeping until `spin_us` after the last message; True when a read got bytes,
-        False when the window is over or every CPU is wanted (the caller then blocks)."""
-        now = time.monotonic()
-        until = self._active + self._spin_s
-        if now >= until:
-            return False
-        self._active = 0.0  # one spin per message: after this one, block until the next
-        self.spins += 1
-        check = now
-        while True:
-            if now >= check:
-                try:
-                    if runnable_processes() > self._cpus:  # this process counts itself
-                        return False
-                except (OSError, ValueError, IndexError):
-                    self._spin_s = 0.0  # no way to tell the machine's load: never spin again
-                    return False
-                check = now + _LOAD_CHECK_S
-            if self._read(False):
-                self.spin_hits += 1
-                return True
-            now = time.monotonic()
-            if now >= until:
-                return False
-            os.sched_yield()  # a runnable process on this CPU goes first
 
     def _read(self, block: bool) -> bool:
         """Feed one read to the frame reader; False when nothing was waiting (block False). Each read

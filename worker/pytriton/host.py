@@ -52,7 +52,7 @@ class _Instance:
         runtime: Optional[Runtime] = None
         try:
             endpoint = str(self.boot["endpoint"])
-            self.channel = Channel(endpoint, self.identity, spin_us=0)  # the user's process: never spin
+            self.channel = Channel(endpoint, self.identity)
             if self.killed:
                 raise ProtocolError("killed")
             # the host link tells us when the server is gone: no heartbeat timeout in the user's process
