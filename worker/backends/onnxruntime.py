@@ -196,7 +196,7 @@ class OnnxRuntimeBackend:
         self._run_native = session._sess.run
 
     def execute(self, requests: list[Request]) -> list[Response]:
-        if len(requests) == 1 and self._run_native is not None:
+        if len(requests) == 1 and self._run_native is not None and not self._gpu:
             response = self._execute_one(requests[0])
             if response is not None:
                 return [response]
