@@ -8,6 +8,8 @@ Models (built on the spot, tests/framework_models.py): add/sub on FP32 [16] (no 
 thread, on both sides. Overhead per request = 1 / (inferd infer/s at c=1) - floor time per call. Two
 clients: h2load (one low-overhead C client, the same pre-serialized ModelInferRequest each time, as in
 bench/run.py) and the tritonclient gRPC client, whose own CPU time (~0.3 ms per call) is part of its figure.
+"server CPU µs/req" is the user+sys CPU of the supervisor and its workers over the c=1 point, per request:
+steadier than throughput on a shared machine.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -97,7 +100,8 @@ def floor(name: str, case: dict, seconds: float) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def grpc_rate(url: str, name: str, case: dict, concurrency: int, seconds: float) -> float:
+def grpc_rate(url: str, name: str, case: dict, concurrency: int, seconds: float) -> tuple[float, int]:
+    """(infer/s over the timed part, every request sent, warm-up included)."""
     import tritonclient.grpc as grpcclient
 
     x = feeds(case)
@@ -128,15 +132,17 @@ def grpc_rate(url: str, name: str, case: dict, concurrency: int, seconds: float)
     stop = t0 + seconds
     for t in threads:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    return sum(counts) / (time.perf_counter() - t0), sum(counts) + 20 * concurrency
 
 
 H2_RATE = re.compile(r"finished in [\d.]+\w*, ([\d.]+) req/s")
 H2_OK = re.compile(r"requests: (\d+) total, \d+ started, \d+ done, (\d+) succeeded")
 
 
-def h2load_rate(url: str, name: str, case: dict, concurrency: int, seconds: float, workdir: Path) -> float:
-    """infer/s of h2load sending one pre-serialized ModelInferRequest, `concurrency` connections."""
+def h2load_rate(url: str, name: str, case: dict, concurrency: int, seconds: float,
+                workdir: Path) -> tuple[float, int]:
+    """(infer/s, requests done) of h2load sending one pre-serialized ModelInferRequest, `concurrency`
+    connections."""
     from tritonclient.grpc import service_pb2
 
     req = service_pb2.ModelInferRequest(model_name=name)
@@ -154,7 +160,19 @@ def h2load_rate(url: str, name: str, case: dict, concurrency: int, seconds: floa
     rate, ok = H2_RATE.search(out), H2_OK.search(out)
     if not rate or not ok or ok.group(1) != ok.group(2):
         raise SystemExit(f"h2load failed:\n{out}")
-    return float(rate.group(1))
+    return float(rate.group(1)), int(ok.group(2))
+
+
+def server_cpu(pid: int) -> float:
+    """User+sys CPU seconds of the server process and its children (the workers)."""
+    main = psutil.Process(pid)
+    total = sum(main.cpu_times()[:2])
+    for child in main.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
 
 
 def free_port() -> int:
@@ -189,21 +207,24 @@ def main() -> None:
                 raise SystemExit("server did not get ready; log in %s" % log.name)
             time.sleep(0.2)
         clients = ["h2load", "tritonclient"] if shutil.which("h2load") else ["tritonclient"]
-        print("| model | client | floor µs/call | c=1 infer/s | c=1 µs/req | overhead µs | ratio | c=8 infer/s |")
-        print("|---|---|---|---|---|---|---|---|")
+        print("| model | client | floor µs/call | c=1 infer/s | c=1 µs/req | overhead µs | ratio "
+              "| server CPU µs/req (c=1) | c=8 infer/s |")
+        print("|---|---|---|---|---|---|---|---|---|")
         url = "127.0.0.1:%d" % grpc
         for name, case in cases.items():
             f = floor(name, case, args.seconds)
             for client in clients:
+                cpu0 = server_cpu(server.pid)
                 if client == "h2load":
-                    r1 = h2load_rate(url, name, case, 1, args.seconds, repo.parent)
-                    r8 = h2load_rate(url, name, case, 8, args.seconds, repo.parent)
+                    r1, n1 = h2load_rate(url, name, case, 1, args.seconds, repo.parent)
                 else:
-                    r1 = grpc_rate(url, name, case, 1, args.seconds)
-                    r8 = grpc_rate(url, name, case, 8, args.seconds)
+                    r1, n1 = grpc_rate(url, name, case, 1, args.seconds)
+                cpu_per = 1e6 * (server_cpu(server.pid) - cpu0) / max(1, n1)
+                r8 = (h2load_rate(url, name, case, 8, args.seconds, repo.parent) if client == "h2load"
+                      else grpc_rate(url, name, case, 8, args.seconds))[0]
                 per = 1e6 / r1
-                print("| %s | %s | %.1f | %.0f | %.0f | %.0f | %.1f× | %.0f |"
-                      % (name, client, f * 1e6, r1, per, per - f * 1e6, per / (f * 1e6), r8), flush=True)
+                print("| %s | %s | %.1f | %.0f | %.0f | %.0f | %.1f× | %.0f | %.0f |"
+                      % (name, client, f * 1e6, r1, per, per - f * 1e6, per / (f * 1e6), cpu_per, r8), flush=True)
     finally:
         server.terminate()
         server.wait(15)

@@ -11,7 +11,10 @@ external data) run by an onnxruntime InferenceSession.
   datatypes and dims; with no I/O and no max_batch_size configured, a model whose every input and
   output has a dynamic first dimension gets max_batch_size 4 (Triton's default-max-batch-size) and
   dynamic batching.
-- A batch of requests is concatenated along dim 0 into one session run and split back.
+- A batch of requests is concatenated along dim 0 into one session run and split back. One request
+  with every input of the model, on a CPU session, takes a shorter path (`_execute_one`): the request's
+  arrays go straight to the session's native `run` (the Python wrapper's per-call checks are done once
+  at load), and its outputs become Tensors by a datatype looked up once per output.
 - A KIND_GPU instance runs with I/O binding: device inputs (another worker's output, opened by CUDA IPC
   handle) are bound where they are, host inputs are bound from the host, and outputs are bound to the
   GPU and left there (the runtime passes them on by handle, or copies them out for a client). Device
@@ -27,7 +30,7 @@ import numpy as np
 
 from ..wire.errors import ErrorCode, InferdError
 from . import framework
-from .base import ModelSpec, Request, Response, WorkerContext
+from .base import ModelSpec, Request, Response, Tensor, WorkerContext
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
 DEFAULT_MAX_BATCH_SIZE = 4
@@ -115,6 +118,9 @@ class OnnxRuntimeBackend:
         self._batching = False
         self._outputs: list[str] = []
         self._string_inputs: set[str] = set()
+        self._run_native: Any = None  # the session's C++ run(names, feeds, options) for _execute_one
+        self._required: frozenset[str] = frozenset()  # inputs the model cannot run without
+        self._out_types: dict[str, str] = {}  # output name -> protocol datatype the model returns
 
     # ---- auto-complete ---------------------------------------------------------------------------
 
@@ -172,8 +178,28 @@ class OnnxRuntimeBackend:
         self._device_id = model.device_id
         self._bind_device = "cuda"  # where I/O binding puts device tensors (tests bind "cpu" memory the same way)
         self.device_inputs = self._gpu
+        self._prepare_fast_path()
+
+    def _prepare_fast_path(self) -> None:
+        """What `_execute_one` needs: the native run (CPU sessions only: the wrapper's provider fallback
+        is for GPU ones), the required input names, and each numeric output's protocol datatype."""
+        session = self._session
+        self._run_native = None
+        if (self._gpu or self._string_inputs or session.get_providers() != ["CPUExecutionProvider"]
+                or not callable(getattr(getattr(session, "_sess", None), "run", None))):
+            return
+        self._required = frozenset(i.name for i in session.get_inputs() if not i.type.startswith("optional"))
+        types = {o.name: _ORT_DATATYPES.get(o.type) for o in session.get_outputs()}
+        if not all(types.get(name) for name in self._outputs):
+            return  # string, sequence or map outputs: the general path converts them
+        self._out_types = {name: str(types[name]) for name in self._outputs}
+        self._run_native = session._sess.run
 
     def execute(self, requests: list[Request]) -> list[Response]:
+        if len(requests) == 1 and self._run_native is not None and not self._gpu:
+            response = self._execute_one(requests[0])
+            if response is not None:
+                return [response]
         merged = framework.batch_requests(requests, self._batching)
         if merged is None:  # mixed shapes: one run per request
             return [self.execute([request])[0] for request in requests]
@@ -189,6 +215,29 @@ class OnnxRuntimeBackend:
             error = InferdError(ErrorCode.INTERNAL, "onnxruntime failed to run model '%s': %s" % (model, exc))
             return [Response(error=error) for _ in requests]
         return framework.split_batch(requests, list(zip(names, results)), sizes, self._outputs)
+
+    def _execute_one(self, request: Request) -> Optional[Response]:
+        """One request on a CPU session, as `execute` would run it; None when it needs the general path
+        (an input set other than the model's, or outputs of another type than the model declares)."""
+        feeds = {t.name: t.array for t in request.inputs}
+        if len(feeds) != len(request.inputs) or not self._required.issubset(feeds):
+            return None  # the wrapper's run names what is missing
+        wanted = request.requested_outputs
+        names = self._outputs if not wanted else framework.wanted_outputs([request], self._outputs)
+        try:
+            results = self._run_native(names, feeds, None)
+        except Exception as exc:
+            model = self._spec.model_name if self._spec else ""
+            error = InferdError(ErrorCode.INTERNAL, "onnxruntime failed to run model '%s': %s" % (model, exc))
+            return Response(error=error)
+        types = self._out_types
+        outputs = []
+        for name, array in zip(names, results):
+            datatype = types.get(name)
+            if datatype is None or type(array) is not np.ndarray or array.dtype.kind in "OUS":
+                return framework.split_batch([request], list(zip(names, results)), [1], self._outputs)[0]
+            outputs.append(Tensor(name, datatype, array))
+        return Response(outputs)
 
     def _run_bound(self, names: list[str], feeds: dict[str, Any]) -> list[Any]:
         """One run with I/O binding on this instance's GPU; outputs as DeviceArrays over the OrtValues."""

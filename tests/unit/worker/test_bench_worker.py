@@ -1,11 +1,12 @@
 """Worker CPU per small request (slow; run on demand).
 
-Drives a real worker (examples/add_sub: FP32[16] add/sub) from a raw ZeroMQ ROUTER with Execute
-headers built the way `supervisor/instances/packing.py` builds them, one request per batch, in lock
-step, and reports the worker's CPU time per request (all threads, and the main thread alone):
+Drives a real worker (examples/add_sub: FP32[16] add/sub; or the same on onnxruntime, a model built on
+the spot, one intra-op thread) from a raw ZeroMQ ROUTER with Execute headers built the way
+`supervisor/instances/packing.py` builds them, one request per batch, in lock step, and reports the
+worker's CPU time per request (all threads, and the main thread alone):
 
     .venv/bin/python -m pytest -q -m slow -s tests/unit/worker/test_bench_worker.py
-    .venv/bin/python tests/unit/worker/test_bench_worker.py [N] [python]
+    .venv/bin/python tests/unit/worker/test_bench_worker.py [N] [python] [python|onnxruntime]
 """
 
 from __future__ import annotations
@@ -67,13 +68,27 @@ def _header(batch_id: int, request_id: int) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def run(n: int = 20000, python: str = sys.executable, warmup: int = 2000) -> dict[str, float]:
+def _onnx_add_sub(root: Path) -> tuple[str, dict]:
+    """(model directory, config) of add_sub as an ONNX graph (tests/framework_models.py)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import framework_models as fm
+
+    fm.onnx_add_sub(root, "add_sub", "FP32", config=False)
+    config = dict(CONFIG, backend="onnxruntime",
+                  parameters={"intra_op_thread_count": {"string_value": "1"}})
+    return str(root / "add_sub"), config
+
+
+def run(n: int = 20000, python: str = sys.executable, warmup: int = 2000, backend: str = "python") -> dict[str, float]:
     sup = FakeSupervisor(python)
     try:
+        model_dir, config = str(ADD_SUB), CONFIG
+        if backend == "onnxruntime":
+            model_dir, config = _onnx_add_sub(sup.dir)
         proc = sup.spawn("bench", hb_interval=0.5, hb_timeout=0.0)
         sup.expect(m.Hello)
-        sup.send("bench", m.LoadModel(model_name="add_sub", model_dir=str(ADD_SUB), version="1",
-                                      config_json=json.dumps(CONFIG), backend="python",
+        sup.send("bench", m.LoadModel(model_name="add_sub", model_dir=model_dir, version="1",
+                                      config_json=json.dumps(config), backend=backend,
                                       instance_name="add_sub_0_0", instance_kind="CPU"))
         loaded, _ = sup.expect(m.LoadResult)
         assert loaded.error is None, loaded.error
@@ -124,5 +139,6 @@ def test_worker_cpu_per_small_request() -> None:
 
 
 if __name__ == "__main__":
-    res = run(int(sys.argv[1]) if len(sys.argv) > 1 else 20000, sys.argv[2] if len(sys.argv) > 2 else sys.executable)
+    res = run(int(sys.argv[1]) if len(sys.argv) > 1 else 20000, sys.argv[2] if len(sys.argv) > 2 else sys.executable,
+              backend=sys.argv[3] if len(sys.argv) > 3 else "python")
     print(json.dumps({k: round(v, 1) for k, v in res.items()}))
