@@ -67,6 +67,7 @@ class App:
         self.stop_event: asyncio.Event | None = None
         self.exit_code = 0
         self._servers: list[Any] = []
+        self._frontend_processes: Any = None  # scaleout.processes.FrontendProcesses with --frontend-processes > 1
 
     async def run(self) -> int:
         self.stop_event = asyncio.Event()
@@ -122,6 +123,7 @@ class App:
                 self.exit_code = 1
                 self.stop_event.set()
             dataplane.started = True
+            self._state_changed()
             if ok or not self.config.exit_on_error:
                 log.info("inferd ready")
                 sdnotify.notify(self.config.notify_socket, "READY=1",
@@ -138,6 +140,7 @@ class App:
             log.info("shutting down: draining in-flight requests (up to %.0fs)", self.config.exit_timeout_secs)
             sdnotify.notify(self.config.notify_socket, "STOPPING=1", "STATUS=draining in-flight requests")
             dataplane.draining = True
+            self._state_changed()
             await manager.shutdown(self.config.exit_timeout_secs)
         finally:
             if poller is not None:
@@ -215,16 +218,29 @@ class App:
         results = await asyncio.gather(*(load(n) for n in names))
         return listed and all(results)
 
+    def _state_changed(self) -> None:
+        """Readiness changed: frontend processes are told (one process reads the data plane directly)."""
+        if self._frontend_processes is not None:
+            self._frontend_processes.changed()
+
     async def _start_frontends(self, dataplane: ServerDataPlane) -> None:
         cfg = self.config
-        if cfg.allow_http:
-            from .http_api import frontend as http_frontend
+        if cfg.frontend_processes > 1 and (cfg.allow_http or cfg.allow_grpc):
+            # HTTP and gRPC in N processes of their own (scaleout/); the metrics port stays here
+            from .scaleout.processes import FrontendProcesses
 
-            self._servers.append(await http_frontend.start(dataplane, cfg))
-        if cfg.allow_grpc:
-            from .grpc_api import frontend as grpc_frontend
+            self._frontend_processes = FrontendProcesses(cfg, dataplane)
+            await self._frontend_processes.start()
+            self._servers.append(self._frontend_processes)
+        else:
+            if cfg.allow_http:
+                from .http_api import frontend as http_frontend
 
-            self._servers.append(await grpc_frontend.start(dataplane, cfg))
+                self._servers.append(await http_frontend.start(dataplane, cfg))
+            if cfg.allow_grpc:
+                from .grpc_api import frontend as grpc_frontend
+
+                self._servers.append(await grpc_frontend.start(dataplane, cfg))
         if cfg.allow_metrics:
             from .http_api import frontend as http_frontend
 

@@ -107,10 +107,14 @@ class ModelManager:
         # name -> the version a request without a version resolves to, only while it is ready; cleared on
         # every change that can alter readiness or the version set (instance state, load, unload)
         self._ready_cache: dict[str, ModelVersion] = {}
+        # told of every such change too (frontend processes: scaleout pushes them the new state)
+        self.on_change: Any = None
 
     def invalidate(self, *_: Any) -> None:
         """Forget cached resolutions (called on every instance state change, load and unload)."""
         self._ready_cache.clear()
+        if self.on_change is not None:
+            self.on_change()
 
     # ---- queries ----
     def entry(self, name: str) -> ModelEntry:
