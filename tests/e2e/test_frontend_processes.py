@@ -16,6 +16,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,7 +138,7 @@ def test_two_processes_serve_infer_over_http_and_grpc(server, harness):
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             result = client.infer("add_sub", http_inputs(a, b, grpcclient))
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
-    for pid, conn in one_per_frontend(server, harness).items():  # each frontend answers
+    for conn in one_per_frontend(server, harness).values():  # each frontend answers
         status, doc = post(conn, "/v2/models/add_sub/infer", add_sub_body([1.0] * 16, [2.0] * 16))
         assert status == 200, doc
         assert doc["outputs"][0]["data"] == [3.0] * 16
@@ -280,7 +281,7 @@ def test_large_input_reaches_the_worker_by_the_frontends_region(server, harness)
     # the worker mapped a region a frontend created (named after the frontend's pid): the bytes went by handle
     workers = server.worker_pids("big_identity")
     fronts = frontend_pids(server)
-    maps = "".join(open(f"/proc/{pid}/maps").read() for pid in workers)
+    maps = "".join(Path(f"/proc/{pid}/maps").read_text() for pid in workers)
     assert any(f"/inferd_{pid}_" in maps for pid in fronts), "the worker never mapped a frontend's region"
 
 
