@@ -105,8 +105,10 @@ class App:
             response_cache=response_cache,
             busy_poll=busy_poll,
             # the cuda_shared_memory extension: client shm allowed, a GPU discovered, a CUDA binding installed
+            # (not with frontend processes: they read clients' regions themselves, host memory only)
             cuda_shared_memory_supported=(self.config.allow_client_shm and bool(discovery.cuda_ids)
-                                          and runtime.client_shm.cuda_available),
+                                          and runtime.client_shm.cuda_available
+                                          and self.config.frontend_processes == 1),
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},

@@ -35,6 +35,8 @@ MAX_INFLIGHT = 65536  # calls one frontend may have open at once; beyond: UNAVAI
 MAX_REGIONS = 256  # mappings of one frontend's regions kept here (least recently used dropped)
 SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then is left behind (and logged)
 
+CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-processes greater than 1"
+
 # ops that change what the snapshot shows: answered once every frontend has the new one
 _MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS})
 
@@ -206,6 +208,8 @@ class Session:
         if op == Op.SHM_STATUS:
             return dp.shm_status(*args)
         if op == Op.SHM_REGISTER:
+            if args[0] == "cuda":  # a frontend process reads clients' regions itself: host memory only
+                raise InferdError(ErrorCode.UNSUPPORTED, CUDA_SHM_UNSUPPORTED)
             return dp.shm_register(args[0], args[1], **args[2])
         if op == Op.SHM_UNREGISTER:
             return dp.shm_unregister(*args)
