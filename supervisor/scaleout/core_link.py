@@ -75,7 +75,7 @@ class Session:
     def __init__(self, dp: ServerDataPlane, publisher: Publisher, max_frame: int) -> None:
         self.dp = dp
         self.publisher = publisher
-        self.link = Link(self._on_frame, self._on_lost, max_frame)
+        self.link = Link(self._on_frame, self._on_lost, max_frame, throttle_reads=True)
         self.regions = _Regions()
         self.acked = 0  # the latest snapshot version this frontend applied
         self.inflight: dict[int, asyncio.Future[Any]] = {}

@@ -2,9 +2,9 @@
 
 `Link` is an asyncio Protocol: it cuts the byte stream into frames and calls `on_frame(kind, call,
 header, data)` for each, in order, on the event loop. Bounded: a frame larger than `max_frame` closes
-the link (a broken or hostile peer), and writes beyond the transport's high-water mark pause reading
-until the peer has drained them, so neither end buffers without limit. `on_lost(exc)` is called once
-when the link is gone, whatever the reason.
+the link (a broken or hostile peer), and on the core's end writes beyond the transport's high-water mark
+pause reading until the frontend has drained them, so the core does not buffer without limit.
+`on_lost(exc)` is called once when the link is gone, whatever the reason.
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ OnFrame = Callable[[int, int, memoryview, memoryview], None]
 
 
 class Link(asyncio.Protocol):
-    def __init__(self, on_frame: OnFrame, on_lost: Callable[[Exception | None], None], max_frame: int) -> None:
+    def __init__(self, on_frame: OnFrame, on_lost: Callable[[Exception | None], None], max_frame: int,
+                 throttle_reads: bool = False) -> None:
+        """`throttle_reads`: stop reading while the peer is not reading what we write (the core's end: a
+        frontend that does not take its answers gets no more work taken from it). Only one end may do so,
+        or two ends each waiting for the other to read would stall for good; the frontend's end always reads."""
+        self.throttle_reads = throttle_reads
         self.on_frame = on_frame
         self.on_lost = on_lost
         self.max_frame = max_frame
@@ -75,12 +80,12 @@ class Link(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused_writing = True
-        if self.transport is not None:
+        if self.throttle_reads and self.transport is not None:
             self.transport.pause_reading()  # the peer is not reading: stop taking more work from it
 
     def resume_writing(self) -> None:
         self._paused_writing = False
-        if self.transport is not None:
+        if self.throttle_reads and self.transport is not None:
             self.transport.resume_reading()
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
