@@ -36,6 +36,8 @@ class Link(asyncio.Protocol):
         self._buf = bytearray()
         self._need = 0  # bytes the frame in progress still lacks (0: reading a length)
         self._paused_writing = False
+        self._out: list[Any] = []  # frames of this loop pass, written at its end
+        self._flush_soon = False
         self._drained: asyncio.Future[None] | None = None
 
     # ---- asyncio.Protocol ----
@@ -92,16 +94,26 @@ class Link(asyncio.Protocol):
 
     # ---- sending ----
     def send(self, kind: int, call: int, header: bytes, chunks: list[Any] | None = None, size: int = 0) -> bool:
-        """Queue one frame; False when the link is closed (the frame is dropped)."""
-        transport = self.transport
-        if transport is None or self.closed:
+        """Queue one frame; False when the link is closed (the frame is dropped). The frames of one
+        event-loop pass leave together at its end: one write for a batch's answers, not one each (a
+        send that wakes the peer costs tens of µs on a VM). The chunks are referenced, not copied, until then."""
+        if self.transport is None or self.closed:
             return False
-        head = frames.frame(kind, call, header, size)
+        out = self._out
+        out.append(frames.frame(kind, call, header, size))
         if chunks:
-            transport.writelines([head, *chunks])
-        else:
-            transport.write(head)
+            out.extend(chunks)
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self._flush)
         return True
+
+    def _flush(self) -> None:
+        self._flush_soon = False
+        out, self._out = self._out, []
+        transport = self.transport
+        if transport is not None and out:
+            transport.writelines(out)
 
     async def drain(self) -> None:
         if self._paused_writing and not self.closed:
@@ -111,4 +123,5 @@ class Link(asyncio.Protocol):
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
+            self._flush()
             self.transport.close()
