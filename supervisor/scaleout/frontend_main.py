@@ -48,8 +48,9 @@ def max_frame(config: ServerConfig) -> int:
 async def serve(config: ServerConfig, link_path: str) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    # Ctrl-C reaches the whole process group: the supervisor drains, then stops the frontends itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     pool = ShmPool()  # this process's regions: large inputs go to the workers by handle
     dp = RemoteDataPlane(pool)
     servers: list[Any] = []

@@ -15,8 +15,6 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import replace
-from typing import Any
 
 from ..config import ServerConfig
 from ..core.dataplane_impl import ServerDataPlane
@@ -30,8 +28,16 @@ RESTART_CAP_S = 5.0
 HEALTHY_AFTER_S = 10.0  # a child that ran this long restarts without backoff
 
 
-def _reserve(address: str, port: int) -> socket.socket:
+def _reserve(address: str, port: int, shared: bool) -> socket.socket:
+    """A bound, never listening SO_REUSEPORT socket holding `port` (0: a free one) for the frontends. Unless
+    `shared` (--reuse-*-port: other servers may share it), the port is first bound exclusively, so a port
+    another server holds is an error here, as with one process, not a silent share."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    if not shared:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((address, port))
+            port = probe.getsockname()[1]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -61,11 +67,11 @@ class FrontendProcesses:
     async def start(self) -> None:
         cfg = self.config
         if cfg.allow_http:
-            sock = _reserve(cfg.http_address, cfg.http_port)
+            sock = _reserve(cfg.http_address, cfg.http_port, cfg.reuse_http_port)
             self._reserved.append(sock)
             self.http_port = sock.getsockname()[1]
         if cfg.allow_grpc:
-            sock = _reserve(cfg.grpc_address, cfg.grpc_port)
+            sock = _reserve(cfg.grpc_address, cfg.grpc_port, cfg.reuse_grpc_port)
             self._reserved.append(sock)
             self.grpc_port = sock.getsockname()[1]
         if os.path.exists(self.link_path):
@@ -80,7 +86,7 @@ class FrontendProcesses:
                  self.grpc_port)
 
     def _argv(self) -> list[str]:
-        cfg = replace(self.config)
+        cfg = self.config
         args = list(cfg.argv) + ["--run-dir", cfg.run_dir, "--http-port", str(self.http_port),
                                  "--grpc-port", str(self.grpc_port)]
         return [sys.executable, "-m", "inferd.supervisor.scaleout.frontend_main", "--link", self.link_path,
@@ -139,9 +145,3 @@ class FrontendProcesses:
             os.unlink(self.link_path)
         except OSError:
             pass
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._children.values()]
-
-    def describe(self) -> dict[str, Any]:
-        return {"processes": len(self._children), "restarts": self.restarts}

@@ -76,6 +76,19 @@ class RemoteDataPlane(DataPlane):
 
     # ---------------------------------------------------------------- link events
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
+        try:
+            self._dispatch(kind, call, header, data)
+        except Exception:  # a frame we cannot read is a bug of ours: that call fails, the link goes on
+            log.exception("frontend link: bad frame of kind %d", kind)
+            c = self._calls.pop(call, None)
+            if c is not None and call:
+                err = InferdError(ErrorCode.INTERNAL, "internal error")
+                if c.queue is not None:
+                    self._stream_put(call, c, err, True)
+                else:
+                    self._settle(c, None, err)
+
+    def _dispatch(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
         if kind == Kind.RESULT:
             c = self._calls.pop(call, None)
             if c is not None:

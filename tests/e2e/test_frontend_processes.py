@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -340,3 +341,20 @@ def test_default_on_a_small_host_is_one_process(server_factory):
     assert frontend_pids(srv) == []
     with httpclient.InferenceServerClient(srv.http_url) as client:
         assert client.is_model_ready("add_sub")
+
+
+def test_a_port_in_use_stops_the_start(tmp_path, harness):
+    """As with one process: a port another server holds is an error at start, not a silent share."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        grpc_port, metrics_port = harness.free_ports(2)
+        proc = subprocess.run([str(harness.INFERD_BIN), "--model-repository", str(repo), "--http-address", "127.0.0.1",
+                               "--http-port", str(port), "--grpc-port", str(grpc_port), "--metrics-port",
+                               str(metrics_port), "--frontend-processes", "2"],
+                              capture_output=True, text=True, timeout=WAIT_S)
+    assert proc.returncode != 0
+    assert "address already in use" in (proc.stdout + proc.stderr).lower()
