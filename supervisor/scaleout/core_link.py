@@ -4,8 +4,9 @@ A session serves its frontend's calls over the ordinary data plane (ServerDataPl
 frames become InferRequests submitted as a frontend in this process would submit them, and every call is
 answered exactly once (RESULT, ERROR or a final STREAM_ITEM), cancelled or not, so the frontend knows
 when its input regions are free again. Inputs by handle are mapped here (`_Regions`, not copied) and
-keep their handle as Tensor.shm_ref, which instances/packing.py passes to the worker unchanged. A lost
-link cancels everything its frontend had in flight.
+keep their handle as Tensor.shm_ref, which instances/packing.py passes to the worker unchanged. Large
+outputs in a worker's region go by that region's handle; the response (and so the region) is held until
+the frontend's RELEASE. A lost link cancels everything its frontend had in flight and drops what it held.
 
 `Publisher` pushes the snapshot (snapshot.py) to every session after each change; `sync()` returns once
 every frontend has acknowledged the latest one (a load, unload or shm registration answers only then).
@@ -32,6 +33,7 @@ from .link import Link
 log = logging.getLogger("inferd.scaleout")
 
 MAX_INFLIGHT = 65536  # calls one frontend may have open at once; beyond: UNAVAILABLE
+MAX_HELD = 4096  # responses one frontend may hold by handle at once; beyond, outputs are copied inline
 MAX_REGIONS = 256  # mappings of one frontend's regions kept here (least recently used dropped)
 SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then is left behind (and logged)
 
@@ -79,6 +81,8 @@ class Session:
         self.regions = _Regions()
         self.acked = 0  # the latest snapshot version this frontend applied
         self.inflight: dict[int, asyncio.Future[Any]] = {}
+        # responses whose large outputs went by their worker region's handle, until the frontend's RELEASE
+        self.held: dict[int, InferResponse] = {}
 
     # ---------------------------------------------------------------- frames
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
@@ -93,6 +97,8 @@ class Session:
                 self._begin(call, self._stream(call, header, data))
             elif kind == Kind.CONTROL:
                 self._begin(call, self._control(call, frames.loads_revived(header)))
+            elif kind == Kind.RELEASE:
+                self.held.pop(call, None)  # its views go: the worker gets its region back (instances/outputs.py)
             elif kind == Kind.SNAPSHOT_ACK:
                 self.acked = int(frames.loads(header)["version"])
                 self.publisher.acked()
@@ -129,7 +135,11 @@ class Session:
         exc = future.exception()
         if exc is None:
             try:
-                head, chunks, size = frames.response_parts(future.result())
+                resp = future.result()
+                by_handle = len(self.held) < MAX_HELD  # beyond: copied inline (a frontend slow to release)
+                head, chunks, size = frames.response_parts(resp, by_handle)
+                if by_handle and frames.by_handle(head):
+                    self.held[call] = resp
                 link.send(Kind.RESULT, call, frames.dumps(head), chunks, size)
                 return
             except InferdError as err:
@@ -223,6 +233,7 @@ class Session:
         for future in list(self.inflight.values()):
             future.cancel()  # its clients are gone with the frontend
         self.inflight.clear()
+        self.held.clear()
         self.regions.close()
         self.publisher.remove(self)
 

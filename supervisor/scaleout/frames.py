@@ -3,9 +3,11 @@
 A frame is `u32 length | u8 kind | u32 call id | u32 header length | header (JSON) | data`, the length
 counting what follows it. Kinds are typed (Kind); the header is a JSON document whose shape the kind
 fixes; `data` holds the bytes of the tensors that ride inline, each at the (offset, size) its header
-entry names. Tensors larger than INLINE_MAX_BYTES never ride here: the frontend writes them into a
+entry names. Inputs larger than INLINE_MAX_BYTES never ride here: the frontend writes them into a
 shared-memory region of its own and sends the region's handle (loc "s"), which the core hands on to
-the worker unchanged (Tensor.shm_ref), so their bytes are never copied by the core.
+the worker unchanged (Tensor.shm_ref), so their bytes are never copied by the core. Large outputs a
+worker wrote into its own region go to the frontend by that region's handle the same way; the core
+holds the response (and so the region) until the frontend sends RELEASE for the call.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import orjson
 from inferd.worker.wire.errors import ErrorCode, InferdError
+from inferd.worker.wire.messages import INLINE_MAX_BYTES
 
 from ..inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
 
@@ -33,9 +36,10 @@ class Kind(enum.IntEnum):
     CANCEL = 4  # the frontend gave up on call id
     CONTROL = 5  # header {"op": Op, "args": [...]}; answered by CONTROL_RESULT or ERROR
     SNAPSHOT_ACK = 6  # header {"version"}: that snapshot is applied
+    RELEASE = 7  # the outputs a RESULT of call id sent by handle are no longer read
     # core -> frontend
     SNAPSHOT = 20  # header: snapshot.Snapshot document
-    RESULT = 21  # an InferResponse
+    RESULT = 21  # an InferResponse (large outputs by their worker region's handle: RELEASE them)
     STREAM_ITEM = 22  # header {"final", "error"?: [code, message], "response"?: response header}
     CONTROL_RESULT = 23  # header {"value"}
     ERROR = 24  # header {"code", "message"}
@@ -109,15 +113,16 @@ def _nbytes(data: Any) -> int:
 
 
 def _tensor_docs(tensors: list[Tensor], by_handle: bool) -> tuple[list[Any], list[Any], int]:
-    """Header entries of `tensors` and the data chunks behind them. With `by_handle`, a tensor with
-    `shm_ref` goes by handle ("s", region, offset, size); any other inline ("b", offset, size)."""
+    """Header entries of `tensors` and the data chunks behind them. With `by_handle`, a tensor larger
+    than INLINE_MAX_BYTES with `shm_ref` goes by handle ("s", region, offset, size); any other inline
+    ("b", offset, size)."""
     docs: list[Any] = []
     chunks: list[Any] = []
     offset = 0
     for t in tensors:
         data = t.data
         nbytes = _nbytes(data)
-        if by_handle and t.shm_ref is not None:
+        if by_handle and t.shm_ref is not None and nbytes > INLINE_MAX_BYTES:
             loc: list[Any] = ["s", t.shm_ref[0], t.shm_ref[1], nbytes]
         else:
             loc = ["b", offset, nbytes]
@@ -182,9 +187,10 @@ def decode_request(header: Any, data: memoryview, attach: Any) -> InferRequest:
     return req
 
 
-def response_parts(resp: InferResponse) -> tuple[dict[str, Any], list[Any], int]:
-    # outputs ride inline: one in a worker's region is copied here (its region is released with the batch)
-    docs, chunks, size = _tensor_docs(resp.outputs, False)
+def response_parts(resp: InferResponse, by_handle: bool = False) -> tuple[dict[str, Any], list[Any], int]:
+    """With `by_handle`, a large output in a worker's region goes by that region's handle: the caller
+    keeps the response (and so the region) until the frontend sends RELEASE for the call."""
+    docs, chunks, size = _tensor_docs(resp.outputs, by_handle)
     head: dict[str, Any] = {"m": resp.model_name, "v": resp.model_version, "o": docs}
     if resp.id:
         head["i"] = resp.id
@@ -193,5 +199,10 @@ def response_parts(resp: InferResponse) -> tuple[dict[str, Any], list[Any], int]
     return head, chunks, size
 
 
-def decode_response(h: dict[str, Any], data: memoryview) -> InferResponse:
-    return InferResponse(h["m"], h["v"], h.get("i", ""), _tensors(h["o"], data, None), h.get("p") or {})
+def by_handle(h: dict[str, Any]) -> bool:
+    """Whether a response header refers to a region (then its call must be released)."""
+    return any(doc[4][0] == "s" for doc in h["o"])
+
+
+def decode_response(h: dict[str, Any], data: memoryview, attach: Any = None) -> InferResponse:
+    return InferResponse(h["m"], h["v"], h.get("i", ""), _tensors(h["o"], data, attach), h.get("p") or {})

@@ -80,6 +80,8 @@ async def serve(config: ServerConfig, link_path: str) -> int:
     finally:
         if dp.link is not None:
             dp.link.close()
+        if dp.outputs is not None:
+            dp.outputs.close()
         pool.close()
 
 

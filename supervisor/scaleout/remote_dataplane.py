@@ -11,13 +11,16 @@ lists (memory.client_shm.ClientShm, the same checks as the core's).
 Inference: each request is one INFER frame; inputs above INLINE_MAX_BYTES are first written into a region
 of this process's ShmPool and sent by handle, which the core passes to the worker without copying. A lease
 is released only when the core answers the call (always exactly once, cancelled or not), never while a
-worker may still read it. A lost link fails every call in flight at once with UNAVAILABLE.
+worker may still read it. Large outputs come by their worker region's handle (output_regions.py); RELEASE
+tells the core once the response's views of them are collected. A lost link fails every call in flight at
+once with UNAVAILABLE.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import os
@@ -35,6 +38,7 @@ from ..tracing import live
 from . import frames
 from .frames import Kind, Op
 from .link import Link
+from .output_regions import OutputRegions
 from .snapshot import View
 
 log = logging.getLogger("inferd.scaleout")
@@ -58,6 +62,7 @@ class RemoteDataPlane(DataPlane):
 
     def __init__(self, pool: ShmPool | None = None) -> None:
         self.link: Link | None = None
+        self.outputs: OutputRegions | None = None  # workers' output regions mapped here (made on connect)
         self.view = View()
         self.pool = pool if pool is not None else ShmPool()
         self.client_shm = ClientShm(cuda_probe=False)
@@ -72,7 +77,13 @@ class RemoteDataPlane(DataPlane):
         _, link = await loop.create_unix_connection(
             lambda: Link(self._on_frame, self._on_lost, max_frame), path)
         self.link = link
+        self.outputs = OutputRegions(self._release)
         link.send(Kind.HELLO, 0, frames.dumps({"pid": os.getpid()}))
+
+    def _release(self, call: int) -> None:
+        """The outputs of `call` that came by handle are no longer read: the worker may reuse their region."""
+        if self.link is not None:
+            self.link.send(Kind.RELEASE, call, b"")
 
     # ---------------------------------------------------------------- link events
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
@@ -90,9 +101,20 @@ class RemoteDataPlane(DataPlane):
 
     def _dispatch(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
         if kind == Kind.RESULT:
+            h = frames.loads(header)
+            attach = None
+            if frames.by_handle(h):  # large outputs in a worker's region: mapped here, released when collected
+                assert self.outputs is not None
+                attach = functools.partial(self.outputs.view, call)
+            try:
+                resp = frames.decode_response(h, data, attach)
+            except BaseException:
+                if attach is not None:
+                    self._release(call)
+                raise
             c = self._calls.pop(call, None)
             if c is not None:
-                self._settle(c, frames.decode_response(frames.loads(header), data), None)
+                self._settle(c, resp, None)
         elif kind == Kind.ERROR:
             c = self._calls.pop(call, None)
             if c is not None:

@@ -284,6 +284,25 @@ def test_large_input_reaches_the_worker_by_the_frontends_region(server, harness)
     fronts = frontend_pids(server)
     maps = "".join(Path(f"/proc/{pid}/maps").read_text() for pid in workers)
     assert any(f"/inferd_{pid}_" in maps for pid in fronts), "the worker never mapped a frontend's region"
+    # and a frontend mapped the worker's output region: the output came by handle too
+    front_maps = "".join(Path(f"/proc/{pid}/maps").read_text() for pid in fronts)
+    assert any(f"/inferd_{pid}_o" in front_maps for pid in workers), "no frontend mapped a worker's output region"
+
+
+def test_outputs_by_handle_are_released(server, harness):
+    """The worker gets its output region back after each answer (the frontend's RELEASE): twelve 4 MiB
+    answers in a row reuse a region or two instead of each holding a new one."""
+    wait_frontends_serving(server, harness)
+    data = np.full(4 << 20, 7, dtype=np.uint8)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        inp = grpcclient.InferInput("IN", [data.size], "UINT8")
+        inp.set_data_from_numpy(data)
+        for _ in range(12):
+            assert int(client.infer("big_identity", [inp]).as_numpy("OUT")[-1]) == 7
+    worker = server.worker_pids("big_identity")[0]
+    regions = {line.rsplit("/", 1)[1].split()[0] for line in Path(f"/proc/{worker}/maps").read_text().splitlines()
+               if f"/inferd_{worker}_o" in line}
+    assert 1 <= len(regions) <= 3, regions
 
 
 def test_decoupled_stream_through_a_frontend(server, harness):
