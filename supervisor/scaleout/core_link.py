@@ -40,7 +40,7 @@ SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then
 CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-processes greater than 1"
 
 # ops that change what the snapshot shows: answered once every frontend has the new one
-_MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS})
+_MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS, Op.LOG_SETTINGS})
 
 
 class _Regions:

@@ -30,6 +30,7 @@ from typing import Any
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from .. import logs
 from ..core.dataplane import DataPlane
 from ..inference.types import InferRequest, InferResponse
 from ..memory.client_shm import ClientShm
@@ -71,6 +72,7 @@ class RemoteDataPlane(DataPlane):
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
         self._wakers: dict[int, asyncio.Event] = {}
+        self._log_settings: dict[str, Any] | None = None  # as the core last pushed them
 
     async def connect(self, path: str, max_frame: int) -> None:
         loop = asyncio.get_running_loop()
@@ -184,6 +186,11 @@ class RemoteDataPlane(DataPlane):
     def _apply(self, doc: dict[str, Any]) -> None:
         self.view = View(doc)
         live.armed = bool(doc.get("trace_armed"))  # a client's traceparent is kept only while tracing
+        log_settings = doc.get("log")
+        if log_settings and log_settings != self._log_settings:
+            self._log_settings = log_settings
+            logs.apply(log_settings["log_verbose_level"], log_settings["log_format"], log_settings["log_info"],
+                       log_settings["log_warning"], log_settings["log_error"])
         self._mirror_shm(doc.get("shm") or [])
         if self.link is not None:
             self.link.send(Kind.SNAPSHOT_ACK, 0, frames.dumps({"version": self.view.version}))

@@ -4,8 +4,9 @@
 ready, server metadata, and per model and version key ("" and each loaded version) its metadata, config,
 readiness and decoupled flag, each a value or the error the core would raise; plus the client system
 shared-memory registrations, which every frontend opens itself (it reads and writes those regions with
-its own fds). `View` (frontend side) answers the same questions from one such document; a version key the
-core does not know gets the error the core's resolution would give.
+its own fds), and the log settings (a POST /v2/logging applies in every process). `View` (frontend
+side) answers the same questions from one such document; a version key the core does not know gets the
+error the core's resolution would give.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def build(dp: ServerDataPlane, version: int, trace_armed: bool) -> dict[str, Any
     shm = dp.shm
     regions = [[r.name, r.key, r.offset, r.byte_size] for r in shm.system.values()] if shm is not None else []
     return {"version": version, "live": dp.live(), "ready": dp.ready(), "server": dp.server_metadata(),
-            "models": models, "shm_allowed": shm is not None, "shm": regions, "trace_armed": trace_armed}
+            "models": models, "shm_allowed": shm is not None, "shm": regions, "trace_armed": trace_armed,
+            "log": dp.log_settings()}
 
 
 def _raise(err: list[Any]) -> Any:
