@@ -8,7 +8,9 @@ Scenarios (closed loop, concurrency --conc, default 64): add_sub over HTTP (wrk,
 execute() costs a fixed 5 ms whatever the batch (bench/models/fixed_cost with `dynamic_batching { }`,
 max_batch_size 32) over HTTP. Every server runs at once on its own ports; each round measures every
 scenario on every server back to back (A B C A B C), so other load on the host falls on all alike.
-Server CPU per request counts the supervisor, its frontend processes and workers (all descendants).
+Server CPU per request is split into the supervisor's main process ("core"; for Triton, all of
+tritonserver), the frontend processes, and the rest (the model workers; Triton's Python stubs). The
+core's µs per request bound what one core can carry whatever N: 1e6 / core µs requests per second.
 
 Prints a table (medians over rounds, per-round values in brackets) and writes
 bench/results/scaleout-<date>-<commit>.json. Not part of the test suite.
@@ -61,9 +63,19 @@ class Server(rb.Server):
                      f"--metrics-port={m}", "--log-verbose=0"], {}, self.workdir)
         return f"unknown server {self.name}"
 
-    def cpu_total(self) -> float:
-        main, kids = self.cpu_seconds()
-        return main + kids
+    def cpu_split(self) -> dict[str, float]:
+        """user+sys CPU seconds of the main process ("core"), the frontend processes and the rest (workers)."""
+        main = self.ps()
+        t = main.cpu_times()
+        out = {"core": t.user + t.system, "frontends": 0.0, "workers": 0.0}
+        for c in main.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                kind = "frontends" if "scaleout.frontend_main" in " ".join(c.cmdline()) else "workers"
+                out[kind] += ct.user + ct.system
+            except rb.psutil.Error:
+                pass
+        return out
 
 
 def http_bodies(work: Path) -> dict[str, Path]:
@@ -128,29 +140,36 @@ def main() -> int:
             for name, proto, model in SCENARIOS:
                 order = live[rnd % len(live):] + live[:rnd % len(live)] if live else []
                 for s in order:
+                    cpu0: dict[str, float] | None = None
                     if proto == "http":
                         url = f"{s.base}/v2/models/{model}/infer"
                         if args.warmup > 0:
                             rb.run_wrk(url, args.conc, args.warmup, bodies[model], None)
-                        cpu0: float | None = s.cpu_total()
+                        cpu0 = s.cpu_split()
                         r = rb.run_wrk(url, args.conc, args.duration, bodies[model], None)
                     else:
                         san = s.info.get("grpc_sanity", {}).get(model, {})
-                        cpu0 = s.cpu_total()
-                        r = (rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.duration, args.warmup,
-                                           Path(grpc_bodies[model]["path"]), san["response_framed_bytes"], work)
-                             if san.get("ok") else {"error": f"gRPC sanity failed: {s.info.get('grpc_sanity')}"})
-                        if "error" not in r:  # h2load's warm-up ran inside: count CPU over the measured part only
-                            cpu0 = None
-                    cpu1 = s.cpu_total()
+                        if not san.get("ok"):
+                            r = {"error": f"gRPC sanity failed: {s.info.get('grpc_sanity')}"}
+                        else:
+                            path, size = Path(grpc_bodies[model]["path"]), san["response_framed_bytes"]
+                            if args.warmup > 0:
+                                rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.warmup, 0, path, size, work)
+                            cpu0 = s.cpu_split()
+                            r = rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.duration, 0, path, size, work)
+                    cpu1 = s.cpu_split()
                     point = {"round": rnd, "scenario": name, "server": s.name, **r}
                     if "error" not in r and r.get("requests") and cpu0 is not None:
-                        point["server_cpu_ms"] = 1e3 * (cpu1 - cpu0) / r["requests"]
+                        split = {k: 1e6 * (cpu1[k] - cpu0[k]) / r["requests"] for k in cpu1}
+                        point["server_cpu_ms"] = sum(split.values()) / 1e3
+                        point["cpu_us_per_request"] = {k: round(v, 1) for k, v in split.items()}
                     res["points"].append(point)
                     show = (f"{r['infer_per_s']:.0f}/s p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms"
                             if "error" not in r else r["error"])
                     if "server_cpu_ms" in point:
-                        show += f" cpu {point['server_cpu_ms']:.3f} ms/req"
+                        split = point["cpu_us_per_request"]
+                        show += (f" cpu µs/req: core {split['core']:.0f} frontends {split['frontends']:.0f}"
+                                 f" workers {split['workers']:.0f}")
                     print(f"[r{rnd}] {name:24s} {s.name:10s} {show}"
                           f"{'  INVALID: ' + r['invalid'] if 'invalid' in r else ''}", flush=True)
     finally:
