@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +80,8 @@ class App:
             self.config.cuda_visible_devices, self.config.cuda_device_order)
         gpu_metrics = self._gpu_metrics(discovery)
         runtime = await Runtime.start(self.config)
+        frontends = self._frontend_count(self.config.allow_client_shm and bool(discovery.cuda_ids)
+                                         and runtime.client_shm.cuda_available)
         if self.config.host_fd >= 0:  # models hosted by the Python API's process: its exit stops the server
             from .instances.external import HostLink
 
@@ -107,8 +110,7 @@ class App:
             # the cuda_shared_memory extension: client shm allowed, a GPU discovered, a CUDA binding installed
             # (not with frontend processes: they read clients' regions themselves, host memory only)
             cuda_shared_memory_supported=(self.config.allow_client_shm and bool(discovery.cuda_ids)
-                                          and runtime.client_shm.cuda_available
-                                          and self.config.frontend_processes == 1),
+                                          and runtime.client_shm.cuda_available and frontends == 1),
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
@@ -117,7 +119,7 @@ class App:
         BlsService(dataplane, manager, runtime.channel, runtime.pool)  # Python models calling models
         poller: RepositoryPoller | None = None
         try:
-            await self._start_frontends(dataplane)
+            await self._start_frontends(dataplane, frontends)
             seen = await self._poll_snapshot(manager) if self.config.model_control_mode == "poll" else {}
             ok = await self._initial_load(manager)
             if not ok and self.config.exit_on_error:
@@ -225,13 +227,24 @@ class App:
         if self._frontend_processes is not None:
             self._frontend_processes.changed()
 
-    async def _start_frontends(self, dataplane: ServerDataPlane) -> None:
+    def _frontend_count(self, cuda_shm: bool) -> int:
+        """--frontend-processes, or its default; the default is 1 where the cuda_shared_memory extension
+        works, which frontend processes cannot serve (they read clients' regions themselves)."""
         cfg = self.config
-        if cfg.frontend_processes > 1 and (cfg.allow_http or cfg.allow_grpc):
+        if cfg.frontend_processes > 1 and cuda_shm and not cfg.frontend_processes_given:
+            log.info("serving HTTP and gRPC in this process (the default on %d CPUs would be %d frontend processes): "
+                     "CUDA shared memory needs it; --frontend-processes N sets N", len(os.sched_getaffinity(0)),
+                     cfg.frontend_processes)
+            return 1
+        return cfg.frontend_processes
+
+    async def _start_frontends(self, dataplane: ServerDataPlane, frontends: int) -> None:
+        cfg = self.config
+        if frontends > 1 and (cfg.allow_http or cfg.allow_grpc):
             # HTTP and gRPC in N processes of their own (scaleout/); the metrics port stays here
             from .scaleout.processes import FrontendProcesses
 
-            self._frontend_processes = FrontendProcesses(cfg, dataplane)
+            self._frontend_processes = FrontendProcesses(cfg, dataplane, frontends)
             await self._frontend_processes.start()
             self._servers.append(self._frontend_processes)
         else:

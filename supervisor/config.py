@@ -135,6 +135,7 @@ class ServerConfig:
     busy_poll_us: int = 0  # after a request, the event loop polls instead of sleeping this long (0: off)
     # processes serving HTTP and gRPC (scaleout/); 1: the supervisor itself, as always. Default from the CPUs
     frontend_processes: int = 1
+    frontend_processes_given: bool = False  # by the flag; else the default, which CUDA shared memory makes 1 (app.py)
     argv: tuple[str, ...] = ()  # the command line this config was parsed from (frontend processes parse it too)
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
@@ -528,6 +529,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         busy_poll_us=args.busy_poll_us,
         frontend_processes=(args.frontend_processes if args.frontend_processes is not None
                             else default_frontend_processes(len(os.sched_getaffinity(0)))),
+        frontend_processes_given=args.frontend_processes is not None,
         argv=tuple(sys.argv[1:] if argv is None else argv),
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),

@@ -55,7 +55,7 @@ class _Regions:
             raise InferdError(ErrorCode.INTERNAL, "a frontend passed a region it does not own")
         region = self._maps.get(name)
         if region is None:
-            region = shm.attach(name)
+            region = shm.attach(name, readonly=True)  # the core only reads (validation, cache keys)
             self._maps[name] = region
             while len(self._maps) > MAX_REGIONS:
                 self._maps.popitem(last=False)[1].close()

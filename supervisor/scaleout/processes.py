@@ -50,8 +50,9 @@ def _reserve(address: str, port: int, shared: bool) -> socket.socket:
 
 
 class FrontendProcesses:
-    def __init__(self, config: ServerConfig, dataplane: ServerDataPlane) -> None:
+    def __init__(self, config: ServerConfig, dataplane: ServerDataPlane, count: int) -> None:
         self.config = config
+        self.count = count
         self.dp = dataplane
         self.publisher = core_link.Publisher(dataplane)
         self.link_path = os.path.join(config.run_dir, "frontends.sock")
@@ -81,8 +82,8 @@ class FrontendProcesses:
                                                      self.link_path)
         os.chmod(self.link_path, 0o600)
         self.dp.manager.on_change = self.publisher.changed
-        self._tasks = [asyncio.ensure_future(self._keep(i)) for i in range(cfg.frontend_processes)]
-        log.info("Started %d frontend processes: HTTP :%d, gRPC :%d", cfg.frontend_processes, self.http_port,
+        self._tasks = [asyncio.ensure_future(self._keep(i)) for i in range(self.count)]
+        log.info("Started %d frontend processes: HTTP :%d, gRPC :%d", self.count, self.http_port,
                  self.grpc_port)
 
     def _argv(self) -> list[str]:

@@ -97,3 +97,17 @@ async def test_link_carries_frames_in_order_and_reports_loss():
     await asyncio.wait_for(lost.wait(), 10)
     assert receiver.closed
     sender.close()
+
+
+def test_the_default_stays_one_process_where_cuda_shared_memory_is_served(tmp_path):
+    from dataclasses import replace
+
+    from inferd.supervisor.app import App
+
+    cfg = replace(parse_args(["--model-repository", str(tmp_path), "--run-dir", str(tmp_path)]),
+                  frontend_processes=4)  # as the default on 16 CPUs
+    assert not cfg.frontend_processes_given
+    assert App(cfg)._frontend_count(cuda_shm=True) == 1
+    assert App(cfg)._frontend_count(cuda_shm=False) == 4
+    given = replace(cfg, frontend_processes_given=True)  # the flag: CUDA shared memory is then refused
+    assert App(given)._frontend_count(cuda_shm=True) == 4
