@@ -195,22 +195,31 @@ def test_statistics_and_metrics_count_both_frontends(server, harness):
 def test_dynamic_batch_takes_requests_from_both_frontends(server, harness):
     conns = list(one_per_frontend(server, harness).values())
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
-    results: list[Any] = [None, None]
 
-    def send(i: int) -> None:
-        results[i] = post(conns[i], "/v2/models/batch_probe_delay/infer", body)
+    def together() -> list[dict[str, Any]]:
+        results: list[Any] = [None, None]
 
-    # the model's queue delay is 300 ms: two requests sent together meet in one batch whatever process took them
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT_S)
-    outs = []
-    for status, doc in results:
-        assert status == 200, doc
-        outs.append({o["name"]: o["data"] for o in doc["outputs"]})
-    assert outs[0]["EXECUTION"] == outs[1]["EXECUTION"]  # one execute() saw both
+        def send(i: int) -> None:
+            results[i] = post(conns[i], "/v2/models/batch_probe_delay/infer", body)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        outs = []
+        for status, doc in results:
+            assert status == 200, doc
+            outs.append({o["name"]: o["data"] for o in doc["outputs"]})
+        return outs
+
+    # the model's queue delay is 300 ms: two requests sent together meet in one batch whatever process took
+    # them (three tries: a host so loaded that two threads start 300 ms apart must not fail the test)
+    for _ in range(3):
+        outs = together()
+        if outs[0]["EXECUTION"] == outs[1]["EXECUTION"]:  # one execute() saw both
+            break
+    assert outs[0]["EXECUTION"] == outs[1]["EXECUTION"], outs
     assert outs[0]["BATCH_REQUESTS"] == [2]
     for conn in conns:
         conn.close()
@@ -335,7 +344,8 @@ def test_killed_frontend_fails_its_clients_and_is_restarted(server, harness):
     worker = server.worker_pids("sleep")
     body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [3.0]}]}).encode()
     conn.request("POST", "/v2/models/sleep/infer", body, {"Content-Type": "application/json"})
-    time.sleep(0.3)  # let the request reach the worker (it sleeps 3 s)
+    server.wait_until(lambda: any(i.get("inflight") for i in server.instances("sleep")), WAIT_S,
+                      "the request running in the worker (it sleeps 3 s)")
     start = time.monotonic()
     os.kill(victim, signal.SIGKILL)
     with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
