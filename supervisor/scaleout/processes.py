@@ -28,7 +28,14 @@ RESTART_CAP_S = 5.0
 HEALTHY_AFTER_S = 10.0  # a child that ran this long restarts without backoff
 
 
-def _reserve(address: str, port: int, shared: bool) -> socket.socket:
+def _reserve(what: str, address: str, port: int, shared: bool) -> socket.socket:
+    try:
+        return _bind(address, port, shared)
+    except OSError as exc:  # worded as the servers word it (grpc_api/native_server.py)
+        raise OSError(exc.errno, f"{what} cannot bind {address}:{port}: {exc}") from exc
+
+
+def _bind(address: str, port: int, shared: bool) -> socket.socket:
     """A bound, never listening SO_REUSEPORT socket holding `port` (0: a free one) for the frontends. Unless
     `shared` (--reuse-*-port: other servers may share it), the port is first bound exclusively, so a port
     another server holds is an error here, as with one process, not a silent share."""
@@ -68,11 +75,11 @@ class FrontendProcesses:
     async def start(self) -> None:
         cfg = self.config
         if cfg.allow_http:
-            sock = _reserve(cfg.http_address, cfg.http_port, cfg.reuse_http_port)
+            sock = _reserve("HTTP server", cfg.http_address, cfg.http_port, cfg.reuse_http_port)
             self._reserved.append(sock)
             self.http_port = sock.getsockname()[1]
         if cfg.allow_grpc:
-            sock = _reserve(cfg.grpc_address, cfg.grpc_port, cfg.reuse_grpc_port)
+            sock = _reserve("gRPC server", cfg.grpc_address, cfg.grpc_port, cfg.reuse_grpc_port)
             self._reserved.append(sock)
             self.grpc_port = sock.getsockname()[1]
         if os.path.exists(self.link_path):
