@@ -236,6 +236,9 @@ class App:
                      "CUDA shared memory needs it; --frontend-processes N sets N", len(os.sched_getaffinity(0)),
                      cfg.frontend_processes)
             return 1
+        if cfg.frontend_processes > 1 and cuda_shm:
+            log.warning("--frontend-processes %d: CUDA shared memory is not served (frontend processes read "
+                        "clients' host regions only)", cfg.frontend_processes)
         return cfg.frontend_processes
 
     async def _start_frontends(self, dataplane: ServerDataPlane, frontends: int) -> None:
