@@ -80,12 +80,14 @@ class Session:
         self.link = Link(self._on_frame, self._on_lost, max_frame, throttle_reads=True)
         self.regions = _Regions()
         self.acked = 0  # the latest snapshot version this frontend applied
+        self.last_seen = asyncio.get_running_loop().time()  # when a frame last came (watchdog.py)
         self.inflight: dict[int, asyncio.Future[Any]] = {}
         # responses whose large outputs went by their worker region's handle, until the frontend's RELEASE
         self.held: dict[int, InferResponse] = {}
 
     # ---------------------------------------------------------------- frames
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
+        self.last_seen = asyncio.get_running_loop().time()
         try:
             if kind == Kind.INFER:
                 self._infer(call, header, data)
@@ -102,6 +104,8 @@ class Session:
             elif kind == Kind.SNAPSHOT_ACK:
                 self.acked = int(frames.loads(header)["version"])
                 self.publisher.acked()
+            elif kind == Kind.PONG:
+                pass  # last_seen is all it is for
             elif kind == Kind.HELLO:
                 self.regions.pid = int(frames.loads(header)["pid"])
                 self.publisher.add(self)

@@ -37,12 +37,14 @@ class Kind(enum.IntEnum):
     CONTROL = 5  # header {"op": Op, "args": [...]}; answered by CONTROL_RESULT or ERROR
     SNAPSHOT_ACK = 6  # header {"version"}: that snapshot is applied
     RELEASE = 7  # the outputs a RESULT of call id sent by handle are no longer read
+    PONG = 8  # the answer to a PING
     # core -> frontend
     SNAPSHOT = 20  # header: snapshot.Snapshot document
     RESULT = 21  # an InferResponse (large outputs by their worker region's handle: RELEASE them)
     STREAM_ITEM = 22  # header {"final", "error"?: [code, message], "response"?: response header}
     CONTROL_RESULT = 23  # header {"value"}
     ERROR = 24  # header {"code", "message"}
+    PING = 25  # liveness (watchdog.py): answered by PONG
 
 
 class Op(enum.IntEnum):

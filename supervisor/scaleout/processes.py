@@ -4,8 +4,9 @@
 bound, never listening SO_REUSEPORT socket each: port 0 becomes one free port all frontends share, and a
 port in use is an error at start), and starts the children. A child that exits while the server runs is
 started again after a capped exponential backoff (its clients saw their connections close: errors, not
-hangs; the sibling frontends keep serving). Children die with the supervisor (PR_SET_PDEATHSIG, set by
-the child) and are stopped (SIGTERM, then SIGKILL) by `stop()`.
+hangs; the sibling frontends keep serving); one that stops answering is killed first (watchdog.py).
+Children die with the supervisor (PR_SET_PDEATHSIG, set by the child) and are stopped (SIGTERM, then
+SIGKILL) by `stop()`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 
 from ..config import ServerConfig
 from ..core.dataplane_impl import ServerDataPlane
-from . import core_link
+from . import core_link, watchdog
 from .frontend_main import max_frame
 
 log = logging.getLogger("inferd.scaleout")
@@ -90,6 +91,9 @@ class FrontendProcesses:
         os.chmod(self.link_path, 0o600)
         self.dp.manager.on_change = self.publisher.changed
         self._tasks = [asyncio.ensure_future(self._keep(i)) for i in range(self.count)]
+        beat = cfg.worker  # the workers' heartbeat settings pace the frontends' too
+        self._tasks.append(asyncio.ensure_future(watchdog.watch(
+            self.publisher, beat.heartbeat_interval_s, beat.heartbeat_interval_s * beat.heartbeat_misses)))
         log.info("Started %d frontend processes: HTTP :%d, gRPC :%d", self.count, self.http_port,
                  self.grpc_port)
 

@@ -144,6 +144,9 @@ class RemoteDataPlane(DataPlane):
                 self._settle(c, frames.loads_revived(header).get("value"), None)
         elif kind == Kind.SNAPSHOT:
             self._apply(frames.loads(header))
+        elif kind == Kind.PING:
+            if self.link is not None:
+                self.link.send(Kind.PONG, call, b"")
         else:
             log.error("frontend link: unexpected frame kind %d", kind)
 

@@ -9,6 +9,7 @@ and its clients get errors, not hangs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -361,6 +362,27 @@ def test_killed_frontend_fails_its_clients_and_is_restarted(server, harness):
     with httpclient.InferenceServerClient(server.http_url) as client:
         result = client.infer("add_sub", http_inputs(np.ones(16, np.float32), np.ones(16, np.float32)))
         np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full(16, 2, np.float32))
+
+
+def test_a_stopped_frontend_is_killed_and_restarted(server, harness):
+    conns = one_per_frontend(server, harness)
+    victim, conn = next(iter(conns.items()))
+    os.kill(victim, signal.SIGSTOP)  # hung: alive, but its loop answers nothing
+    try:
+        start = time.monotonic()
+        conn.request("GET", "/v2/health/ready")
+        with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+            conn.getresponse().read()  # the client gets an error once the watchdog kills it (about 5 s)
+        assert time.monotonic() - start < 20.0
+        server.wait_until(lambda: victim not in frontend_pids(server), WAIT_S, "the stopped frontend replaced")
+        wait_frontends_serving(server, harness)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+    for other in conns.values():
+        other.close()
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert client.is_server_ready()
 
 
 def test_default_on_a_small_host_is_one_process(server_factory):
