@@ -92,6 +92,11 @@ class Link(asyncio.Protocol):
         if self._drained is not None and not self._drained.done():
             self._drained.set_result(None)
 
+    @property
+    def blocked(self) -> bool:
+        """The peer is not reading what we write (and with `throttle_reads` we are not reading it either)."""
+        return self._paused_writing
+
     # ---- sending ----
     def send(self, kind: int, call: int, header: bytes, chunks: list[Any] | None = None, size: int = 0) -> bool:
         """Queue one frame; False when the link is closed (the frame is dropped). The frames of one

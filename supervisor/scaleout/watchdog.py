@@ -32,6 +32,9 @@ async def watch(publisher: Publisher, interval: float, deadline: float) -> None:
         late = now - last > 2 * interval + 1.0
         last = now
         for session in list(publisher.sessions):
+            if session.link.blocked:  # not read here meanwhile: its PONGs may be waiting; judged when it drains
+                session.last_seen = now
+                continue
             if not late and now - session.last_seen > deadline and session.regions.pid:
                 log.error("frontend process %d silent for %.1fs: killing it (it is started again)",
                           session.regions.pid, now - session.last_seen)
