@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 
-from .core_link import Publisher
+from .core_link import Publisher, Session
 from .frames import Kind
 
 log = logging.getLogger("inferd.scaleout")
@@ -26,18 +26,27 @@ async def watch(publisher: Publisher, interval: float, deadline: float) -> None:
     deadline = max(MIN_DEADLINE_S, deadline)
     loop = asyncio.get_running_loop()
     last = loop.time()
+    blocked_since: dict[Session, float] = {}
     while True:
         await asyncio.sleep(interval)  # a timer between checks, as the workers' heartbeats
         now = loop.time()
         late = now - last > 2 * interval + 1.0
         last = now
         for session in list(publisher.sessions):
-            if session.link.blocked:  # not read here meanwhile: its PONGs may be waiting; judged when it drains
-                session.last_seen = now
-                continue
-            if not late and now - session.last_seen > deadline and session.regions.pid:
+            # while the core does not read it (its answers pile up unread there) its PONGs may be waiting:
+            # it is judged on reading the core's frames instead, with three times the deadline
+            limit = deadline
+            if session.link.blocked:
+                blocked_since.setdefault(session, now)
+                limit = 3 * deadline
+                silent = now - blocked_since[session]
+            else:
+                blocked_since.pop(session, None)
+                silent = now - session.last_seen
+            if not late and silent > limit and session.regions.pid:
                 log.error("frontend process %d silent for %.1fs: killing it (it is started again)",
-                          session.regions.pid, now - session.last_seen)
+                          session.regions.pid, silent)
+                blocked_since.pop(session, None)
                 try:
                     os.kill(session.regions.pid, signal.SIGKILL)
                 except ProcessLookupError:
