@@ -32,6 +32,8 @@ async def watch(publisher: Publisher, interval: float, deadline: float) -> None:
         now = loop.time()
         late = now - last > 2 * interval + 1.0
         last = now
+        for gone in [s for s in blocked_since if s not in publisher.sessions]:
+            del blocked_since[gone]
         for session in list(publisher.sessions):
             # while the core does not read it (its answers pile up unread there) its PONGs may be waiting:
             # it is judged on reading the core's frames instead, with three times the deadline
