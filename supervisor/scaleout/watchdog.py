@@ -43,7 +43,8 @@ async def watch(publisher: Publisher, interval: float, deadline: float) -> None:
                 limit = 3 * deadline
                 silent = now - blocked_since[session]
             else:
-                blocked_since.pop(session, None)
+                if blocked_since.pop(session, None) is not None:
+                    session.last_seen = now  # read again from now on: judged afresh
                 silent = now - session.last_seen
             if not late and silent > limit and session.regions.pid:
                 log.error("frontend process %d silent for %.1fs: killing it (it is started again)",
