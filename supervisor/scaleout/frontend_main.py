@@ -28,6 +28,7 @@ log = logging.getLogger("inferd.scaleout")
 
 PR_SET_PDEATHSIG = 1
 FIRST_SNAPSHOT_TIMEOUT_S = 60.0
+IDLE_REGION_S = 3600.0
 LINK_SLACK_BYTES = 16 * 1024 * 1024  # a frame may carry a whole request body plus its header
 
 
@@ -51,7 +52,10 @@ async def serve(config: ServerConfig, link_path: str) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     # Ctrl-C reaches the whole process group: the supervisor drains, then stops the frontends itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    pool = ShmPool()  # this process's regions: large inputs go to the workers by handle
+    # this process's regions: large inputs go to the workers by handle. Workers are not told when a frontend
+    # unlinks one (they drop it from their LRU cache in time), and their mapping keeps its pages anyway, so
+    # regions are kept for reuse for an hour rather than unlinked after the core pool's 30 s of idleness
+    pool = ShmPool(idle_s=IDLE_REGION_S)
     dp = RemoteDataPlane(pool)
     servers: list[Any] = []
     try:
