@@ -12,6 +12,7 @@ holds the response (and so the region) until the frontend sends RELEASE for the 
 
 from __future__ import annotations
 
+import base64
 import enum
 import struct
 import time
@@ -64,7 +65,7 @@ class Op(enum.IntEnum):
 
 def _default(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"__bytes__": bytes(value).hex()}
+        return {"__bytes__": base64.b64encode(value).decode("ascii")}
     raise TypeError("not serializable on the frontend link: %s" % type(value).__name__)
 
 
@@ -76,10 +77,10 @@ def dumps(doc: Any) -> bytes:
 
 
 def _revive(value: Any) -> Any:
-    """Bytes sent as {"__bytes__": hex} back to bytes (load parameters "file:..."), recursively."""
+    """Bytes sent as {"__bytes__": base64} back to bytes (load parameters "file:..."), recursively."""
     if isinstance(value, dict):
         if len(value) == 1 and "__bytes__" in value:
-            return bytes.fromhex(value["__bytes__"])
+            return base64.b64decode(value["__bytes__"])
         return {k: _revive(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_revive(v) for v in value]

@@ -43,7 +43,9 @@ def die_with_parent(parent: int) -> None:
 
 
 def max_frame(config: ServerConfig) -> int:
-    return int(config.http_max_input_size) + int(config.grpc_max_message_size or 0) + LINK_SLACK_BYTES
+    """The largest frame either end takes: a load request's files ride base64-encoded (4/3 of the body)."""
+    body = max(int(config.http_max_input_size), int(config.grpc_max_message_size or 0))
+    return 2 * body + LINK_SLACK_BYTES
 
 
 async def serve(config: ServerConfig, link_path: str) -> int:

@@ -216,6 +216,9 @@ class RemoteDataPlane(DataPlane):
     # ---------------------------------------------------------------- calls
     def _send(self, kind: int, call: int, header: bytes, chunks: list[Any] | None = None, size: int = 0) -> None:
         link = self.link
+        if link is not None and len(header) + size > link.max_frame - 64:  # the core would drop the link
+            raise InferdError(ErrorCode.INVALID_ARG, "request too large: %d bytes to pass to the server core "
+                              "(at most %d)" % (len(header) + size, link.max_frame - 64))
         if link is None or not link.send(kind, call, header, chunks, size):
             raise InferdError(ErrorCode.UNAVAILABLE, LINK_LOST)
 

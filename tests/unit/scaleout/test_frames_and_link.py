@@ -111,3 +111,26 @@ def test_the_default_stays_one_process_where_cuda_shared_memory_is_served(tmp_pa
     assert App(cfg)._frontend_count(cuda_shm=False) == 4
     given = replace(cfg, frontend_processes_given=True)  # the flag: CUDA shared memory is then refused
     assert App(given)._frontend_count(cuda_shm=True) == 4
+
+
+def test_bytes_ride_the_link_as_base64():
+    doc = {"op": 4, "args": ["m", {"config": "{}", "file:1/model.py": b"\x00\xffcode"}]}
+    assert frames.loads_revived(frames.dumps(doc)) == doc
+
+
+async def test_a_request_too_large_for_the_link_is_refused_not_sent():
+    from inferd.supervisor.scaleout.remote_dataplane import RemoteDataPlane
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+    _, core = await loop.create_unix_connection(lambda: Link(lambda k, c, h, d: got.append(k), lambda e: None,
+                                                             1 << 20), sock=b)
+    dp = RemoteDataPlane()
+    _, dp.link = await loop.create_unix_connection(lambda: Link(dp._on_frame, dp._on_lost, 4096), sock=a)
+    with pytest.raises(InferdError, match="request too large"):
+        await dp.load_model("m", {"config": "{}", "file:1/model.py": b"x" * 8192})
+    assert not dp._calls and not dp.lost.is_set()
+    dp.link.close()
+    core.close()
+    dp.pool.close()
