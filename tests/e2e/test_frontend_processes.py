@@ -409,3 +409,21 @@ def test_a_port_in_use_stops_the_start(tmp_path, harness):
                               capture_output=True, text=True, timeout=WAIT_S)
     assert proc.returncode != 0
     assert "address already in use" in (proc.stdout + proc.stderr).lower()
+
+
+def test_load_with_file_overrides_through_a_frontend(server, harness):
+    """A load carrying files (bytes on the link) reaches the core whole, and every frontend sees the result."""
+    conns = one_per_frontend(server, harness)
+    code = (harness.EXAMPLE_MODELS / "add_sub" / "1" / "model.py").read_bytes()
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        config = client.get_model_config("add_sub")
+        config["parameters"] = {"marker": {"string_value": "overridden"}}
+        client.load_model("add_sub", config=json.dumps(config), files={"file:1/model.py": code})
+    for conn in conns.values():  # the new config everywhere before the call returned
+        conn.request("GET", "/v2/models/add_sub/config")
+        resp = conn.getresponse()
+        assert json.loads(resp.read())["parameters"]["marker"]["string_value"] == "overridden"
+        status, doc = post(conn, "/v2/models/add_sub/infer", add_sub_body([2.0] * 16, [1.0] * 16))
+        assert status == 200, doc
+        assert doc["outputs"][0]["data"] == [3.0] * 16
+        conn.close()
