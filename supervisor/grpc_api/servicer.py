@@ -219,7 +219,8 @@ class InferenceService:
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
         dp = self.dp
-        for m in await dp.repository_index_async(request.ready) if dp.remote else dp.repository_index(request.ready):
+        models = await dp.repository_index_async(request.ready) if dp.remote else dp.repository_index(request.ready)
+        for m in models:
             resp.models.add(
                 name=str(m.get("name", "")),
                 version=str(m.get("version", "")),
@@ -248,8 +249,9 @@ class InferenceService:
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         resp = pb.SystemSharedMemoryStatusResponse()
         dp = self.dp
-        for r in await dp.shm_status_async("system", request.name) if dp.remote else dp.shm_status("system",
-                                                                                                   request.name):
+        name = request.name
+        regions = await dp.shm_status_async("system", name) if dp.remote else dp.shm_status("system", name)
+        for r in regions:
             resp.regions[r["name"]].CopyFrom(
                 pb.SystemSharedMemoryStatusResponse.RegionStatus(
                     name=r["name"],
@@ -278,8 +280,9 @@ class InferenceService:
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         resp = pb.CudaSharedMemoryStatusResponse()
         dp = self.dp
-        for r in await dp.shm_status_async("cuda", request.name) if dp.remote else dp.shm_status("cuda",
-                                                                                               request.name):
+        name = request.name
+        regions = await dp.shm_status_async("cuda", name) if dp.remote else dp.shm_status("cuda", name)
+        for r in regions:
             resp.regions[r["name"]].CopyFrom(
                 pb.CudaSharedMemoryStatusResponse.RegionStatus(
                     name=r["name"], device_id=int(r.get("device_id", 0)), byte_size=int(r.get("byte_size", 0))

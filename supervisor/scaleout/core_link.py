@@ -223,6 +223,7 @@ class Session:
             return dp.shm_status(*args)
         if op == Op.SHM_REGISTER:
             if args[0] == "cuda":  # a frontend process reads clients' regions itself: host memory only
+                dp.shm_check_allowed()  # disabled client shm answers first, as with one process
                 raise InferdError(ErrorCode.UNSUPPORTED, CUDA_SHM_UNSUPPORTED)
             return dp.shm_register(args[0], args[1], **args[2])
         if op == Op.SHM_UNREGISTER:
