@@ -128,6 +128,8 @@ class App:
                 self.stop_event.set()
             dataplane.started = True
             self._state_changed()
+            if self._frontend_processes is not None:  # "ready" (and READY=1) once the ports answer
+                await self._frontend_processes.serving()
             if ok or not self.config.exit_on_error:
                 log.info("inferd ready")
                 sdnotify.notify(self.config.notify_socket, "READY=1",

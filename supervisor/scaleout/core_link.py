@@ -80,6 +80,7 @@ class Session:
         self.link = Link(self._on_frame, self._on_lost, max_frame, throttle_reads=True)
         self.regions = _Regions()
         self.acked = 0  # the latest snapshot version this frontend applied
+        self.serving = False  # its servers listen (Kind.SERVING)
         self.last_seen = asyncio.get_running_loop().time()  # when a frame last came (watchdog.py)
         self.inflight: dict[int, asyncio.Future[Any]] = {}
         # responses whose large outputs went by their worker region's handle, until the frontend's RELEASE
@@ -106,6 +107,9 @@ class Session:
                 self.publisher.acked()
             elif kind == Kind.PONG:
                 pass  # last_seen is all it is for
+            elif kind == Kind.SERVING:
+                self.serving = True
+                self.publisher.acked()  # wakes serving() too
             elif kind == Kind.HELLO:
                 self.regions.pid = int(frames.loads(header)["pid"])
                 self.publisher.add(self)
@@ -283,6 +287,21 @@ class Publisher:
 
     def acked(self) -> None:
         self._acked.set()
+
+    async def serving(self, count: int, timeout: float) -> bool:
+        """Whether `count` frontends listen within `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while sum(s.serving for s in self.sessions) < count:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._acked.clear()
+            try:
+                await asyncio.wait_for(self._acked.wait(), left)
+            except asyncio.TimeoutError:
+                continue
+        return True
 
     async def sync(self) -> None:
         """Push what changed now, and return once every frontend has applied it (or SYNC_TIMEOUT_S passed)."""

@@ -39,6 +39,7 @@ class Kind(enum.IntEnum):
     SNAPSHOT_ACK = 6  # header {"version"}: that snapshot is applied
     RELEASE = 7  # the outputs a RESULT of call id sent by handle are no longer read
     PONG = 8  # the answer to a PING
+    SERVING = 9  # the frontend's HTTP and gRPC servers listen
     # core -> frontend
     SNAPSHOT = 20  # header: snapshot.Snapshot document
     RESULT = 21  # an InferResponse (large outputs by their worker region's handle: RELEASE them)

@@ -22,6 +22,7 @@ from typing import Any
 from .. import logs
 from ..config import ServerConfig, parse_args
 from ..memory.shm_pool import ShmPool
+from .frames import Kind
 from .remote_dataplane import RemoteDataPlane
 
 log = logging.getLogger("inferd.scaleout")
@@ -71,6 +72,8 @@ async def serve(config: ServerConfig, link_path: str) -> int:
             from ..grpc_api import frontend as grpc_frontend
 
             servers.append(await grpc_frontend.start(dp, config))
+        assert dp.link is not None
+        dp.link.send(Kind.SERVING, 0, b"")
         lost = asyncio.ensure_future(dp.lost.wait())
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait({lost, stopped}, return_when=asyncio.FIRST_COMPLETED)

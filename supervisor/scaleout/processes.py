@@ -26,7 +26,8 @@ log = logging.getLogger("inferd.scaleout")
 
 RESTART_BASE_S = 0.2
 RESTART_CAP_S = 5.0
-HEALTHY_AFTER_S = 10.0  # a child that ran this long restarts without backoff
+HEALTHY_AFTER_S = 10.0
+SERVING_TIMEOUT_S = 60.0  # a child that ran this long restarts without backoff
 
 
 def _reserve(what: str, address: str, port: int, shared: bool) -> socket.socket:
@@ -126,6 +127,11 @@ class FrontendProcesses:
                 delay = RESTART_BASE_S
             await asyncio.sleep(delay)  # backoff between restarts (a timer, not a poll)
             delay = min(RESTART_CAP_S, delay * 2)
+
+    async def serving(self) -> None:
+        """Return once every frontend process listens (or log after SERVING_TIMEOUT_S and go on)."""
+        if not await self.publisher.serving(self.count, SERVING_TIMEOUT_S):
+            log.warning("not all %d frontend processes listen after %.0fs", self.count, SERVING_TIMEOUT_S)
 
     def changed(self) -> None:
         self.publisher.changed()

@@ -130,6 +130,10 @@ def http_inputs(a: np.ndarray, b: np.ndarray, module: Any = httpclient) -> list[
 
 def test_two_processes_serve_infer_over_http_and_grpc(server, harness):
     wait_frontends_serving(server, harness)
+    log = server.log()  # ready (and systemd's READY=1) only once both frontends listen
+    ready = log.index("inferd ready")
+    assert log.count("Started HTTPService") == 2 and log.count("Started GRPCInferenceService") == 2, log
+    assert max(log.rindex("Started HTTPService"), log.rindex("Started GRPCInferenceService")) < ready
     a = np.arange(16, dtype=np.float32)
     b = np.ones(16, dtype=np.float32)
     for _ in range(6):  # new clients: new connections, spread by the kernel
