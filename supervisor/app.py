@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +68,7 @@ class App:
         self.stop_event: asyncio.Event | None = None
         self.exit_code = 0
         self._servers: list[Any] = []
+        self._frontend_processes: Any = None  # scaleout.processes.FrontendProcesses with --frontend-processes > 1
 
     async def run(self) -> int:
         self.stop_event = asyncio.Event()
@@ -78,6 +80,8 @@ class App:
             self.config.cuda_visible_devices, self.config.cuda_device_order)
         gpu_metrics = self._gpu_metrics(discovery)
         runtime = await Runtime.start(self.config)
+        frontends = self._frontend_count(self.config.allow_client_shm and bool(discovery.cuda_ids)
+                                         and runtime.client_shm.cuda_available)
         if self.config.host_fd >= 0:  # models hosted by the Python API's process: its exit stops the server
             from .instances.external import HostLink
 
@@ -104,8 +108,9 @@ class App:
             response_cache=response_cache,
             busy_poll=busy_poll,
             # the cuda_shared_memory extension: client shm allowed, a GPU discovered, a CUDA binding installed
+            # (not with frontend processes: they read clients' regions themselves, host memory only)
             cuda_shared_memory_supported=(self.config.allow_client_shm and bool(discovery.cuda_ids)
-                                          and runtime.client_shm.cuda_available),
+                                          and runtime.client_shm.cuda_available and frontends == 1),
             log_settings={"log_file": self.config.log_file, "log_info": self.config.log_info,
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
@@ -114,7 +119,7 @@ class App:
         BlsService(dataplane, runtime.channel, runtime.pool)  # Python models calling models
         poller: RepositoryPoller | None = None
         try:
-            await self._start_frontends(dataplane)
+            await self._start_frontends(dataplane, frontends)
             seen = await self._poll_snapshot(manager) if self.config.model_control_mode == "poll" else {}
             ok = await self._initial_load(manager)
             if not ok and self.config.exit_on_error:
@@ -122,6 +127,9 @@ class App:
                 self.exit_code = 1
                 self.stop_event.set()
             dataplane.started = True
+            self._state_changed()
+            if self._frontend_processes is not None:  # "ready" (and READY=1) once the ports answer
+                await self._frontend_processes.serving()
             if ok or not self.config.exit_on_error:
                 log.info("inferd ready")
                 sdnotify.notify(self.config.notify_socket, "READY=1",
@@ -138,6 +146,7 @@ class App:
             log.info("shutting down: draining in-flight requests (up to %.0fs)", self.config.exit_timeout_secs)
             sdnotify.notify(self.config.notify_socket, "STOPPING=1", "STATUS=draining in-flight requests")
             dataplane.draining = True
+            self._state_changed()
             await manager.shutdown(self.config.exit_timeout_secs)
         finally:
             if poller is not None:
@@ -215,16 +224,43 @@ class App:
         results = await asyncio.gather(*(load(n) for n in names))
         return listed and all(results)
 
-    async def _start_frontends(self, dataplane: ServerDataPlane) -> None:
+    def _state_changed(self) -> None:
+        """Readiness changed: frontend processes are told (one process reads the data plane directly)."""
+        if self._frontend_processes is not None:
+            self._frontend_processes.changed()
+
+    def _frontend_count(self, cuda_shm: bool) -> int:
+        """--frontend-processes, or its default; the default is 1 where the cuda_shared_memory extension
+        works, which frontend processes cannot serve (they read clients' regions themselves)."""
         cfg = self.config
-        if cfg.allow_http:
-            from .http_api import frontend as http_frontend
+        if cfg.frontend_processes > 1 and cuda_shm and not cfg.frontend_processes_given:
+            log.info("serving HTTP and gRPC in this process (the default on %d CPUs would be %d frontend processes): "
+                     "CUDA shared memory needs it; --frontend-processes N sets N", len(os.sched_getaffinity(0)),
+                     cfg.frontend_processes)
+            return 1
+        if cfg.frontend_processes > 1 and cuda_shm:
+            log.warning("--frontend-processes %d: CUDA shared memory is not served (frontend processes read "
+                        "clients' host regions only)", cfg.frontend_processes)
+        return cfg.frontend_processes
 
-            self._servers.append(await http_frontend.start(dataplane, cfg))
-        if cfg.allow_grpc:
-            from .grpc_api import frontend as grpc_frontend
+    async def _start_frontends(self, dataplane: ServerDataPlane, frontends: int) -> None:
+        cfg = self.config
+        if frontends > 1 and (cfg.allow_http or cfg.allow_grpc):
+            # HTTP and gRPC in N processes of their own (scaleout/); the metrics port stays here
+            from .scaleout.processes import FrontendProcesses
 
-            self._servers.append(await grpc_frontend.start(dataplane, cfg))
+            self._frontend_processes = FrontendProcesses(cfg, dataplane, frontends)
+            await self._frontend_processes.start()
+            self._servers.append(self._frontend_processes)
+        else:
+            if cfg.allow_http:
+                from .http_api import frontend as http_frontend
+
+                self._servers.append(await http_frontend.start(dataplane, cfg))
+            if cfg.allow_grpc:
+                from .grpc_api import frontend as grpc_frontend
+
+                self._servers.append(await grpc_frontend.start(dataplane, cfg))
         if cfg.allow_metrics:
             from .http_api import frontend as http_frontend
 

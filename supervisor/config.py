@@ -111,6 +111,10 @@ class ServerConfig:
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
     busy_poll_us: int = 0  # after a request, the event loop polls instead of sleeping this long (0: off)
+    # processes serving HTTP and gRPC (scaleout/); 1: the supervisor itself, as always. Default from the CPUs
+    frontend_processes: int = 1
+    frontend_processes_given: bool = False  # by the flag; else the default, which CUDA shared memory makes 1 (app.py)
+    argv: tuple[str, ...] = ()  # the command line this config was parsed from (frontend processes parse it too)
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
     # cloud repositories (s3://, gs://, as://): their credentials (None when no repository is a URL),

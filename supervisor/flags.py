@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -22,6 +23,18 @@ from .tracing import options as trace_options
 from .tracing.options import TraceOptions
 
 MAX_BUSY_POLL_US = 1_000_000
+MAX_FRONTEND_PROCESSES = 64
+
+
+def default_frontend_processes(cpus: int) -> int:
+    """--frontend-processes when not given. Below 8 CPUs: 1, the supervisor serves HTTP and gRPC itself (a
+    frontend process then only adds a hop: the workers and the core's loop need the few CPUs there are).
+    From 8: CPUs/4, at most 8. A saturated frontend process keeps about one CPU busy, the core's loop
+    (schedulers, the link to every frontend) one more, and the rest is left to the model workers; beyond
+    8 frontends the core's single loop, which still handles every request, is the limit, not parsing."""
+    if cpus < 8:
+        return 1
+    return max(1, min(8, cpus // 4))
 
 
 def _bool(text: str) -> bool:
@@ -136,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-poll-us", type=int, default=0,
                    help="after each request the event loop polls instead of sleeping for this many µs, while "
                         "a CPU is free (0: off; set above the models' execute time; costs CPU under load)")
+    p.add_argument("--frontend-processes", type=int, default=None,
+                   help="processes that accept HTTP and gRPC (SO_REUSEPORT) and hand requests to the supervisor "
+                        "(default: 1 below 8 CPUs, else CPUs/4 up to 8; 1: the supervisor serves them itself)")
     p.add_argument("--env-cache-dir", default="",
                    help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
     p.add_argument("--env-cache-max-gb", type=float, default=20.0,
@@ -262,6 +278,8 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         errors.append("--http-max-connections must not be negative (0: no limit)")
     if args.http_max_pipelined_requests < 1:
         errors.append("--http-max-pipelined-requests must be at least 1")
+    if args.frontend_processes is not None and not 1 <= args.frontend_processes <= MAX_FRONTEND_PROCESSES:
+        errors.append(f"--frontend-processes must be between 1 and {MAX_FRONTEND_PROCESSES}")
     if not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     return errors
@@ -385,6 +403,10 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         host_fd=args.host_fd,
         max_queue_size=args.max_queue_size,
         busy_poll_us=args.busy_poll_us,
+        frontend_processes=(args.frontend_processes if args.frontend_processes is not None
+                            else default_frontend_processes(len(os.sched_getaffinity(0)))),
+        frontend_processes_given=args.frontend_processes is not None,
+        argv=tuple(sys.argv[1:] if argv is None else argv),
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
         env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),

@@ -8,6 +8,7 @@ models are ready, and stop it on teardown (SIGTERM, 10 s, then SIGKILL).
 Environment knobs:
 - INFERD_E2E_TARGET=triton runs the same tests against the real Triton (tools/triton_reference.sh);
   tests marked `inferd_only` are skipped there. Default: inferd.
+- INFERD_E2E_FRONTEND_PROCESSES=N runs every inferd server with `--frontend-processes N` (scaleout/).
 - INFERD_E2E_SKIP_MISSING=1 skips (instead of failing) server tests when the `inferd` console
   script is not installed.
 """
@@ -42,6 +43,7 @@ EXAMPLE_MODELS = REPO_ROOT / "examples"
 INFERD_BIN = Path(sys.executable).parent / "inferd"
 TRITON_SCRIPT = Path(os.environ.get("INFERD_TRITON_SCRIPT", "/work/shared/tools/triton_reference.sh"))
 TARGET = os.environ.get("INFERD_E2E_TARGET", "inferd").strip().lower()
+FRONTEND_PROCESSES = os.environ.get("INFERD_E2E_FRONTEND_PROCESSES", "").strip()
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "inferd_"
 
@@ -478,7 +480,9 @@ def _server_argv(repo: Path, ports: list[int], control_mode: str, load_models: l
         common += ["--load-model", name]
     if target_is_triton():
         return ["bash", str(TRITON_SCRIPT), "run", *common, "--allow-gpu-metrics", "false", *extra_args]
-    return [str(INFERD_BIN), *common, *TEST_PROFILE_ARGS, *inferd_args, *extra_args]
+    # INFERD_E2E_FRONTEND_PROCESSES=N runs every server with N frontend processes (a test's own flag wins)
+    scaleout = ["--frontend-processes", FRONTEND_PROCESSES] if FRONTEND_PROCESSES else []
+    return [str(INFERD_BIN), *common, *TEST_PROFILE_ARGS, *scaleout, *inferd_args, *extra_args]
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

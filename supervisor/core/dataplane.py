@@ -19,6 +19,11 @@ from ..inference.types import InferRequest, InferResponse
 
 
 class DataPlane(abc.ABC):
+    # True for a frontend process's data plane (scaleout.RemoteDataPlane), whose statistics, status, index,
+    # settings and shm registry live in the core: the frontends then await the `*_async` forms (end of
+    # this class) instead of calling the synchronous ones. False here: nothing changes for one process.
+    remote: bool = False
+
     # ---- health and metadata ----
     @abc.abstractmethod
     def live(self) -> bool: ...
@@ -139,3 +144,28 @@ class DataPlane(abc.ABC):
     @abc.abstractmethod
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         """Write an output into a registered region (outputs with shared_memory_region)."""
+
+    # ---- the queries and settings above, awaitable (called by the frontends where `remote` is True) ----
+    async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
+        return self.model_statistics(name, version)
+
+    async def status_async(self, name: str = "") -> dict[str, Any]:
+        return self.status(name)
+
+    async def repository_index_async(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        return self.repository_index(ready_only)
+
+    async def log_settings_async(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.log_settings(update)
+
+    async def trace_settings_async(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.trace_settings(model, update)
+
+    async def shm_status_async(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        return self.shm_status(kind, name)
+
+    async def shm_register_async(self, kind: str, name: str, **fields: Any) -> None:
+        self.shm_register(kind, name, **fields)
+
+    async def shm_unregister_async(self, kind: str, name: str = "") -> None:
+        self.shm_unregister(kind, name)

@@ -80,7 +80,7 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         # name -> the version a request without a version resolves to, only while it is ready; forgotten on
         # every change the registry reports (instance state, load, unload)
         self._ready: dict[str, ModelVersion] = {}
-        manager.on_change = self._ready.clear
+        manager.watch(self._ready.clear)
         manager.steps = self
 
     # ---- resolution ----

@@ -113,15 +113,20 @@ class ModelManager:
         self.response_cache = response_cache  # the server has a response cache (--cache-config)
         self.stats_registry = stats_registry
         self.entries: dict[str, ModelEntry] = {}
-        # set by the data plane, which resolves and routes every request (core/dataplane_impl.py): told of
-        # every change, and where an ensemble's steps are sent
-        self.on_change: Callable[[], None] = _nothing
+        # the data plane, which resolves and routes every request (core/dataplane_impl.py), and the frontend
+        # processes' publisher (scaleout/) watch every change; the data plane says where ensemble steps go
+        self._watchers: list[Callable[[], None]] = []
         self.steps: StepRouter | None = None
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call `callback` on every change, in the order watchers were added."""
+        self._watchers.append(callback)
 
     def changed(self, *_: Any) -> None:
         """The version set or a readiness changed (an instance's state, a load, an unload): the data plane
-        forgets the versions it resolved."""
-        self.on_change()
+        forgets the versions it resolved, the frontend processes get the new state."""
+        for callback in self._watchers:
+            callback()
 
     # ---- queries ----
     def entry(self, name: str) -> ModelEntry:
@@ -377,10 +382,6 @@ class ModelManager:
         mv.state = UNAVAILABLE
         mv.reason = "unloaded"
         self.changed()
-
-
-def _nothing() -> None:
-    pass
 
 
 def _row(name: str, version: str, state: str, reason: str) -> dict[str, Any]:

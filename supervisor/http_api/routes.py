@@ -66,6 +66,14 @@ def _json(obj: Any) -> Response:
     return Response(200, orjson.dumps(obj))
 
 
+async def _json_later(pending: Awaitable[Any]) -> Response:
+    """The JSON answer of a query the data plane answers later (one in a frontend process: DataPlane.remote)."""
+    try:
+        return _json(await pending)
+    except Exception as exc:
+        return errors.from_exception(exc)
+
+
 class Router:
     def __init__(self, dataplane: DataPlane, *, max_input_size: int = 64 * 1024 * 1024,
                  limits: Limits | None = None,
@@ -230,7 +238,9 @@ class Router:
     def _model_config(self, req: Request, model: str, version: str) -> Response:
         return _json(self.dp.model_config(model, version))
 
-    def _stats(self, req: Request, model: str, version: str) -> Response:
+    def _stats(self, req: Request, model: str, version: str) -> HandlerResult:
+        if self.dp.remote:
+            return _json_later(self.dp.model_statistics_async(model, version))
         return _json(self.dp.model_statistics(model, version))
 
     # ------------------------------------------------------------ inference
@@ -303,11 +313,13 @@ class Router:
         res.headers = dict(res.headers or {}, **{"Content-Encoding": encoding})
 
     # ------------------------------------------------------------ repository
-    def _repo_index(self, req: Request) -> Response:
+    def _repo_index(self, req: Request) -> HandlerResult:
         doc = self._body_object(req)
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("'ready' must be a boolean")
+        if self.dp.remote:
+            return _json_later(self.dp.repository_index_async(ready))
         return _json(self.dp.repository_index(ready))
 
     def _repo_named(self, req: Request) -> Response:
@@ -349,14 +361,18 @@ class Router:
         return _EMPTY_OK
 
     # ------------------------------------------------------------ shared memory
-    def _shm_status(self, req: Request, kind: str, region: str) -> Response:
+    def _shm_status(self, req: Request, kind: str, region: str) -> HandlerResult:
+        if self.dp.remote:
+            return _json_later(self.dp.shm_status_async(kind, region))
         return _json(self.dp.shm_status(kind, region))
 
-    def _shm_unregister(self, req: Request, kind: str, region: str) -> Response:
+    def _shm_unregister(self, req: Request, kind: str, region: str) -> HandlerResult:
+        if self.dp.remote:
+            return self._control(self.dp.shm_unregister_async(kind, region))
         self.dp.shm_unregister(kind, region)
         return _EMPTY_OK
 
-    def _shm_register(self, req: Request, kind: str, region: str) -> Response:
+    def _shm_register(self, req: Request, kind: str, region: str) -> HandlerResult:
         self.dp.shm_check_allowed()  # Triton's order: the disabled answer before the body is looked at
         if not region:
             raise invalid_arg("'region name' is necessary to register %s shared memory region" % kind)
@@ -372,11 +388,17 @@ class Router:
                 raise invalid_arg("'key' must be a non-empty string")
             if type(offset) is not int or offset < 0:
                 raise invalid_arg("'offset' must be a non-negative integer")
+            if self.dp.remote:
+                return self._control(self.dp.shm_register_async(kind, region, key=key, offset=offset,
+                                                                byte_size=size))
             self.dp.shm_register(kind, region, key=key, offset=offset, byte_size=size)
         else:
             device = doc.get("device_id", 0)
             if type(device) is not int or device < 0:
                 raise invalid_arg("'device_id' must be a non-negative integer")
+            if self.dp.remote:
+                return self._control(self.dp.shm_register_async(kind, region, raw_handle=raw, device_id=device,
+                                                                byte_size=size))
             self.dp.shm_register(kind, region, raw_handle=raw, device_id=device, byte_size=size)
         return _EMPTY_OK
 
@@ -397,15 +419,21 @@ class Router:
             raise invalid_arg("'raw_handle' must be a valid base64 encoded cudaIpcMemHandle_t")
         return raw
 
-    def _inferd_status(self, req: Request, model: str) -> Response:
+    def _inferd_status(self, req: Request, model: str) -> HandlerResult:
+        if self.dp.remote:
+            return _json_later(self.dp.status_async(model))
         return _json(self.dp.status(model))
 
     # ------------------------------------------------------------ settings
-    def _trace(self, req: Request, model: str) -> Response:
+    def _trace(self, req: Request, model: str) -> HandlerResult:
         update = self._body_object(req) if req.method == "POST" else None
+        if self.dp.remote:
+            return _json_later(self.dp.trace_settings_async(model, update))
         return _json(self.dp.trace_settings(model, update))
 
-    def _logging(self, req: Request) -> Response:
+    def _logging(self, req: Request) -> HandlerResult:
         update = self._body_object(req) if req.method == "POST" else None
+        if self.dp.remote:
+            return _json_later(self.dp.log_settings_async(update))
         return _json(self.dp.log_settings(update))
 

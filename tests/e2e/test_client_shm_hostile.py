@@ -13,6 +13,7 @@ import time
 import uuid
 
 import numpy as np
+import psutil
 import pytest
 
 pytestmark = pytest.mark.inferd_only
@@ -181,8 +182,11 @@ def test_server_objects_cannot_be_registered(server, client):
     inp.set_data_from_numpy(data)
     client.infer(MODEL, [inp])
     regions = _server_regions(server)
-    assert any(r.startswith(f"inferd_{server.pid}_") for r in regions), regions
-    assert any(not r.startswith(f"inferd_{server.pid}_") for r in regions), regions
+    # the pool region is the supervisor's, or a frontend process's with --frontend-processes N > 1
+    pools = {server.pid} | {p.pid for p in psutil.Process(server.pid).children()
+                            if "scaleout.frontend_main" in " ".join(p.cmdline())}
+    assert any(int(r.split("_")[1]) in pools for r in regions), regions
+    assert any(int(r.split("_")[1]) not in pools for r in regions), regions
     alias = f"alias_{uuid.uuid4().hex[:8]}"
     try:
         for region, pid in regions.items():

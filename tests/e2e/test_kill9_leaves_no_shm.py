@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import psutil
 import pytest
 
 pytestmark = pytest.mark.inferd_only
@@ -39,9 +40,15 @@ def test_kill_9_of_the_supervisor_leaves_no_shared_memory(server_factory, harnes
     finally:
         client.close()
     held = mapped(server.pid)
-    assert any(n.startswith(f"inferd_{server.pid}_") for n in held), held  # its pool region
-    assert any(not n.startswith(f"inferd_{server.pid}_") for n in held), held  # a worker's output region
+    # the pool region: the supervisor's, or with --frontend-processes N > 1 a frontend process's (mapped here)
+    frontends = {p.pid for p in psutil.Process(server.pid).children()
+                 if "scaleout.frontend_main" in " ".join(p.cmdline())}
+    pools = {server.pid} | frontends
+    pids |= frontends
+    assert any(int(n.split("_")[1]) in pools for n in held), held  # its pool region
+    assert any(int(n.split("_")[1]) not in pools for n in held), held  # a worker's output region
     assert named(pids) == [], "regions are unlinked at creation"
     server.kill()
-    harness.wait_for(lambda: not any(harness.pid_alive(p) for p in workers), 10.0, "workers to exit")
+    harness.wait_for(lambda: not any(harness.pid_alive(p) for p in workers | frontends), 10.0,
+                     "workers and frontend processes to exit")
     assert named(pids) == []

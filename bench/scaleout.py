@@ -1,0 +1,203 @@
+"""Frontend processes (issue 26): throughput against --frontend-processes N, beside Triton 2.51.
+
+    .venv/bin/python bench/scaleout.py                          # N = 1, 2 and Triton; 3 rounds of 10 s
+    .venv/bin/python bench/scaleout.py --frontends 1,2,4 --servers inferd -d 5 --rounds 1
+
+Scenarios (closed loop, concurrency --conc, default 64): add_sub over HTTP (wrk, JSON body) and gRPC
+(h2load, pre-serialized request; replies checked by bytes as bench/run.py does), and a model whose
+execute() costs a fixed 5 ms whatever the batch (bench/models/fixed_cost with `dynamic_batching { }`,
+max_batch_size 32) over HTTP. Every server runs at once on its own ports; each round measures every
+scenario on every server back to back (A B C A B C), so other load on the host falls on all alike.
+Server CPU per request is split into the supervisor's main process ("core"; for Triton, all of
+tritonserver), the frontend processes, and the rest (the model workers; Triton's Python stubs). The
+core's µs per request bound what one core can carry whatever N: 1e6 / core µs requests per second.
+
+Prints a table (medians over rounds, per-round values in brackets) and writes
+bench/results/scaleout-<date>-<commit>.json. Not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as rb  # noqa: E402  (bench/run.py: servers, wrk, h2load, the gRPC request tool)
+
+BATCHED = "fixed_cost_batched"
+MODELS = ("add_sub", "identity_4mib", BATCHED)
+SCENARIOS = [("http_add_sub", "http", "add_sub"), ("grpc_add_sub", "grpc", "add_sub"),
+             ("http_fixed_5ms_batched", "http", BATCHED)]
+
+
+def prepare_repo(repo: Path) -> None:
+    rb.prepare_repo(repo)  # add_sub, identity_4mib, trivial
+    src = rb.BENCH / "models" / "fixed_cost"
+    shutil.copytree(src, repo / BATCHED, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (src / "config.pbtxt").read_text().replace('name: "fixed_cost"', f'name: "{BATCHED}"')
+    (repo / BATCHED / "config.pbtxt").write_text(text + "dynamic_batching { }\n")
+
+
+class Server(rb.Server):
+    """bench/run.py's server, as inferd with N frontend processes ("inferd-N<n>") or Triton."""
+
+    def command(self, repo: Path) -> tuple[list[str], dict, Path] | str:
+        h, g, m = (str(p) for p in self.ports)
+        loads = [a for name in MODELS for a in ("--load-model", name)]
+        if self.name.startswith("inferd-N"):
+            n = self.name[len("inferd-N"):]
+            return ([str(rb.INFERD), "--model-repository", str(repo), "--model-control-mode", "explicit", *loads,
+                     "--http-port", h, "--grpc-port", g, "--metrics-port", m, "--frontend-processes", n], {}, rb.ROOT)
+        if self.name == "triton":
+            if not rb.TRITON_SH.exists() or not (rb.TRITON_DIR / "venv" / "bin" / "python").exists():
+                return "Triton reference not set up (triton_reference.sh setup)"
+            return ([str(rb.TRITON_SH), "run", "--model-repository", str(repo), "--model-control-mode=explicit",
+                     *[f"--load-model={name}" for name in MODELS], f"--http-port={h}", f"--grpc-port={g}",
+                     f"--metrics-port={m}", "--log-verbose=0"], {}, self.workdir)
+        return f"unknown server {self.name}"
+
+    def cpu_split(self) -> dict[str, float]:
+        """user+sys CPU seconds of the main process ("core"), the frontend processes and the rest (workers)."""
+        main = self.ps()
+        t = main.cpu_times()
+        out = {"core": t.user + t.system, "frontends": 0.0, "workers": 0.0}
+        for c in main.children(recursive=True):
+            try:
+                ct = c.cpu_times()
+                kind = "frontends" if "scaleout.frontend_main" in " ".join(c.cmdline()) else "workers"
+                out[kind] += ct.user + ct.system
+            except rb.psutil.Error:
+                pass
+        return out
+
+
+def http_bodies(work: Path) -> dict[str, Path]:
+    add_sub = work / "add_sub.json"
+    add_sub.write_text(json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [16], "data": list(range(16))},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [16], "data": [1] * 16}]}, separators=(",", ":")))
+    batched = work / "fixed_cost.json"
+    batched.write_text(json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}, separators=(",", ":")))
+    return {"add_sub": add_sub, BATCHED: batched}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frontends", default="1,2", help="values of --frontend-processes to run (comma list)")
+    ap.add_argument("--servers", default="inferd,triton", help="inferd and/or triton")
+    ap.add_argument("--conc", type=int, default=64)
+    ap.add_argument("-d", "--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--port-base", type=int, default=19710)
+    ap.add_argument("--no-record", action="store_true", help="do not write bench/results/*.json")
+    args = ap.parse_args()
+
+    names = []
+    wanted = args.servers.split(",")
+    if "inferd" in wanted:
+        names += [f"inferd-N{int(n)}" for n in args.frontends.split(",")]
+    if "triton" in wanted:
+        names.append("triton")
+    stamp = datetime.now(timezone.utc)
+    work = rb.BENCH / "out" / ("scaleout-" + stamp.strftime("%Y%m%d-%H%M%S"))
+    work.mkdir(parents=True, exist_ok=True)
+    repo = work / "repo"
+    prepare_repo(repo)
+    built = subprocess.run([str(rb.VENV_PY), str(rb.BENCH / "grpc_tool.py"), "build", "--out-dir", str(work / "req")],
+                           capture_output=True, text=True)
+    if built.returncode != 0:
+        print(built.stderr, file=sys.stderr)
+        return 1
+    grpc_bodies = json.loads(built.stdout)
+    bodies = http_bodies(work)
+    servers = [Server(n, (args.port_base + 10 * i, args.port_base + 10 * i + 1, args.port_base + 10 * i + 2), work)
+               for i, n in enumerate(names)]
+    res: dict = {"date": stamp.strftime("%Y-%m-%d %H:%M UTC"), "commit": rb.git_commit(), "machine": rb.machine(),
+                 "cpus_available": len(os.sched_getaffinity(0)), "command": " ".join(sys.argv),
+                 "conc": args.conc, "duration_s": args.duration, "rounds": args.rounds, "points": [], "skipped": {}}
+    try:
+        for s in servers:
+            print(f"== starting {s.name} on {s.ports}", flush=True)
+            s.start(repo, 180)
+            if s.skipped:
+                print(f"   skipped: {s.skipped}", flush=True)
+                res["skipped"][s.name] = s.skipped
+                continue
+            san = subprocess.run([str(rb.VENV_PY), str(rb.BENCH / "grpc_tool.py"), "sanity", "--url", s.grpc_url,
+                                  "--out-dir", str(work / "req")], capture_output=True, text=True, timeout=300)
+            s.info["grpc_sanity"] = json.loads(san.stdout) if san.returncode == 0 else {"error": san.stderr[-500:]}
+        live = [s for s in servers if not s.skipped]
+        for rnd in range(1, args.rounds + 1):
+            for name, proto, model in SCENARIOS:
+                order = live[rnd % len(live):] + live[:rnd % len(live)] if live else []
+                for s in order:
+                    cpu0: dict[str, float] | None = None
+                    if proto == "http":
+                        url = f"{s.base}/v2/models/{model}/infer"
+                        if args.warmup > 0:
+                            rb.run_wrk(url, args.conc, args.warmup, bodies[model], None)
+                        cpu0 = s.cpu_split()
+                        r = rb.run_wrk(url, args.conc, args.duration, bodies[model], None)
+                    else:
+                        san = s.info.get("grpc_sanity", {}).get(model, {})
+                        if not san.get("ok"):
+                            r = {"error": f"gRPC sanity failed: {s.info.get('grpc_sanity')}"}
+                        else:
+                            path, size = Path(grpc_bodies[model]["path"]), san["response_framed_bytes"]
+                            if args.warmup > 0:
+                                rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.warmup, 0, path, size, work)
+                            cpu0 = s.cpu_split()
+                            r = rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.duration, 0, path, size, work)
+                    cpu1 = s.cpu_split()
+                    point = {"round": rnd, "scenario": name, "server": s.name, **r}
+                    if "error" not in r and r.get("requests") and cpu0 is not None:
+                        split = {k: 1e6 * (cpu1[k] - cpu0[k]) / r["requests"] for k in cpu1}
+                        point["server_cpu_ms"] = sum(split.values()) / 1e3
+                        point["cpu_us_per_request"] = {k: round(v, 1) for k, v in split.items()}
+                    res["points"].append(point)
+                    show = (f"{r['infer_per_s']:.0f}/s p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} ms"
+                            if "error" not in r else r["error"])
+                    if "server_cpu_ms" in point:
+                        split = point["cpu_us_per_request"]
+                        show += (f" cpu µs/req: core {split['core']:.0f} frontends {split['frontends']:.0f}"
+                                 f" workers {split['workers']:.0f}")
+                    print(f"[r{rnd}] {name:24s} {s.name:10s} {show}"
+                          f"{'  INVALID: ' + r['invalid'] if 'invalid' in r else ''}", flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+    print()
+    print("| scenario (c=%d) | " % args.conc + " | ".join(s.name for s in servers) + " |")
+    print("|---" * (len(servers) + 1) + "|")
+    summary: dict = {}
+    for name, _, _ in SCENARIOS:
+        cells = []
+        for s in servers:
+            vals = [p["infer_per_s"] for p in res["points"]
+                    if p["scenario"] == name and p["server"] == s.name and "error" not in p and "invalid" not in p]
+            if not vals:
+                cells.append("—")
+                continue
+            med = statistics.median(vals)
+            summary.setdefault(name, {})[s.name] = {"median_infer_per_s": med, "rounds": vals}
+            cells.append(f"{med:.0f}/s [{', '.join(f'{v:.0f}' for v in vals)}]")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    res["summary"] = summary
+    if not args.no_record:
+        out = rb.BENCH / "results" / f"scaleout-{stamp.strftime('%Y%m%d-%H%M')}-{res['commit']}.json"
+        out.write_text(json.dumps(res, indent=1))
+        print(f"\nrecorded {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
