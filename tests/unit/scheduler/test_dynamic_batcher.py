@@ -239,3 +239,28 @@ async def test_no_ready_instance_fails_queued_requests():
     ex.ready = True
     ex.release()
     await batcher.close()
+
+
+class MixedAnswers(HeldExecutor):
+    """Answers request "bad" with an error, every other one with a response."""
+
+    async def execute(self, requests: list[InferRequest]) -> Any:
+        result = await super().execute(requests)
+        result.responses = [InferdError(ErrorCode.INTERNAL, "model failed") if r.id == "bad" else resp
+                            for r, resp in zip(requests, result.responses)]
+        return result
+
+
+async def test_a_batch_with_an_error_and_a_cancelled_request_counts_each_and_answers_the_rest():
+    ex = MixedAnswers("a")
+    batcher, stats = make([ex])
+    ok, gone, bad = (batcher.submit(request(rid)) for rid in ("ok", "gone", "bad"))
+    await until(lambda: ex.batches, "the batch")
+    gone.cancel()  # while it runs: its answer is dropped, its batch item still ran
+    ex.release()
+    assert (await asyncio.wait_for(ok, WAIT_S)).id == "ok"
+    with pytest.raises(InferdError, match="model failed"):
+        await asyncio.wait_for(bad, WAIT_S)
+    assert gone.cancelled() and ex.cancelled == ["gone"]
+    assert stats.executions == [2] and stats.successes == 1 and stats.failures == ["CANCELED", "BACKEND"]
+    await until(lambda: batcher.running == 0, "the batch to finish")
