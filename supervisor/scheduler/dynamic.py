@@ -196,12 +196,25 @@ class DynamicBatcher(QueueLifecycle):
             item.executor = executor
         if self.preserve_ordering:
             self._order.extend(batch)
-        done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
-        self._running.add(dispatch.launch(executor, [p.request for p in batch], done))
+        launched = _Launched(self, executor)
+        done = functools.partial(self._finished, launched, batch, time.monotonic_ns())
+        self._running.add(dispatch.launch(executor, [p.request for p in batch], done, launched.free))
 
-    def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
+    def _freed(self, launched: _Launched) -> None:
+        """The instance has answered a batch (or failed it): it may take the next one. Called by the
+        instance as the answer arrives, before it is read, so that the next batch leaves first, or else
+        from `_finished`."""
+        if not launched.freed:
+            launched.freed = True
+            self._held[id(launched.executor)] -= 1
+            self._dispatch()
+
+    def _finished(self, launched: _Launched, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
         self._running.discard(fut)
-        self._held[id(executor)] -= 1
+        executor = launched.executor
+        if not launched.freed:
+            launched.freed = True
+            self._held[id(executor)] -= 1
         self.running -= len(batch)
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
@@ -234,3 +247,18 @@ class DynamicBatcher(QueueLifecycle):
             item = order.popleft()
             if item.outcome is not _UNSET:
                 settle(item, item.outcome)
+
+
+class _Launched:
+    """A batch handed to an instance: whether its place there was given back yet (`free`, called by the
+    instance when the answer arrives, or `_finished`)."""
+
+    __slots__ = ("batcher", "executor", "freed")
+
+    def __init__(self, batcher: DynamicBatcher, executor: Executor) -> None:
+        self.batcher = batcher
+        self.executor = executor
+        self.freed = False
+
+    def free(self) -> None:
+        self.batcher._freed(self)
