@@ -375,25 +375,30 @@ class PythonBackend:
                 "InferenceRequest(s) size is:%d, and InferenceResponse(s) size is:%d\n"
                 % (len(requests), len(returned))
             )
+        response_type, rescheduled = pb.InferenceResponse, reschedule.RESCHEDULE
+        senders = False
         for request, response in zip(requests, returned):
             if response is None:
                 continue
-            if request._release_flags & reschedule.RESCHEDULE:
+            if request._release_flags & rescheduled:
                 raise _ReturnRuleError(reschedule.NOT_NONE % _type_str(response))
-            if not isinstance(response, pb.InferenceResponse):
+            if type(response) is not response_type and not isinstance(response, response_type):
                 raise _ReturnRuleError(
                     "Expected an 'InferenceResponse' object in the execute function return list, "
                     "found type '%s'." % _type_str(response)
                 )
             sender = request._sender
-            if sender is not None and sender.responses:
-                raise _ReturnRuleError(
-                    "Unable to send response. Non-decoupled model cannot send more than one response.")
-            if sender is not None and sender.closed:
-                raise _ReturnRuleError("Unable to send response. Response sender has been closed.")
-        for request, response in zip(requests, returned):
-            if response is not None and request._sender is not None:
-                request._sender._close()  # answered by the return: a later send is refused
+            if sender is not None:
+                if sender.responses:
+                    raise _ReturnRuleError(
+                        "Unable to send response. Non-decoupled model cannot send more than one response.")
+                if sender.closed:
+                    raise _ReturnRuleError("Unable to send response. Response sender has been closed.")
+                senders = True
+        if senders:
+            for request, response in zip(requests, returned):
+                if response is not None and request._sender is not None:
+                    request._sender._close()  # answered by the return: a later send is refused
         return returned
 
     def _convert(self, request: Any, response: Any) -> Response:
