@@ -201,9 +201,9 @@ class DynamicBatcher(QueueLifecycle):
         self._running.add(dispatch.launch(executor, [p.request for p in batch], done, launched.free))
 
     def _freed(self, launched: _Launched) -> None:
-        """The instance has answered a batch (or failed it): it may take the next one. Called by the
-        instance as the answer arrives, before it is read, so that the next batch leaves first, or else
-        from `_finished`."""
+        """The instance has an answer for a batch: it may take the next one, which leaves now, before
+        that answer is read. Called by the instance (`on_free`); an instance that never calls it gets
+        its place back in `_finished`."""
         if not launched.freed:
             launched.freed = True
             self._held[id(launched.executor)] -= 1
