@@ -103,7 +103,7 @@ class Instance:
     def __init__(self) -> None:
         self.sent: list[tuple[asyncio.Future[Result], list[InferRequest]]] = []
 
-    def launch(self, requests: list[InferRequest]) -> asyncio.Future[Result]:
+    def launch(self, requests: list[InferRequest], on_free: Any = None) -> asyncio.Future[Result]:
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         if live.armed:  # as instances.instance.Instance.launch
             watch_batch(future, requests, self.name, time.monotonic_ns())

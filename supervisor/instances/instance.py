@@ -258,14 +258,15 @@ class Instance:
         """Run a batch on this instance; InferdError(UNAVAILABLE) when it is not ready or dies meanwhile."""
         return await self.launch(requests)
 
-    def launch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+    def launch(self, requests: Sequence[InferRequest],
+               on_free: Callable[[], None] | None = None) -> asyncio.Future[BatchResult]:
         """Send a batch now (see WorkerProcess.launch); the future resolves to its BatchResult."""
         worker = self._worker
         if self.state is not InstanceState.READY or worker is None:
             raise self._not_ready()
         traced = live.armed  # tracing: the one check a batch pays while it is off
         sent_ns = time.monotonic_ns() if traced else 0  # before the send: the worker may start at once
-        fut = worker.launch(requests)
+        fut = worker.launch(requests, on_free)
         if traced:
             watch_batch(fut, requests, self.name, sent_ns)
         n = len(requests)

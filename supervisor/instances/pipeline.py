@@ -31,15 +31,16 @@ log = logging.getLogger("inferd.instances.worker")
 
 
 class _Batch:
-    __slots__ = ("batch_id", "fut", "requests", "ids", "leases")
+    __slots__ = ("batch_id", "fut", "requests", "ids", "leases", "on_free")
 
     def __init__(self, batch_id: int, fut: asyncio.Future[BatchResult], requests: Sequence[InferRequest],
-                 ids: list[int], leases: list[Any]) -> None:
+                 ids: list[int], leases: list[Any], on_free: Callable[[], None] | None = None) -> None:
         self.batch_id = batch_id
         self.fut = fut
         self.requests = requests
         self.ids = ids
         self.leases = leases
+        self.on_free = on_free  # the scheduler's: told as the result arrives, before it is read
 
 
 class BatchPipeline:
@@ -93,17 +94,21 @@ class BatchPipeline:
             self._slots += 1
         return await self._send_batch(requests)
 
-    def launch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
-        """`execute` without a coroutine while a slot is free; with every slot taken it waits in `execute`."""
+    def launch(self, requests: Sequence[InferRequest],
+               on_free: Callable[[], None] | None = None) -> asyncio.Future[BatchResult]:
+        """`execute` without a coroutine while a slot is free; with every slot taken it waits in `execute`
+        (and `on_free` is not called). `on_free()` runs as the result arrives, before it is read: the
+        scheduler's next batch leaves while this one's answers are still to be split."""
         refusal = self._refusal()
         if refusal is not None:
             raise refusal
         if self._slots >= self.depth:
             return asyncio.ensure_future(self.execute(requests))
         self._slots += 1
-        return self._send_batch(requests)
+        return self._send_batch(requests, on_free)
 
-    def _send_batch(self, requests: Sequence[InferRequest]) -> asyncio.Future[BatchResult]:
+    def _send_batch(self, requests: Sequence[InferRequest],
+                    on_free: Callable[[], None] | None = None) -> asyncio.Future[BatchResult]:
         """Pack and send one Execute; the caller holds a slot, which the reply frees."""
         try:
             batch_id = next(self._batch_ids)
@@ -113,7 +118,7 @@ class BatchPipeline:
             raise
         leases, streams = packed.leases, packed.streams
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
-        batch = _Batch(batch_id, fut, requests, packed.ids, leases)
+        batch = _Batch(batch_id, fut, requests, packed.ids, leases, on_free)
         self._batches[batch_id] = batch
         if streams:
             self.streams.add(streams)
@@ -153,6 +158,11 @@ class BatchPipeline:
             log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
             return
         release_leases(batch.leases)
+        if batch.on_free is not None and not batch.fut.done():
+            try:
+                batch.on_free()  # the next batch may leave now, before this one is read
+            except Exception:  # a scheduler bug: this batch is still answered
+                log.exception("%s: the scheduler failed on a freed slot", self._who())
         try:
             result = results.batch_result(batch.requests, batch.ids, msg, data, self._model_version, self._outputs)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -5,7 +5,7 @@ share one shape (instances.instance.Instance is an Executor)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from ..inference.types import InferRequest, InferResponse
@@ -22,10 +22,12 @@ class Executor(Protocol):
     async def execute(self, requests: list[InferRequest]) -> Any:
         """A BatchResult: .responses (InferResponse | InferdError per request) and compute_*_ns."""
 
-    def launch(self, requests: list[InferRequest]) -> asyncio.Future[Any]:
+    def launch(self, requests: list[InferRequest], on_free: Callable[[], None] | None = None) -> asyncio.Future[Any]:
         """`execute` as a future, the batch sent before it returns when the instance has room (the
         callback path of the default and dynamic schedulers: no task per batch). Raises InferdError
-        when the instance cannot take it; cancelling the future cancels the batch."""
+        when the instance cannot take it; cancelling the future cancels the batch. `on_free()` is
+        called (once, at most) as the answer arrives, before it is read and the future resolved, so
+        that the scheduler can send the next batch first; an instance may also never call it."""
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (in flight on this instance) are cancelled."""

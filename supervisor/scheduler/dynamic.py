@@ -44,7 +44,10 @@ class Pending(QueuedRequest):
 
     def __init__(self, batcher: DynamicBatcher, request: InferRequest, level: int, items: int, key: Any,
                  loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(batcher, request, loop)
+        asyncio.Future.__init__(self, loop=loop)  # QueuedRequest's fields set here: one frame less per request
+        self._scheduler = batcher
+        self.request = request
+        self.executor = None
         self.level = level
         self.items = items
         self.key = key
@@ -70,6 +73,12 @@ class DynamicBatcher(QueueLifecycle):
         self._order: deque[Pending] = deque()  # preserve_ordering: dispatched, not yet released
         self._kicked = False
         self._timer: asyncio.TimerHandle | None = None
+        # what `submit` may skip for the usual config (one level, no queue bound or timeout, any requests
+        # batch together): decided once here
+        self._one_level = len(policy.levels) == 1
+        self._bounded = any(p.max_queue_size for p in policy.levels)
+        self._timeouts = any(p.default_timeout_us for p in policy.levels)
+        self._keyed = bool(rules.must_match or rules.has_optional)
         self._init_lifecycle()
 
     # ---- lifecycle ----
@@ -92,8 +101,8 @@ class DynamicBatcher(QueueLifecycle):
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         self._refuse_unless_open()
-        level = self.policy.level_of(request.priority)
-        if self.queue.full(level):
+        level = 0 if self._one_level else self.policy.level_of(request.priority)
+        if self._bounded and self.queue.full(level):
             self.stats.record_failure("REJECTED", 0)
             raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
                               % (request.id or "<id_unknown>"))
@@ -101,11 +110,13 @@ class DynamicBatcher(QueueLifecycle):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         rules = self.rules
-        item = Pending(self, request, level, rules.items_of(request), rules.key_of(request), loop)
-        timeout_us = self.policy.levels[level].timeout_us(request.timeout_us)
-        if timeout_us:
-            remaining_s = (request.arrival_ns + timeout_us * 1000 - time.monotonic_ns()) / 1e9
-            item.timer = loop.call_later(max(0.0, remaining_s), self._expire, item)
+        item = Pending(self, request, level, rules.items_of(request),
+                       rules.key_of(request) if self._keyed else None, loop)
+        if self._timeouts:
+            timeout_us = self.policy.levels[level].timeout_us(request.timeout_us)
+            if timeout_us:
+                remaining_s = (request.arrival_ns + timeout_us * 1000 - time.monotonic_ns()) / 1e9
+                item.timer = loop.call_later(max(0.0, remaining_s), self._expire, item)
         self.queue.put(level, item)
         self._idle.clear()
         self._kick()
@@ -185,12 +196,25 @@ class DynamicBatcher(QueueLifecycle):
             item.executor = executor
         if self.preserve_ordering:
             self._order.extend(batch)
-        done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
-        self._running.add(dispatch.launch(executor, [p.request for p in batch], done))
+        launched = _Launched(self, executor)
+        done = functools.partial(self._finished, launched, batch, time.monotonic_ns())
+        self._running.add(dispatch.launch(executor, [p.request for p in batch], done, launched.free))
 
-    def _finished(self, executor: Executor, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
+    def _freed(self, launched: _Launched) -> None:
+        """The instance has an answer for a batch: it may take the next one, which leaves now, before
+        that answer is read. Called by the instance (`on_free`); an instance that never calls it gets
+        its place back in `_finished`."""
+        if not launched.freed:
+            launched.freed = True
+            self._held[id(launched.executor)] -= 1
+            self._dispatch()
+
+    def _finished(self, launched: _Launched, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
         self._running.discard(fut)
-        self._held[id(executor)] -= 1
+        executor = launched.executor
+        if not launched.freed:
+            launched.freed = True
+            self._held[id(executor)] -= 1
         self.running -= len(batch)
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
@@ -201,6 +225,10 @@ class DynamicBatcher(QueueLifecycle):
         # the next batch goes to the worker before this one's answers are counted and written out
         self._dispatch()
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
+        if result is not None and not self.preserve_ordering:
+            outcomes.record_and_settle(self.stats, result, answers, batch, start)
+            self._check_idle()
+            return
         items = sum(p.items for p, a in zip(batch, answers) if not isinstance(a, InferdError))
         outcomes.record(self.stats, result, answers, [p.arrival_ns for p in batch], batch,
                         items, start)
@@ -219,3 +247,18 @@ class DynamicBatcher(QueueLifecycle):
             item = order.popleft()
             if item.outcome is not _UNSET:
                 settle(item, item.outcome)
+
+
+class _Launched:
+    """A batch handed to an instance: whether its place there was given back yet (`free`, called by the
+    instance when the answer arrives, or `_finished`)."""
+
+    __slots__ = ("batcher", "executor", "freed")
+
+    def __init__(self, batcher: DynamicBatcher, executor: Executor) -> None:
+        self.batcher = batcher
+        self.executor = executor
+        self.freed = False
+
+    def free(self) -> None:
+        self.batcher._freed(self)

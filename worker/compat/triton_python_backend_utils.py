@@ -133,6 +133,11 @@ def _datatype_of(array: np.ndarray) -> str:
     return dt.name
 
 
+# numeric dtype -> protocol name, filled as models build their outputs (one dict look-up per Tensor);
+# BYTES arrays (kinds O, S, U) are left to _datatype_of: their dtypes vary with the length of the items
+_NUMERIC_DATATYPE: dict[np.dtype, str] = {}
+
+
 _DL_UINT = 1  # DLDataTypeCode kDLUInt
 _DL_BFLOAT = 4  # kDLBfloat
 _DLTENSOR_DTYPE_OFFSET = 20  # DLTensor: data(8) device(8) ndim(4) -> dtype {code u8, bits u8, lanes u16}
@@ -176,6 +181,13 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
+        if type(name) is str and type(numpy_array) is np.ndarray:  # what models pass: the checks below, in short
+            datatype = _NUMERIC_DATATYPE.get(numpy_array.dtype)
+            if datatype is not None:
+                self._name = name
+                self._array = numpy_array
+                self._datatype = datatype
+                return
         name = _args.text(name, "Tensor name")
         if not isinstance(numpy_array, np.ndarray) and _device.is_device_object(numpy_array):
             raise TritonModelException(
@@ -184,6 +196,8 @@ class Tensor:
         datatype = _datatype_of(array)
         if datatype == "BF16":
             array = array.view(_BF16_STORAGE)
+        elif array.dtype.kind not in "OSU" and len(_NUMERIC_DATATYPE) < 64:
+            _NUMERIC_DATATYPE[array.dtype] = datatype
         self._name = name
         self._array = array
         self._datatype = datatype
@@ -359,6 +373,15 @@ class InferenceResponse:
         self, output_tensors: Optional[list[Tensor]] = None, error: Optional[TritonError] = None,
         parameters: Any = None,
     ) -> None:
+        if type(output_tensors) is list and error is None and parameters is None:  # the usual response
+            for tensor in output_tensors:
+                if type(tensor) is not Tensor:
+                    break
+            else:
+                self._outputs = list(output_tensors)
+                self._error = None
+                self._parameters = "{}"
+                return
         outputs = (_tensors(output_tensors, "output_tensors",
                             "Output tensor for inference response should not be empty.")
                    if output_tensors is not None else [])
@@ -443,6 +466,8 @@ class InferenceResponseSender:
 class InferenceRequest:
     """A request as `execute` sees it; also constructible by a model (BLS, not supported yet)."""
 
+    _preferred_memory: Optional[PreferredMemory] = None  # (kept, never read: a worker's requests leave it unset)
+
     def __init__(
         self,
         request_id: str = "",
@@ -497,7 +522,6 @@ class InferenceRequest:
         req._model_version = model_version
         req._flags = flags
         req._timeout = timeout
-        req._preferred_memory = PreferredMemory()
         req._trace = InferenceTrace(trace) if trace else None  # type: ignore[assignment]
         req._parameters = parameters
         req._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
@@ -855,6 +879,11 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
 
 
 def get_input_tensor_by_name(inference_request: Any, name: str) -> Optional[Tensor]:
+    if type(inference_request) is InferenceRequest:  # (called per request: its fields, not its accessors)
+        for tensor in inference_request._inputs:
+            if tensor._name == name:
+                return tensor
+        return None
     for tensor in inference_request.inputs():
         if tensor.name() == name:
             return tensor

@@ -278,3 +278,19 @@ def test_column_headers_decode_to_their_messages():
     assert decoded == m.ExecuteColumns(9, packed.ids, [m.TensorColumn("X", "FP32", [1, 2], 0),
                                                        m.TensorColumn("N", "INT64", [1, 1], 1)],
                                        ["r0", "r1"], [], ["gone"])
+
+
+def test_one_output_per_request_goes_by_columns_only_when_every_request_wanted_it():
+    """The one-output shortcut of output_columns keeps the request-by-request rule: a request whose
+    requested outputs leave out the output it got sends the batch request by request."""
+    specs = tensors.output_specs(CONFIG)
+    y = np.array([[1, 2]], "<f4")
+
+    def run(wanted: list[list[str]]) -> Any:
+        reqs = [worker_columns.Request(i, "", [], w, "{}", 0, 0, 0, None) for i, w in enumerate(wanted)]
+        results = [Response([WorkerTensor("Y", "FP32", y.copy())]) for _ in wanted]
+        return worker_columns.output_columns(reqs, results, specs, ["Y", "S"], "m")
+
+    layout, frames = run([["Y"]] * 3)
+    assert layout == [("Y", "FP32", (1, 2))] and frames == [y.tobytes() * 3]
+    assert run([["Y"], ["S"], ["Y"]]) is None

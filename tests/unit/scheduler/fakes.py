@@ -39,8 +39,8 @@ class HeldExecutor:
         await gate
         return Result([InferResponse("m", "1", id=r.id) for r in requests])
 
-    def launch(self, requests: list[InferRequest]) -> asyncio.Future[Result]:
-        return asyncio.ensure_future(self.execute(requests))
+    def launch(self, requests: list[InferRequest], on_free: Any = None) -> asyncio.Future[Result]:
+        return asyncio.ensure_future(self.execute(requests))  # never calls on_free (an instance may not)
 
     def release(self, index: int = 0) -> None:
         self._gates[index].set_result(None)

@@ -239,3 +239,67 @@ async def test_no_ready_instance_fails_queued_requests():
     ex.ready = True
     ex.release()
     await batcher.close()
+
+
+class MixedAnswers(HeldExecutor):
+    """Answers request "bad" with an error, every other one with a response."""
+
+    async def execute(self, requests: list[InferRequest]) -> Any:
+        result = await super().execute(requests)
+        result.responses = [InferdError(ErrorCode.INTERNAL, "model failed") if r.id == "bad" else resp
+                            for r, resp in zip(requests, result.responses)]
+        return result
+
+
+async def test_a_batch_with_an_error_and_a_cancelled_request_counts_each_and_answers_the_rest():
+    ex = MixedAnswers("a")
+    batcher, stats = make([ex])
+    ok, gone, bad = (batcher.submit(request(rid)) for rid in ("ok", "gone", "bad"))
+    await until(lambda: ex.batches, "the batch")
+    gone.cancel()  # while it runs: its answer is dropped, its batch item still ran
+    ex.release()
+    assert (await asyncio.wait_for(ok, WAIT_S)).id == "ok"
+    with pytest.raises(InferdError, match="model failed"):
+        await asyncio.wait_for(bad, WAIT_S)
+    assert gone.cancelled() and ex.cancelled == ["gone"]
+    assert stats.executions == [2] and stats.successes == 1 and stats.failures == ["CANCELED", "BACKEND"]
+    await until(lambda: batcher.running == 0, "the batch to finish")
+
+
+class FreesEarly(HeldExecutor):
+    """Calls the scheduler's on_free as each answer 'arrives', before the batch's future resolves (as
+    instances.worker.WorkerProcess does)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.frees: list[Any] = []
+
+    def launch(self, requests: list[InferRequest], on_free: Any = None) -> asyncio.Future[Any]:
+        self.frees.append(on_free)
+        return asyncio.ensure_future(self.execute(requests))
+
+    def answer_arrives(self, index: int) -> None:
+        self.frees[index]()
+        self.release(index)
+
+
+async def test_an_instance_freed_as_its_answer_arrives_gets_the_next_batch_before_the_answers_are_out():
+    ex = FreesEarly("a")
+    batcher, stats = make([ex], max_batch_size=2)
+    first = [batcher.submit(request(f"a{i}")) for i in range(2)]
+    await until(lambda: ex.batches, "the first batch")
+    second = [batcher.submit(request(f"b{i}")) for i in range(2)]
+    await asyncio.sleep(0)
+    assert ex.batches == [["a0", "a1"]]  # busy, depth 1: the second batch waits
+    assert len(ex.frees) == 1
+    ex.answer_arrives(0)
+    assert len(ex.frees) == 2 and batcher.running == 4  # the second batch left at once, synchronously
+    assert not any(f.done() for f in first)
+    await until(lambda: len(ex.batches) == 2, "the second batch")
+    assert ex.batches[1] == ["b0", "b1"]
+    assert [f.id for f in await asyncio.gather(*first)] == ["a0", "a1"]
+    ex.frees[0]()  # a second call changes nothing
+    ex.answer_arrives(1)
+    assert [f.id for f in await asyncio.gather(*second)] == ["b0", "b1"]
+    assert stats.executions == [2, 2] and stats.successes == 4
+    assert batcher._held[id(ex)] == 0 and batcher.running == 0
