@@ -19,6 +19,7 @@ from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Ten
 from inferd.supervisor.instances import results
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.worker import columns as worker_columns
+from inferd.worker import tensors
 from inferd.worker.backends.base import ModelSpec, Response
 from inferd.worker.backends.base import Tensor as WorkerTensor
 from inferd.worker.channel import header_loads
