@@ -136,6 +136,9 @@ class Manager:
     def __init__(self, version: Version) -> None:
         self.entries = {version.name: Entry(version)}
 
+    def watch(self, callback: Any) -> None:
+        pass  # one model, never changing
+
 
 class Transport:
     def __init__(self) -> None:
