@@ -154,7 +154,7 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
     dt = _BY_NAME.get(ref.datatype)
     if dt is None:
         raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (ref.datatype, name))
-    shape = ref.shape
+    shape: Any = ref.shape
     if type(shape) is not list:
         shape = check_shape(shape, name)
     count = 1
