@@ -99,7 +99,7 @@ def decode_header(raw: Any, loads: Optional[Callable[[Any], Any]] = None) -> Any
             message = fast(header)
             if message is not None:
                 return message
-            if cls is ExecuteResult:  # its fast decoder may have changed `header` before giving up
+            if cls is ExecuteResult or cls is Execute:  # their fast decoders may have changed `header`
                 header = (loads or _loads)(raw)
                 del header["t"]
         return _build(cls, header)
@@ -201,6 +201,7 @@ def _required(cls: type[Any]) -> frozenset[str]:
 _EXECUTE_KEYS = frozenset(_field_names(Execute))
 _REQUEST_KEYS = frozenset(_field_names(RequestItem))
 _REQUEST_REQUIRED = _required(RequestItem)
+_PLAIN_REQUEST_KEYS = frozenset(("request_id", "id", "inputs", "requested_outputs"))  # request_item's own
 _TENSOR_KEYS = frozenset(_field_names(TensorRef))
 _TENSOR_REQUIRED = _required(TensorRef)
 _RESULT_KEYS = frozenset(_field_names(ExecuteResult))
@@ -219,27 +220,31 @@ _new = object.__new__
 # than a set comparison); tests/unit/worker/test_hot_path.py holds them to the schema.
 
 def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
-    """An Execute as the supervisor sends it (wire.writers.execute_header); the worker reads one per batch."""
+    """An Execute as the supervisor sends it (wire.writers.execute_header); the worker reads one per batch.
+    Checked and built in one pass, the common shapes (an item of the four fields `request_item` always
+    writes, an input in a data frame) told by one key-set comparison each: None may leave `header` half
+    changed, and `decode_header` parses the frame again for `_build`."""
     if header.keys() != _EXECUTE_KEYS:
         return None
     items = header["requests"]
     if type(items) is not list:
         return None
-    item_keys, ref_keys = _REQUEST_KEYS, _TENSOR_KEYS
-    for item in items:
-        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= item_keys:
+    plain_item, frame_ref, new = _PLAIN_REQUEST_KEYS, _FRAME_REF_KEYS, _new
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            return None
+        keys = item.keys()
+        if keys != plain_item and not _REQUEST_REQUIRED <= keys <= _REQUEST_KEYS:
             return None
         refs = item["inputs"]
         if type(refs) is not list:
             return None
-        for ref in refs:
-            if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref or "datatype" not in ref \
-                    or "shape" not in ref:
-                return None
-    new = _new
-    for i, item in enumerate(items):
-        refs = item["inputs"]
         for j, ref in enumerate(refs):
+            if type(ref) is not dict:
+                return None
+            if ref.keys() != frame_ref and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref
+                                            or "datatype" not in ref or "shape" not in ref):
+                return None
             tensor = refs[j] = new(TensorRef)
             tensor.__dict__ = ref
         request = items[i] = new(RequestItem)

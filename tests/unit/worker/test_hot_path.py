@@ -414,3 +414,16 @@ def test_frame_packer_shares_one_frame_for_small_buffers():
 
 def test_fast_decoders_spell_out_the_tensor_ref_required_fields():
     assert frozenset(("name", "datatype", "shape")) == wire_codec._TENSOR_REQUIRED
+
+
+def test_fast_lanes_key_sets_are_valid_shapes_of_their_classes():
+    """The key sets the fast decoders compare against hold every required field and only real ones."""
+    for keys, cls in ((wire_codec._FRAME_REF_KEYS, m.TensorRef), (wire_codec._PLAIN_ITEM_KEYS, m.ResponseItem),
+                      (wire_codec._PLAIN_REQUEST_KEYS, m.RequestItem)):
+        assert wire_codec._required(cls) <= keys <= frozenset(wire_codec._field_names(cls)), cls
+    # and they are what the writers write for the common case
+    assert json.loads(m.output_ref_json("A", "FP32", (1,), 0, 0, 4)).keys() == wire_codec._FRAME_REF_KEYS
+    assert json.loads(m.response_item_json(1, [])).keys() == wire_codec._PLAIN_ITEM_KEYS
+    inputs = [m.tensor_ref("A", "FP32", [1], "frame", 0, "", 0, 4)]
+    assert inputs[0].keys() == wire_codec._FRAME_REF_KEYS
+    assert m.request_item(1, "", inputs, []).keys() == wire_codec._PLAIN_REQUEST_KEYS
