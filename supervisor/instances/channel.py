@@ -176,8 +176,10 @@ class Channel:
             del self._peers[peer.identity]
 
     # ---- sending ----
-    def send(self, identity: str, frames: Sequence[Any]) -> None:
-        """Send one message to a worker; raises ChannelError(UNAVAILABLE) if it cannot."""
+    def send(self, identity: str, frames: Sequence[Any], hold: bool = False) -> None:
+        """Send one message to a worker; raises ChannelError(UNAVAILABLE) if it cannot. `hold`: written
+        with the others at the end of this event-loop pass even if it is the first of the pass (for a
+        worker with work queued, which reads it no sooner when written at once)."""
         peer = self._peers.get(identity)
         if peer is None:
             if self._listener is None:
@@ -185,7 +187,8 @@ class Channel:
             raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not connected")
         if peer.transport.get_write_buffer_size() + peer.held > _MAX_UNSENT:
             raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading")
-        peer.write(*zmtp.encode(frames))
+        whole, pieces = zmtp.encode(frames)
+        peer.write(whole, pieces, hold)
 
     def broadcast(self, frames: Sequence[Any]) -> int:
         """Best effort: send one message to every connected worker's main socket; how many got it."""
@@ -217,17 +220,18 @@ class Channel:
 class _Peer(asyncio.Protocol):
     """One worker socket's connection: ZMTP handshake, then frames gathered into messages.
 
-    Messages to the worker: the first of an event-loop pass is written at once (no added latency); those
-    that follow in the same pass (e.g. the Executes of several slots freed by one read of results) are
-    held and written together when the pass's callbacks have run: one write and one wake-up of the
-    worker instead of one each. Order is kept (everything after the first goes through the held list)."""
+    Messages to the worker: the first of an event-loop pass is written at once (no added latency) unless
+    the sender says `hold`; those that follow in the same pass (e.g. the Executes of several slots freed
+    by one read of results) are held and written together when the pass's callbacks have run: one write
+    and one wake-up of the worker instead of one each. Order is kept (once one message is held, every
+    later one of the pass is)."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.transport: Any = None
         self.identity = ""
         self.held = 0  # bytes held for the end of this pass (counted against the unsent limit)
-        self._held: list[Any] | None = None  # None: nothing written this pass yet
+        self._held: list[Any] | None = None  # None: nothing written or held this pass yet
         self._call_soon: Any = None
         self._ready = False
         self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
@@ -239,17 +243,19 @@ class _Peer(asyncio.Protocol):
         self.channel._connections.add(self)
         self.transport.write(zmtp.GREETING + zmtp.ready(b"ROUTER"))
 
-    def write(self, whole: bytes, pieces: list[Any]) -> None:
+    def write(self, whole: bytes, pieces: list[Any], hold: bool = False) -> None:
         """One encoded message (zmtp.encode's result): written now, or held until the pass ends."""
         held = self._held
         if held is None:  # the first message of this pass
-            self._held = []
+            held = self._held = []
             self._call_soon(self._end_pass)
-            if pieces:
-                self.transport.writelines(pieces)
-            else:
-                self.transport.write(whole)
-        elif pieces:
+            if not hold:
+                if pieces:
+                    self.transport.writelines(pieces)
+                else:
+                    self.transport.write(whole)
+                return
+        if pieces:
             held.extend(pieces)
             self.held += sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in pieces)
         else:

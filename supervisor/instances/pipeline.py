@@ -45,14 +45,16 @@ class _Batch:
 
 class BatchPipeline:
     def __init__(self, *, depth: int, packer: InputPacker, outputs: WorkerOutputs, model_version: str,
-                 send: Callable[[list[Any]], None], send_quiet: Callable[[Any], None],
+                 send: Callable[[list[Any], bool], None], send_quiet: Callable[[Any], None],
                  kill: Callable[[str], None], refusal: Callable[[], InferdError | None],
                  who: Callable[[], str]) -> None:
         self.depth = max(1, depth)
         self.packer = packer
         self._outputs = outputs
         self._model_version = model_version
-        self._send = send  # the frames of one message to the worker (raises InferdError when unreachable)
+        # the frames of one message to the worker, and whether it may wait for the end of this loop pass
+        # (raises InferdError when unreachable)
+        self._send = send
         self._send_quiet = send_quiet  # one message, dropped when the worker is unreachable
         self._kill = kill
         self._refusal = refusal  # why the worker takes no batch now, or None while it is ready
@@ -121,13 +123,16 @@ class BatchPipeline:
             self._release_slot()
             raise
         leases, streams = packed.leases, packed.streams
+        # with batches in flight the worker has work queued (or answers waiting to be read): this one is
+        # written with the pass's others; to an idle worker it goes at once
+        hold = bool(self._batches)
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
         batch = _Batch(batch_id, fut, requests, packed.ids, leases, on_settled)
         self._batches[batch_id] = batch
         if streams:
             self.streams.add(streams)
         try:
-            self._send([packed.header(batch_id), *packed.frames])
+            self._send([packed.header(batch_id), *packed.frames], hold)
         except InferdError:
             self._batches.pop(batch_id, None)
             release_leases(leases)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 
 import pytest
 import zmq
@@ -93,3 +94,40 @@ async def test_socket_is_private_and_removed(run_dir):
 def test_long_run_dir_refused():
     with pytest.raises(ValueError, match="too long"):
         Channel("/tmp/" + "x" * 120)
+
+
+async def test_messages_of_one_pass_are_written_together_in_order(channel, monkeypatch):
+    """The first message of a loop pass is written at once; later ones (and a `hold` one) when the pass
+    ends, in the order sent; held bytes count against the unsent limit."""
+    from inferd.supervisor.instances import channel as channel_module
+
+    hello = asyncio.Event()
+    channel.register("w", lambda frames: hello.set(), lambda frames: None)
+    ctx = zmq.Context()
+    try:
+        w = dealer(ctx, channel.endpoint, "w")
+        w.send(b"hi")  # the channel knows the peer once its message is routed
+        await asyncio.wait_for(hello.wait(), 10)
+        big = bytes(range(256)) * 400  # 100 KiB: written from where it lies (pieces)
+        channel.send("w", [b"first"])
+        assert w.poll(10_000)  # written before this pass ends: the loop has not run since
+        channel.send("w", [b"second", b"x"])
+        channel.send("w", [b"third", memoryview(big)], hold=True)
+        channel.send("w", [b"fourth"])
+        got = [await recv(w) for _ in range(4)]
+        assert got == [[b"first"], [b"second", b"x"], [b"third", big], [b"fourth"]]
+
+        channel.send("w", [b"held"], hold=True)  # the first of a pass, held
+        time.sleep(0.05)  # the loop does not run: a write made now would reach the dealer meanwhile
+        assert not w.poll(0)
+        assert await recv(w) == [b"held"]
+
+        monkeypatch.setattr(channel_module, "_MAX_UNSENT", 1000)
+        channel.send("w", [bytes(600)], hold=True)
+        channel.send("w", [bytes(600)])  # 600 held: under the limit
+        with pytest.raises(InferdError) as info:
+            channel.send("w", [b"x"])  # 1200 held
+        assert info.value.code == ErrorCode.UNAVAILABLE and "not reading" in info.value.message
+        assert [len(f[0]) for f in [await recv(w), await recv(w)]] == [600, 600]
+    finally:
+        ctx.destroy(linger=0)
