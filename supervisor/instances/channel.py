@@ -5,8 +5,8 @@ itself, the heartbeat and BLS sockets are libzmq's); the supervisor listens ther
 ZeroMQ's wire protocol on its event loop (inferd.worker.wire.zmtp) with ROUTER semantics: each
 connection announces its identity in the ZMTP handshake, messages are routed by it to a handler
 registered per worker, and a worker's heartbeat socket is `<identity>/hb`. Without a ZeroMQ context
-here, a message to a worker is one socket write and a message from it one read, with no I/O thread
-hand-off on this side.
+here, messages to a worker are socket writes (those of one event-loop pass grouped into one: _Peer) and
+messages from it reads, with no I/O thread hand-off on this side.
 """
 
 from __future__ import annotations
