@@ -5,7 +5,7 @@ itself, the heartbeat and BLS sockets are libzmq's); the supervisor listens ther
 ZeroMQ's wire protocol on its event loop (inferd.worker.wire.zmtp) with ROUTER semantics: each
 connection announces its identity in the ZMTP handshake, messages are routed by it to a handler
 registered per worker, and a worker's heartbeat socket is `<identity>/hb`. Without a ZeroMQ context
-here, messages to a worker are socket writes (those of one event-loop pass grouped into one: _Peer) and
+here, messages to a worker are socket writes (held ones grouped per event-loop pass: _Peer) and
 messages from it reads, with no I/O thread hand-off on this side.
 """
 
@@ -178,8 +178,8 @@ class Channel:
     # ---- sending ----
     def send(self, identity: str, frames: Sequence[Any], hold: bool = False) -> None:
         """Send one message to a worker; raises ChannelError(UNAVAILABLE) if it cannot. `hold`: written
-        with the others at the end of this event-loop pass even if it is the first of the pass (for a
-        worker with work queued, which reads it no sooner when written at once)."""
+        at the end of this event-loop pass, with the messages of the pass that follow it (for a worker
+        with work queued, which reads it no sooner when written at once)."""
         peer = self._peers.get(identity)
         if peer is None:
             if self._listener is None:
@@ -220,18 +220,18 @@ class Channel:
 class _Peer(asyncio.Protocol):
     """One worker socket's connection: ZMTP handshake, then frames gathered into messages.
 
-    Messages to the worker: the first of an event-loop pass is written at once (no added latency) unless
-    the sender says `hold`; those that follow in the same pass (e.g. the Executes of several slots freed
-    by one read of results) are held and written together when the pass's callbacks have run: one write
-    and one wake-up of the worker instead of one each. Order is kept (once one message is held, every
-    later one of the pass is)."""
+    Messages to the worker are written at once, unless the sender says `hold` (an Execute for a worker
+    with batches in flight: it reads it no sooner when written at once): then it waits for the end of
+    this event-loop pass and is written with every other message of the pass that follows it (e.g. the
+    Executes of several slots freed by one read of results): one write, and one wake-up of the worker,
+    instead of one each. Order is kept (once one message is held, every later one of the pass is)."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.transport: Any = None
         self.identity = ""
         self.held = 0  # bytes held for the end of this pass (counted against the unsent limit)
-        self._held: list[Any] | None = None  # None: nothing written or held this pass yet
+        self._held: list[Any] | None = None  # None: nothing held in this pass
         self._call_soon: Any = None
         self._ready = False
         self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
@@ -246,15 +246,15 @@ class _Peer(asyncio.Protocol):
     def write(self, whole: bytes, pieces: list[Any], hold: bool = False) -> None:
         """One encoded message (zmtp.encode's result): written now, or held until the pass ends."""
         held = self._held
-        if held is None:  # the first message of this pass
-            held = self._held = []
-            self._call_soon(self._end_pass)
+        if held is None:  # nothing held in this pass
             if not hold:
                 if pieces:
                     self.transport.writelines(pieces)
                 else:
                     self.transport.write(whole)
                 return
+            held = self._held = []
+            self._call_soon(self._end_pass)
         if pieces:
             held.extend(pieces)
             self.held += sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in pieces)
