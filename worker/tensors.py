@@ -25,6 +25,8 @@ from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
 from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
 
+_BY_NAME = dtypes.BY_NAME
+
 BF16_VIEW = np.dtype("<u2")
 
 
@@ -116,7 +118,8 @@ def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
 def frame_buffers(frames: Sequence[Any]) -> list[memoryview]:
     """Byte views of a message's data frames (ZeroMQ Frames, bytes...), made once per message: the
     inputs packed into one frame are slices of the same view."""
-    views = [frame.buffer if hasattr(frame, "buffer") else memoryview(frame) for frame in frames]
+    views = [frame if type(frame) is memoryview else frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+             for frame in frames]
     return [view if view.format == "B" else view.cast("B") for view in views]
 
 
@@ -145,16 +148,32 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
     """The numpy view of one input tensor (see the module docstring); a `DeviceArray` for a device
     input when the backend takes them."""
     name = ref.name
-    if ref.loc == "cuda":
+    loc = ref.loc
+    if loc == "cuda":
         return _device_input(ref, cache.device_inputs)
-    dt = dtypes.BY_NAME.get(ref.datatype)
+    dt = _BY_NAME.get(ref.datatype)
     if dt is None:
         raise invalid_arg("unsupported datatype '%s' for tensor '%s'" % (ref.datatype, name))
-    shape = check_shape(ref.shape, name)
-    buf = input_buffer(ref, frames, cache)
+    shape: Any = ref.shape
+    if type(shape) is not list:
+        shape = check_shape(shape, name)
     count = 1
     for s in shape:
+        if type(s) is not int or s < 0:
+            raise invalid_arg("invalid shape for tensor '%s'" % name)
         count *= s
+    shape = tuple(shape)
+    if loc == "frame" and type(ref.frame) is int and 0 <= ref.frame < len(frames) \
+            and type(frames[ref.frame]) is memoryview:  # the common case (input_buffer's first branch) inline
+        buf = frames[ref.frame]
+        offset, nbytes = ref.offset, ref.nbytes
+        if not (offset == 0 and (nbytes == 0 or nbytes >= buf.nbytes)):
+            if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                    or offset + nbytes > buf.nbytes:
+                raise internal("tensor '%s' lies outside its data frame" % name)
+            buf = (buf if buf.format == "B" else buf.cast("B"))[offset:offset + nbytes]
+    else:
+        buf = input_buffer(ref, frames, cache)
     if dt.itemsize == 0:  # BYTES
         return bytes_codec.deserialize(buf, count=count, name=name).reshape(shape)
     numpy_dtype = BF16_VIEW if dt.numpy is None else dt.numpy

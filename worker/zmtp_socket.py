@@ -23,6 +23,7 @@ from .wire.messages import ProtocolError
 
 MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this travel in shared memory
 _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fresh pages
+_COPY_MAX = 16 * 1024  # a read this short is copied out of the read buffer, which is then reused
 _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
 
@@ -40,7 +41,7 @@ class DealerSocket:
         self._sock = _connect(endpoint[len("ipc://"):], connect_timeout_s)
         self._messages: collections.deque[list[memoryview]] = collections.deque()
         self._peer_ready = False
-        self._spare: Optional[bytearray] = None  # a read buffer that received nothing
+        self._spare: Optional[bytearray] = None  # the read buffer (reused while reads are short)
         self._poller: Optional[select.poll] = None
         self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
                                    max_frame)
@@ -104,20 +105,27 @@ class DealerSocket:
                     sent = 0
 
     def _read(self, block: bool) -> bool:
-        """Feed one read to the frame reader; False when nothing was waiting (block False). Each read
-        gets a buffer of its own: frames are views of it, and models may change their inputs in place."""
-        buf, self._spare = self._spare or bytearray(_READ_SIZE), None
+        """Feed one read to the frame reader; False when nothing was waiting (block False). The frames
+        of each read lie in a buffer of their own (models may change their inputs in place): a short
+        read is copied out of the reused read buffer (cheaper than a fresh zeroed 64 KiB one), a long
+        one keeps the read buffer, and the next read gets a new one."""
+        buf = self._spare
+        if buf is None:
+            buf = self._spare = bytearray(_READ_SIZE)
         try:
             n = self._sock.recv_into(buf) if block else self._sock.recv_into(buf, 0, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
-            self._spare = buf  # unused: a model polling for cancellation allocates nothing per poll
-            return False
+            return False  # a model polling for cancellation allocates nothing per poll
         except OSError as exc:  # a timeout during the handshake too (socket.timeout is one on 3.9)
             raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
         if not n:
             raise LinkClosed("the supervisor closed the connection")
+        if n <= _COPY_MAX:
+            data = memoryview(buf[:n])  # bytearray slice: a copy of its own
+        else:
+            data, self._spare = memoryview(buf)[:n], None
         try:
-            self._reader.feed(memoryview(buf)[:n])
+            self._reader.feed(data)
         except zmtp.ProtocolViolation as exc:
             raise LinkClosed("the supervisor broke ZMTP: %s" % exc) from None
         return True

@@ -5,8 +5,8 @@ itself, the heartbeat and BLS sockets are libzmq's); the supervisor listens ther
 ZeroMQ's wire protocol on its event loop (inferd.worker.wire.zmtp) with ROUTER semantics: each
 connection announces its identity in the ZMTP handshake, messages are routed by it to a handler
 registered per worker, and a worker's heartbeat socket is `<identity>/hb`. Without a ZeroMQ context
-here, a message to a worker is one socket write and a message from it one read, with no I/O thread
-hand-off on this side.
+here, messages to a worker are socket writes (held ones grouped per event-loop pass: _Peer) and
+messages from it reads, with no I/O thread hand-off on this side.
 """
 
 from __future__ import annotations
@@ -176,21 +176,19 @@ class Channel:
             del self._peers[peer.identity]
 
     # ---- sending ----
-    def send(self, identity: str, frames: Sequence[Any]) -> None:
-        """Send one message to a worker; raises ChannelError(UNAVAILABLE) if it cannot."""
+    def send(self, identity: str, frames: Sequence[Any], hold: bool = False) -> None:
+        """Send one message to a worker; raises ChannelError(UNAVAILABLE) if it cannot. `hold`: written
+        at the end of this event-loop pass, with the messages of the pass that follow it (for a worker
+        with work queued, which reads it no sooner when written at once)."""
         peer = self._peers.get(identity)
         if peer is None:
             if self._listener is None:
                 raise ChannelError(ErrorCode.UNAVAILABLE, "worker channel is closed")
             raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not connected")
-        transport = peer.transport
-        if transport.get_write_buffer_size() > _MAX_UNSENT:
+        if peer.transport.get_write_buffer_size() + peer.held > _MAX_UNSENT:
             raise ChannelError(ErrorCode.UNAVAILABLE, f"worker '{identity}' is not reading")
         whole, pieces = zmtp.encode(frames)
-        if pieces:
-            transport.writelines(pieces)
-        else:
-            transport.write(whole)
+        peer.write(whole, pieces, hold)
 
     def broadcast(self, frames: Sequence[Any]) -> int:
         """Best effort: send one message to every connected worker's main socket; how many got it."""
@@ -220,20 +218,58 @@ class Channel:
 
 
 class _Peer(asyncio.Protocol):
-    """One worker socket's connection: ZMTP handshake, then frames gathered into messages."""
+    """One worker socket's connection: ZMTP handshake, then frames gathered into messages.
+
+    Messages to the worker are written at once, unless the sender says `hold` (an Execute for a worker
+    with batches in flight: it reads it no sooner when written at once): then it waits for the end of
+    this event-loop pass and is written with every other message of the pass that follows it (e.g. the
+    Executes of several slots freed by one read of results): one write, and one wake-up of the worker,
+    instead of one each. Order is kept (once one message is held, every later one of the pass is)."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
         self.transport: Any = None
         self.identity = ""
+        self.held = 0  # bytes held for the end of this pass (counted against the unsent limit)
+        self._held: list[Any] | None = None  # None: nothing held in this pass
+        self._call_soon: Any = None
         self._ready = False
         self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
                                    _MAX_FRAME)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        self._call_soon = asyncio.get_running_loop().call_soon
         self.channel._connections.add(self)
         self.transport.write(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+
+    def write(self, whole: bytes, pieces: list[Any], hold: bool = False) -> None:
+        """One encoded message (zmtp.encode's result): written now, or held until the pass ends."""
+        held = self._held
+        if held is None:  # nothing held in this pass
+            if not hold:
+                if pieces:
+                    self.transport.writelines(pieces)
+                else:
+                    self.transport.write(whole)
+                return
+            held = self._held = []
+            self._call_soon(self._end_pass)
+        if pieces:
+            held.extend(pieces)
+            self.held += sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in pieces)
+        else:
+            held.append(whole)
+            self.held += len(whole)
+
+    def _end_pass(self) -> None:
+        held, self._held = self._held, None
+        self.held = 0
+        if held and not self.transport.is_closing():
+            if len(held) == 1:
+                self.transport.write(held[0])
+            else:
+                self.transport.writelines(held)
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -266,16 +265,15 @@ class Instance:
             raise self._not_ready()
         traced = live.armed  # tracing: the one check a batch pays while it is off
         sent_ns = time.monotonic_ns() if traced else 0  # before the send: the worker may start at once
-        fut = worker.launch(requests, on_free)
+        fut = worker.launch(requests, self._batch_done, on_free)
         if traced:
             watch_batch(fut, requests, self.name, sent_ns)
-        n = len(requests)
-        self._inflight += n
+        self._inflight += len(requests)
         self._idle.clear()
-        fut.add_done_callback(functools.partial(self._batch_done, n))
         return fut
 
-    def _batch_done(self, n: int, _fut: asyncio.Future[BatchResult]) -> None:
+    def _batch_done(self, n: int) -> None:
+        """A batch of `n` requests launched here is done (run by the pipeline when its future is)."""
         self._inflight -= n
         if not self._inflight:
             self._idle.set()

@@ -31,28 +31,32 @@ log = logging.getLogger("inferd.instances.worker")
 
 
 class _Batch:
-    __slots__ = ("batch_id", "fut", "requests", "ids", "leases", "on_free")
+    __slots__ = ("batch_id", "fut", "requests", "ids", "leases", "on_settled", "on_free")
 
     def __init__(self, batch_id: int, fut: asyncio.Future[BatchResult], requests: Sequence[InferRequest],
-                 ids: list[int], leases: list[Any], on_free: Callable[[], None] | None = None) -> None:
+                 ids: list[int], leases: list[Any], on_settled: Callable[[int], None] | None,
+                 on_free: Callable[[], None] | None = None) -> None:
         self.batch_id = batch_id
         self.fut = fut
         self.requests = requests
         self.ids = ids
         self.leases = leases
+        self.on_settled = on_settled  # the instance's in-flight count: run once the future is done
         self.on_free = on_free  # the scheduler's: told as the result arrives, before it is read
 
 
 class BatchPipeline:
     def __init__(self, *, depth: int, packer: InputPacker, outputs: WorkerOutputs, model_version: str,
-                 send: Callable[[list[Any]], None], send_quiet: Callable[[Any], None],
+                 send: Callable[[list[Any], bool], None], send_quiet: Callable[[Any], None],
                  kill: Callable[[str], None], refusal: Callable[[], InferdError | None],
                  who: Callable[[], str]) -> None:
         self.depth = max(1, depth)
         self.packer = packer
         self._outputs = outputs
         self._model_version = model_version
-        self._send = send  # the frames of one message to the worker (raises InferdError when unreachable)
+        # the frames of one message to the worker, and whether it may wait for the end of this loop pass
+        # (raises InferdError when unreachable)
+        self._send = send
         self._send_quiet = send_quiet  # one message, dropped when the worker is unreachable
         self._kill = kill
         self._refusal = refusal  # why the worker takes no batch now, or None while it is ready
@@ -95,19 +99,26 @@ class BatchPipeline:
         return await self._send_batch(requests)
 
     def launch(self, requests: Sequence[InferRequest],
+               on_settled: Callable[[int], None] | None = None,
                on_free: Callable[[], None] | None = None) -> asyncio.Future[BatchResult]:
         """`execute` without a coroutine while a slot is free; with every slot taken it waits in `execute`
-        (and `on_free` is not called). `on_free()` runs as the result arrives, before it is read: the
-        scheduler's next batch leaves while this one's answers are still to be split."""
+        (and `on_free` is not called). `on_settled(len(requests))` runs once the returned future is done
+        (from the callback this pipeline runs anyway: one loop callback less per batch than a done callback
+        of its own). `on_free()` runs as the result arrives, before it is read: the scheduler's next batch
+        leaves while this one's answers are still to be split."""
         refusal = self._refusal()
         if refusal is not None:
             raise refusal
         if self._slots >= self.depth:
-            return asyncio.ensure_future(self.execute(requests))
+            task = asyncio.ensure_future(self.execute(requests))
+            if on_settled is not None:
+                count = len(requests)
+                task.add_done_callback(lambda _: on_settled(count))
+            return task
         self._slots += 1
-        return self._send_batch(requests, on_free)
+        return self._send_batch(requests, on_settled, on_free)
 
-    def _send_batch(self, requests: Sequence[InferRequest],
+    def _send_batch(self, requests: Sequence[InferRequest], on_settled: Callable[[int], None] | None = None,
                     on_free: Callable[[], None] | None = None) -> asyncio.Future[BatchResult]:
         """Pack and send one Execute; the caller holds a slot, which the reply frees."""
         try:
@@ -117,13 +128,16 @@ class BatchPipeline:
             self._release_slot()
             raise
         leases, streams = packed.leases, packed.streams
+        # with batches in flight the worker has work queued (or answers waiting to be read): this one is
+        # written with the pass's others; to an idle worker it goes at once
+        hold = bool(self._batches)
         fut: asyncio.Future[BatchResult] = self._loop.create_future()
-        batch = _Batch(batch_id, fut, requests, packed.ids, leases, on_free)
+        batch = _Batch(batch_id, fut, requests, packed.ids, leases, on_settled, on_free)
         self._batches[batch_id] = batch
         if streams:
             self.streams.add(streams)
         try:
-            self._send([packed.header(batch_id), *packed.frames])
+            self._send([packed.header(batch_id), *packed.frames], hold)
         except InferdError:
             self._batches.pop(batch_id, None)
             release_leases(leases)
@@ -139,6 +153,8 @@ class BatchPipeline:
         # the caller gave up (cancelling the future): tell the worker, whose reply still frees the slot
         if fut.cancelled() and self._batches.get(batch.batch_id) is batch:
             self._send_quiet(m.Cancel(list(batch.ids)))
+        if batch.on_settled is not None:
+            batch.on_settled(len(batch.requests))
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batches in flight, or streaming) are cancelled."""

@@ -117,7 +117,7 @@ class WorkerProcess:
                                       lambda keys: self._send_quiet(m.ReleaseOutputs([], keys)))
         self._pipeline = BatchPipeline(
             depth=timings.pipeline_depth, packer=InputPacker(pool, device), outputs=self._outputs,
-            model_version=model_version, send=lambda frames: channel.send(self.identity, frames),
+            model_version=model_version, send=lambda frames, hold: channel.send(self.identity, frames, hold),
             send_quiet=self._send_quiet, kill=self._kill, refusal=self._refusal, who=self._who)
         self.launch = self._pipeline.launch  # the schedulers' path: no extra call per batch
         self._log = logging.getLogger(f"inferd.worker.{name}")

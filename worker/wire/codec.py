@@ -99,7 +99,7 @@ def decode_header(raw: Any, loads: Optional[Callable[[Any], Any]] = None) -> Any
             message = fast(header)
             if message is not None:
                 return message
-            if cls is ExecuteResult:  # its fast decoder may have changed `header` before giving up
+            if cls is ExecuteResult or cls is Execute:  # their fast decoders may have changed `header`
                 header = (loads or _loads)(raw)
                 del header["t"]
         return _build(cls, header)
@@ -201,11 +201,14 @@ def _required(cls: type[Any]) -> frozenset[str]:
 _EXECUTE_KEYS = frozenset(_field_names(Execute))
 _REQUEST_KEYS = frozenset(_field_names(RequestItem))
 _REQUEST_REQUIRED = _required(RequestItem)
+_PLAIN_REQUEST_KEYS = frozenset(("request_id", "id", "inputs", "requested_outputs"))  # request_item's own
 _TENSOR_KEYS = frozenset(_field_names(TensorRef))
 _TENSOR_REQUIRED = _required(TensorRef)
 _RESULT_KEYS = frozenset(_field_names(ExecuteResult))
 _RESULT_REQUIRED = _required(ExecuteResult)
 _RESPONSE_KEYS = frozenset(_field_names(ResponseItem))
+_PLAIN_ITEM_KEYS = frozenset(("request_id", "outputs"))  # a ResponseItem without error and parameters
+_FRAME_REF_KEYS = frozenset(("name", "datatype", "shape", "frame", "offset", "nbytes"))  # an output in a frame
 _ERROR_KEYS = frozenset(_field_names(WireError))
 _COLUMNS_RESULT_KEYS = frozenset(_field_names(ExecuteResultColumns))
 _COLUMNS_RESULT_REQUIRED = _required(ExecuteResultColumns)
@@ -217,27 +220,31 @@ _new = object.__new__
 # than a set comparison); tests/unit/worker/test_hot_path.py holds them to the schema.
 
 def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
-    """An Execute as the supervisor sends it (wire.writers.execute_header); the worker reads one per batch."""
+    """An Execute as the supervisor sends it (wire.writers.execute_header); the worker reads one per batch.
+    Checked and built in one pass, the common shapes (an item of the four fields `request_item` always
+    writes, an input in a data frame) told by one key-set comparison each: None may leave `header` half
+    changed, and `decode_header` parses the frame again for `_build`."""
     if header.keys() != _EXECUTE_KEYS:
         return None
     items = header["requests"]
     if type(items) is not list:
         return None
-    item_keys, ref_keys = _REQUEST_KEYS, _TENSOR_KEYS
-    for item in items:
-        if type(item) is not dict or not _REQUEST_REQUIRED <= item.keys() <= item_keys:
+    plain_item, frame_ref, new = _PLAIN_REQUEST_KEYS, _FRAME_REF_KEYS, _new
+    for i, item in enumerate(items):
+        if type(item) is not dict:
+            return None
+        keys = item.keys()
+        if keys != plain_item and not _REQUEST_REQUIRED <= keys <= _REQUEST_KEYS:
             return None
         refs = item["inputs"]
         if type(refs) is not list:
             return None
-        for ref in refs:
-            if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref or "datatype" not in ref \
-                    or "shape" not in ref:
-                return None
-    new = _new
-    for i, item in enumerate(items):
-        refs = item["inputs"]
         for j, ref in enumerate(refs):
+            if type(ref) is not dict:
+                return None
+            if ref.keys() != frame_ref and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref
+                                            or "datatype" not in ref or "shape" not in ref):
+                return None
             tensor = refs[j] = new(TensorRef)
             tensor.__dict__ = ref
         request = items[i] = new(RequestItem)
@@ -250,41 +257,61 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
 def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
     """An ExecuteResult as the worker sends it (`execute_result_header`), checked and built in one pass
     (the supervisor reads one per batch): None may leave `header` half changed, and `decode_header`
-    parses the frame again for `_build`."""
-    if not _RESULT_REQUIRED <= header.keys() <= _RESULT_KEYS:
+    parses the frame again for `_build`. The common shapes (every header field; an item of request_id
+    and outputs only; an output in a data frame) are told by one key-set comparison each."""
+    keys = header.keys()
+    if keys != _RESULT_KEYS and not _RESULT_REQUIRED <= keys <= _RESULT_KEYS:
         return None
     items = header["responses"]
     if type(items) is not list:
         return None
-    item_keys, ref_keys, new = _RESPONSE_KEYS, _TENSOR_KEYS, _new
+    plain_item, frame_ref, new = _PLAIN_ITEM_KEYS, _FRAME_REF_KEYS, _new
     for i, item in enumerate(items):
-        if type(item) is not dict or not item.keys() <= item_keys or "request_id" not in item:
+        if type(item) is not dict:
             return None
-        refs = item.get("outputs")
-        if type(refs) is list:
-            for j, ref in enumerate(refs):
-                if type(ref) is not dict or not ref.keys() <= ref_keys or "name" not in ref \
-                        or "datatype" not in ref or "shape" not in ref:
-                    return None
-                tensor = refs[j] = new(TensorRef)
-                tensor.__dict__ = ref
-        elif refs is None and "outputs" not in item:
-            item["outputs"] = []
-        else:
-            return None
-        error = item.get("error")
-        if error is not None:
-            if type(error) is not dict or error.keys() != _ERROR_KEYS:
+        if item.keys() == plain_item:  # no error, no parameters: the common answer
+            refs = item["outputs"]
+            if type(refs) is not list:
                 return None
-            wire_error = item["error"] = new(WireError)
-            wire_error.__dict__ = error
-        if "parameters" not in item:
             item["parameters"] = {}
+        elif not _response_fields(item):
+            return None
+        else:
+            refs = item["outputs"]
+        for j, ref in enumerate(refs):
+            if type(ref) is not dict:
+                return None
+            if ref.keys() != frame_ref and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref
+                                            or "datatype" not in ref or "shape" not in ref):
+                return None
+            tensor = refs[j] = new(TensorRef)
+            tensor.__dict__ = ref
         response = items[i] = new(ResponseItem)
         response.__dict__ = item
     message = new(ExecuteResult)
     message.__dict__ = header
     return message
+
+
+def _response_fields(item: dict[str, Any]) -> bool:
+    """An ExecuteResult's item other than request_id + outputs checked, its error built and its defaults
+    filled in (outputs [], parameters {}); False for anything `_build` should judge."""
+    if not item.keys() <= _RESPONSE_KEYS or "request_id" not in item:
+        return False
+    refs = item.get("outputs")
+    if refs is None and "outputs" not in item:
+        item["outputs"] = []
+    elif type(refs) is not list:
+        return False
+    error = item.get("error")
+    if error is not None:
+        if type(error) is not dict or error.keys() != _ERROR_KEYS:
+            return False
+        wire_error = item["error"] = _new(WireError)
+        wire_error.__dict__ = error
+    if "parameters" not in item:
+        item["parameters"] = {}
+    return True
 
 
 def _execute_result_columns_fast(header: dict[str, Any]) -> Optional[ExecuteResultColumns]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import stat
+import time
 
 import pytest
 import zmq
@@ -93,3 +94,39 @@ async def test_socket_is_private_and_removed(run_dir):
 def test_long_run_dir_refused():
     with pytest.raises(ValueError, match="too long"):
         Channel("/tmp/" + "x" * 120)
+
+
+async def test_held_messages_are_written_together_at_the_end_of_the_pass(channel, monkeypatch):
+    """A message is written at once unless held; a held one waits for the end of the loop pass and takes
+    every later message of the pass with it, in the order sent; held bytes count against the unsent limit."""
+    from inferd.supervisor.instances import channel as channel_module
+
+    hello = asyncio.Event()
+    channel.register("w", lambda frames: hello.set(), lambda frames: None)
+    ctx = zmq.Context()
+    try:
+        w = dealer(ctx, channel.endpoint, "w")
+        w.send(b"hi")  # the channel knows the peer once its message is routed
+        await asyncio.wait_for(hello.wait(), 10)
+        big = bytes(range(256)) * 400  # 100 KiB: written from where it lies (pieces)
+        channel.send("w", [b"first"])
+        assert w.poll(10_000)  # written before this pass ends: the loop has not run since
+        assert w.recv_multipart() == [b"first"]
+        channel.send("w", [b"second", b"x"])
+        assert w.poll(10_000)
+        channel.send("w", [b"third", memoryview(big)], hold=True)
+        channel.send("w", [b"fourth"])  # after a held one: held too (order)
+        time.sleep(0.05)  # the loop does not run: a write made now would reach the dealer meanwhile
+        assert w.recv_multipart() == [b"second", b"x"] and not w.poll(0)
+        assert [await recv(w), await recv(w)] == [[b"third", big], [b"fourth"]]
+
+        monkeypatch.setattr(channel_module, "_MAX_UNSENT", 1000)
+        channel.send("w", [bytes(600)], hold=True)
+        channel.send("w", [bytes(300)])  # 600 held: under the limit
+        channel.send("w", [bytes(200)])  # 900 held: under the limit
+        with pytest.raises(InferdError) as info:
+            channel.send("w", [b"x"])  # 1100 held: refused
+        assert info.value.code == ErrorCode.UNAVAILABLE and "not reading" in info.value.message
+        assert [len((await recv(w))[0]) for _ in range(3)] == [600, 300, 200]
+    finally:
+        ctx.destroy(linger=0)

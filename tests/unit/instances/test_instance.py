@@ -100,6 +100,26 @@ async def test_drain_waits_for_inflight(channel, fake_launcher):
     assert inst.state is InstanceState.STOPPED and inst.worker.returncode == 0
 
 
+async def test_inflight_counts_batches_waiting_for_a_slot_and_cancelled_ones(channel, fake_launcher):
+    """In-flight requests are counted from launch to the end of their future: also a batch waiting for
+    a pipeline slot, and one cancelled while it waits or runs; drain then finds the instance idle."""
+    inst = Instance(LOAD, channel=channel, launcher=fake_launcher, timings=replace(FAST, pipeline_depth=1))
+    await inst.start()
+    running = inst.launch([req(sleep=0.3)])
+    waiting = inst.launch([req(), req(k=1)])  # no slot: waits in the pipeline (unlike requests: no columns)
+    cancelled = inst.launch([req()])
+    assert inst.inflight == 4
+    cancelled.cancel()
+    result = await asyncio.wait_for(running, 10)
+    assert not isinstance(result.responses[0], InferdError)
+    assert len((await asyncio.wait_for(waiting, 10)).responses) == 2
+    await asyncio.sleep(0)  # the futures' done callbacks
+    assert inst.inflight == 0
+    t0 = time.monotonic()
+    await inst.drain_and_stop(5)
+    assert time.monotonic() - t0 < 2 and inst.state is InstanceState.STOPPED
+
+
 async def test_drain_timeout_fails_inflight(channel, fake_launcher):
     inst = Instance(LOAD, channel=channel, launcher=fake_launcher, timings=replace(FAST, stop_timeout_s=0.2))
     await inst.start()

@@ -142,6 +142,57 @@ def test_execute_unusual_headers_match_generic(path, value):
         assert m.decode([raw])[0] == expected
 
 
+def execute_result_json() -> dict:
+    """An ExecuteResult as the worker writes it: items of request_id + outputs only, frame outputs."""
+    return json.loads(m.execute_result_header(4, [
+        m.response_item_json(1, [m.output_ref_json("A", "FP32", (2,), 0, 0, 8),
+                                 m.output_ref_json("B", "INT8", (), 0, 8, 1)]),
+        m.response_item_json(2, [m.output_ref_json("A", "FP32", (2,), 0, 9, 8)])], 1, 2, 3))
+
+
+FRAME_REF = {"name": "X", "datatype": "FP32", "shape": [1], "frame": 0, "offset": 0, "nbytes": 4}
+
+
+@pytest.mark.parametrize("path,value", [
+    ((), None),  # as written
+    (("compute_output_ns",), KeyError),  # optional header field left out: default
+    (("responses", 0, "outputs"), KeyError),  # outputs left out: []
+    (("responses", 0, "outputs"), None),
+    (("responses", 0, "outputs"), "nope"),
+    (("responses", 0, "request_id"), KeyError),
+    (("responses", 0, "parameters"), {"k": 1}),
+    (("responses", 0, "error"), None),
+    (("responses", 0, "error"), {"code": 3, "message": "x"}),
+    (("responses", 0, "error"), {"code": 3}),
+    (("responses", 0, "extra"), 1),
+    (("responses", 1, "outputs"), [{**FRAME_REF, "loc": "shm", "region": "r"}]),  # not the frame-ref key set
+    (("responses", 1, "outputs"), [{"name": "X", "datatype": "FP32", "shape": [1]}]),
+    (("responses", 1, "outputs"), [{"name": "X", "datatype": "FP32", "frame": 0, "offset": 0, "nbytes": 4,
+                                    "bogus": 1}]),
+    (("responses", 1, "outputs"), [{k: v for k, v in FRAME_REF.items() if k != "name"}]),
+    (("responses", 1, "outputs"), [["not", "an", "object"]]),
+    (("responses", 1), 5),
+    (("responses",), {"a": 1}),
+    (("batch_id",), KeyError),
+    (("extra",), 1),
+])
+def test_execute_result_unusual_headers_match_generic(path, value):
+    doc = execute_result_json()
+    doc["t"] = "execute_result"
+    raw = broken(doc, path, value) if path else json.dumps(doc).encode()
+    try:
+        expected = generic_decode(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        with pytest.raises(m.ProtocolError) as got:
+            m.decode([raw])
+        assert str(got.value) == "malformed message: %s" % exc
+    else:
+        got_message = m.decode([raw])[0]
+        assert got_message == expected and repr(got_message) == repr(expected)
+        assert all(type(item) is m.ResponseItem and all(type(ref) is m.TensorRef for ref in item.outputs)
+                   for item in got_message.responses)
+
+
 @pytest.mark.parametrize("raw", [
     b'{"a":1}', b'{"a":"\xc3\xa9\\u00e9"}', b' {"a":1}', b'{"a":1} ', b'{"a":1}\n', b'{"a":1}x', b'{"a":',
     b'{}', b'{', b'[1]', b'', b'\xef\xbb\xbf{"a":1}', '{"a":1}'.encode("utf-16-le"),
@@ -363,3 +414,16 @@ def test_frame_packer_shares_one_frame_for_small_buffers():
 
 def test_fast_decoders_spell_out_the_tensor_ref_required_fields():
     assert frozenset(("name", "datatype", "shape")) == wire_codec._TENSOR_REQUIRED
+
+
+def test_fast_lanes_key_sets_are_valid_shapes_of_their_classes():
+    """The key sets the fast decoders compare against hold every required field and only real ones."""
+    for keys, cls in ((wire_codec._FRAME_REF_KEYS, m.TensorRef), (wire_codec._PLAIN_ITEM_KEYS, m.ResponseItem),
+                      (wire_codec._PLAIN_REQUEST_KEYS, m.RequestItem)):
+        assert wire_codec._required(cls) <= keys <= frozenset(wire_codec._field_names(cls)), cls
+    # and they are what the writers write for the common case
+    assert json.loads(m.output_ref_json("A", "FP32", (1,), 0, 0, 4)).keys() == wire_codec._FRAME_REF_KEYS
+    assert json.loads(m.response_item_json(1, [])).keys() == wire_codec._PLAIN_ITEM_KEYS
+    inputs = [m.tensor_ref("A", "FP32", [1], "frame", 0, "", 0, 4)]
+    assert inputs[0].keys() == wire_codec._FRAME_REF_KEYS
+    assert m.request_item(1, "", inputs, []).keys() == wire_codec._PLAIN_REQUEST_KEYS

@@ -146,3 +146,19 @@ def test_frames_joined_across_reads_stay_writable():
         reader.feed(bytearray(stream[cut:]))
         assert [bytes(f) for f in got] == [b"a" * 300, b"b" * 10]
         assert not any(f.readonly for f in got), cut
+
+
+def test_frames_of_earlier_reads_keep_their_bytes(router):
+    """Short reads share one read buffer and are copied out of it; longer ones keep it: either way a
+    message's frames stay its own after later reads (and a model's in-place change touches only them)."""
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1 << 20)
+    kept = []
+    for i in range(4):
+        size = 20_000 if i % 2 else 10  # above and below the copy bound
+        sock.send_multipart([b"w", bytes([65 + i]) * size])
+        kept.append(dealer.recv_multipart())  # one message per read: each was sent after the last read
+    kept[0][0][0] = ord("z")
+    assert [(len(f[0]), bytes(f[0][1:2])) for f in kept] == [(10, b"A"), (20_000, b"B"), (10, b"C"), (20_000, b"D")]
+    assert bytes(kept[0][0][:1]) == b"z" and bytes(kept[2][0][:1]) == b"C"
+    dealer.close()
