@@ -9,6 +9,7 @@ instance answers at once; the answers are built and written by the same code as 
     .venv/bin/python bench/hotpath.py               # median µs per request: intake, answer, total
     .venv/bin/python bench/hotpath.py --profile     # the same under cProfile, top functions by own time
     .venv/bin/python bench/hotpath.py --trace-file /tmp/t.json   # every request traced (level TIMESTAMPS)
+    .venv/bin/python bench/hotpath.py --batch 1     # one connection, batches of one: the c=1 path
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class Version:
 
 class Entry:
     def __init__(self, version: Version) -> None:
-        self.versions, self.records = {version.version: version}, {}
+        self.versions = {version.version: version}
+        self.records: dict[Any, Any] = {}
 
 
 class Manager:
@@ -137,7 +139,7 @@ class Manager:
         self.entries = {version.name: Entry(version)}
 
     def watch(self, callback: Any) -> None:
-        pass  # one model, never changing
+        """One ready version that never changes: nothing to tell."""
 
 
 class Transport:
@@ -208,13 +210,17 @@ async def measure(rounds: int, trace_file: str = "") -> tuple[list[float], list[
 
 
 def main() -> int:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3000, help="batches of 32 requests")
+    ap.add_argument("--rounds", type=int, default=3000, help="batches of --batch requests")
+    ap.add_argument("--batch", type=int, default=BATCH,
+                    help="connections, each sending one request per round (1: the c=1 path, a batch per request)")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--trace-file", default="", help="trace every request (rate 1, TIMESTAMPS) into this file")
     ap.add_argument("--body", choices=["small", "add_sub", "add_sub_binary"], default="small",
                     help="small: one FP32[4] JSON input; add_sub(_binary): bench/run.py's add_sub request")
     args = ap.parse_args()
+    BATCH = CONFIG["max_batch_size"] = max(1, args.batch)
     use_body(args.body)
     profiler = cProfile.Profile() if args.profile else None
     if profiler is not None:

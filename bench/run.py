@@ -6,7 +6,7 @@
 
 One model repository (bench/out/<run>/repo: add_sub, identity_4mib, trivial) is served by inferd and
 Triton; MLServer gets equivalent runtimes in its scratch dir. All servers run at once, each on its own
-ports; every scenario is measured server after server, A B C A B C (--rounds), with one client: wrk
+ports; every scenario is measured server after server, A B C C B A (--rounds), with one client: wrk
 (HTTP, Lua script, status codes checked) and h2load (gRPC: pre-serialized ModelInferRequest, gRPC
 framing; h2load only sees HTTP status, so every point is checked against the exact response size
 recorded by a raw gRPC call in grpc_tool.py, plus a tritonclient call per server).
@@ -702,7 +702,8 @@ def markdown(res: dict) -> str:
              f"- Machine: {m['nproc']} CPUs ({m['cpu']}), {m['ram_gb']} GiB RAM, Linux {m['kernel']}",
              f"- Command: `{res['command']}`",
              f"- {res['duration_s']:.0f} s per point ({res['warmup_s']:.0f} s warm-up), {res['rounds']} rounds "
-             f"alternating {' → '.join(srv)}; HTTP body: {res['http_body']}; clients: {res['tools']['wrk']}, "
+             f"alternating {' → '.join(srv)} (reversed in even rounds); HTTP body: {res['http_body']}; "
+             f"clients: {res['tools']['wrk']}, "
              f"{res['tools']['h2load']} (1 thread each, one request in flight per connection)",
              f"- Load average: {res['loadavg_start']} at start, {res['loadavg_end']} at end "
              "(shared CPU: other engineers' test runs); CPU used by other processes during the points: "
@@ -961,8 +962,11 @@ def main() -> int:
                       flush=True)
 
         for rnd in range(1, args.rounds + 1):
+            # even rounds take the servers in reverse, so that no server is always measured first or
+            # always after the same one (on this host a point can read differently by what ran before it)
+            order = live if rnd % 2 else live[::-1]
             for sc in scenarios:
-                for s in live:
+                for s in order:
                     if sc.proto == "http" and s.name == "mlserver" and header_len is not None:
                         continue
                     point: dict = {"round": rnd, "scenario": sc.name, "server": s.name, "loadavg": loadavg()}
