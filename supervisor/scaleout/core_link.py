@@ -81,14 +81,15 @@ class Session:
         self.regions = _Regions()
         self.acked = 0  # the latest snapshot version this frontend applied
         self.serving = False  # its servers listen (Kind.SERVING)
-        self.last_seen = asyncio.get_running_loop().time()  # when a frame last came (watchdog.py)
+        self._time = asyncio.get_running_loop().time
+        self.last_seen = self._time()  # when a frame last came (watchdog.py)
         self.inflight: dict[int, asyncio.Future[Any]] = {}
         # responses whose large outputs went by their worker region's handle, until the frontend's RELEASE
         self.held: dict[int, InferResponse] = {}
 
     # ---------------------------------------------------------------- frames
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
-        self.last_seen = asyncio.get_running_loop().time()
+        self.last_seen = self._time()
         try:
             if kind == Kind.INFER:
                 self._infer(call, header, data)
@@ -144,9 +145,9 @@ class Session:
         if exc is None:
             try:
                 resp = future.result()
-                by_handle = len(self.held) < MAX_HELD  # beyond: copied inline (a frontend slow to release)
-                head, chunks, size = frames.response_parts(resp, by_handle)
-                if by_handle and frames.by_handle(head):
+                # beyond MAX_HELD: copied inline (a frontend slow to release)
+                head, chunks, size, held = frames.result_parts(resp, len(self.held) < MAX_HELD)
+                if held:
                     self.held[call] = resp
                 link.send(Kind.RESULT, call, frames.dumps(head), chunks, size)
                 return

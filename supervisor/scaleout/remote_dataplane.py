@@ -49,13 +49,14 @@ LINK_LOST = "the frontend process lost its link to the server core"
 
 
 class _Call:
-    __slots__ = ("future", "leases", "queue")
+    __slots__ = ("future", "leases", "queue", "watch")
 
     def __init__(self, future: asyncio.Future[Any] | None, leases: list[Any],
                  queue: collections.deque[Any] | None = None) -> None:
         self.future = future  # what the caller awaits (None for a stream)
         self.leases = leases  # input regions, released when the core answers
         self.queue = queue  # a stream's items (response or error, final)
+        self.watch: Any = None  # the future's done callback that sends CANCEL, removed once answered
 
 
 class RemoteDataPlane(DataPlane):
@@ -156,6 +157,8 @@ class RemoteDataPlane(DataPlane):
         c.leases.clear()
         f = c.future
         if f is not None and not f.done():
+            if c.watch is not None:  # answered: no CANCEL to send (and no callback to schedule)
+                f.remove_done_callback(c.watch)
             if err is not None:
                 f.set_exception(err)
             else:
@@ -252,7 +255,9 @@ class RemoteDataPlane(DataPlane):
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
         call = self._start(Kind.INFER, request, future)
-        future.add_done_callback(lambda f: self._cancel(call) if f.cancelled() and call in self._calls else None)
+        c = self._calls[call]
+        c.watch = lambda f: self._cancel(call) if f.cancelled() and call in self._calls else None
+        future.add_done_callback(c.watch)
         return future
 
     async def infer(self, request: InferRequest) -> InferResponse:
