@@ -224,10 +224,7 @@ def result_parts(resp: InferResponse, by_handle: bool) -> tuple[dict[str, Any], 
 
 def by_handle(h: dict[str, Any]) -> bool:
     """Whether a response header refers to a region (then its call must be released)."""
-    for doc in h["o"]:
-        if doc[4][0] == "s":
-            return True
-    return False
+    return any(doc[4][0] == "s" for doc in h["o"])
 
 
 def decode_response(h: dict[str, Any], data: memoryview, attach: Any = None) -> InferResponse:
