@@ -140,7 +140,7 @@ def _tensor_docs(tensors: list[Tensor], by_handle: bool) -> tuple[list[Any], lis
 
 
 def _tensors(docs: list[Any], data: memoryview, attach: Any) -> list[Tensor]:
-    out = []
+    out: list[Tensor] = []
     append = out.append
     end = len(data)
     for name, datatype, shape, params, loc in docs:
