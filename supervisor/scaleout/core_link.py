@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -133,7 +134,7 @@ class Session:
         request = frames.decode_request(header, data, self.regions.view)
         future = self.dp.infer_nowait(request)
         self.inflight[call] = future
-        future.add_done_callback(lambda f: self._answer(call, f))
+        future.add_done_callback(functools.partial(self._answer, call))  # no lambda frame per answer
 
     def _answer(self, call: int, future: asyncio.Future[InferResponse]) -> None:
         self.inflight.pop(call, None)

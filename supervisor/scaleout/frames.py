@@ -224,7 +224,10 @@ def result_parts(resp: InferResponse, by_handle: bool) -> tuple[dict[str, Any], 
 
 def by_handle(h: dict[str, Any]) -> bool:
     """Whether a response header refers to a region (then its call must be released)."""
-    return any(doc[4][0] == "s" for doc in h["o"])
+    for doc in h["o"]:  # noqa: SIM110  (a loop, not any(generator): this runs for every response)
+        if doc[4][0] == "s":
+            return True
+    return False
 
 
 def decode_response(h: dict[str, Any], data: memoryview, attach: Any = None) -> InferResponse:
