@@ -74,9 +74,10 @@ class RemoteDataPlane(DataPlane):
         self._ids = itertools.count(1)
         self._wakers: dict[int, asyncio.Event] = {}
         self._log_settings: dict[str, Any] | None = None  # as the core last pushed them
+        self._loop: asyncio.AbstractEventLoop | None = None  # set on connect: get_running_loop costs a getpid
 
     async def connect(self, path: str, max_frame: int) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         _, link = await loop.create_unix_connection(
             lambda: Link(self._on_frame, self._on_lost, max_frame), path)
         self.link = link
@@ -253,7 +254,7 @@ class RemoteDataPlane(DataPlane):
         return call
 
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[InferResponse] = (self._loop or asyncio.get_running_loop()).create_future()
         call = self._start(Kind.INFER, request, future)
         c = self._calls[call]
         c.watch = lambda f: self._cancel(call) if f.cancelled() and call in self._calls else None
