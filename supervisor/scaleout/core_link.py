@@ -40,6 +40,9 @@ SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then
 
 CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-processes greater than 1"
 
+# the hot kinds as plain ints (comparing with an IntEnum member costs a class attribute lookup each time)
+_INFER, _RESULT = int(Kind.INFER), int(Kind.RESULT)
+
 # ops that change what the snapshot shows: answered once every frontend has the new one
 _MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS, Op.LOG_SETTINGS})
 
@@ -92,7 +95,7 @@ class Session:
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
         self.last_seen = self._time()
         try:
-            if kind == Kind.INFER:
+            if kind == _INFER:
                 self._infer(call, header, data)
             elif kind == Kind.CANCEL:
                 f = self.inflight.get(call)
@@ -150,7 +153,7 @@ class Session:
                 head, chunks, size, held = frames.result_parts(resp, len(self.held) < MAX_HELD)
                 if held:
                     self.held[call] = resp
-                link.send(Kind.RESULT, call, frames.dumps(head), chunks, size)
+                link.send(_RESULT, call, frames.dumps(head), chunks, size)
                 return
             except InferdError as err:
                 exc = err

@@ -45,6 +45,7 @@ from .snapshot import View
 log = logging.getLogger("inferd.scaleout")
 
 STREAM_LIMIT = 4096  # responses buffered per stream before it is failed (as core.streaming.ResponseStream)
+_RESULT = int(Kind.RESULT)  # the hot kind as a plain int (an IntEnum member costs a lookup per compare)
 LINK_LOST = "the frontend process lost its link to the server core"
 
 
@@ -104,7 +105,7 @@ class RemoteDataPlane(DataPlane):
                     self._settle(c, None, err)
 
     def _dispatch(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
-        if kind == Kind.RESULT:
+        if kind == _RESULT:
             h = frames.loads(header)
             attach = None
             if frames.by_handle(h):  # large outputs in a worker's region: mapped here, released when collected
