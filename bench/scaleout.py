@@ -154,9 +154,9 @@ def main() -> int:
                         else:
                             path, size = Path(grpc_bodies[model]["path"]), san["response_framed_bytes"]
                             if args.warmup > 0:
-                                rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.warmup, 0, path, size, work)
+                                rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.warmup, path, size, work)
                             cpu0 = s.cpu_split()
-                            r = rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.duration, 0, path, size, work)
+                            r = rb.run_h2load(f"http://{s.grpc_url}", args.conc, args.duration, path, size, work)
                     cpu1 = s.cpu_split()
                     point = {"round": rnd, "scenario": name, "server": s.name, **r}
                     if "error" not in r and r.get("requests") and cpu0 is not None:

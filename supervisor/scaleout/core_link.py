@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,9 @@ MAX_REGIONS = 256  # mappings of one frontend's regions kept here (least recentl
 SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then is left behind (and logged)
 
 CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-processes greater than 1"
+
+# the hot kinds as plain ints (comparing with an IntEnum member costs a class attribute lookup each time)
+_INFER, _RESULT = int(Kind.INFER), int(Kind.RESULT)
 
 # ops that change what the snapshot shows: answered once every frontend has the new one
 _MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS, Op.LOG_SETTINGS})
@@ -81,16 +85,17 @@ class Session:
         self.regions = _Regions()
         self.acked = 0  # the latest snapshot version this frontend applied
         self.serving = False  # its servers listen (Kind.SERVING)
-        self.last_seen = asyncio.get_running_loop().time()  # when a frame last came (watchdog.py)
+        self._time = asyncio.get_running_loop().time
+        self.last_seen = self._time()  # when a frame last came (watchdog.py)
         self.inflight: dict[int, asyncio.Future[Any]] = {}
         # responses whose large outputs went by their worker region's handle, until the frontend's RELEASE
         self.held: dict[int, InferResponse] = {}
 
     # ---------------------------------------------------------------- frames
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
-        self.last_seen = asyncio.get_running_loop().time()
+        self.last_seen = self._time()
         try:
-            if kind == Kind.INFER:
+            if kind == _INFER:
                 self._infer(call, header, data)
             elif kind == Kind.CANCEL:
                 f = self.inflight.get(call)
@@ -132,7 +137,7 @@ class Session:
         request = frames.decode_request(header, data, self.regions.view)
         future = self.dp.infer_nowait(request)
         self.inflight[call] = future
-        future.add_done_callback(lambda f: self._answer(call, f))
+        future.add_done_callback(functools.partial(self._answer, call))  # no lambda frame per answer
 
     def _answer(self, call: int, future: asyncio.Future[InferResponse]) -> None:
         self.inflight.pop(call, None)
@@ -144,11 +149,11 @@ class Session:
         if exc is None:
             try:
                 resp = future.result()
-                by_handle = len(self.held) < MAX_HELD  # beyond: copied inline (a frontend slow to release)
-                head, chunks, size = frames.response_parts(resp, by_handle)
-                if by_handle and frames.by_handle(head):
+                # beyond MAX_HELD: copied inline (a frontend slow to release)
+                head, chunks, size, held = frames.result_parts(resp, len(self.held) < MAX_HELD)
+                if held:
                     self.held[call] = resp
-                link.send(Kind.RESULT, call, frames.dumps(head), chunks, size)
+                link.send(_RESULT, call, frames.dumps(head), chunks, size)
                 return
             except InferdError as err:
                 exc = err

@@ -116,40 +116,45 @@ def _nbytes(data: Any) -> int:
     return data.nbytes if type(data) is memoryview else memoryview(data).nbytes
 
 
-def _tensor_docs(tensors: list[Tensor], by_handle: bool) -> tuple[list[Any], list[Any], int]:
-    """Header entries of `tensors` and the data chunks behind them. With `by_handle`, a tensor larger
-    than INLINE_MAX_BYTES with `shm_ref` goes by handle ("s", region, offset, size); any other inline
-    ("b", offset, size)."""
+def _tensor_docs(tensors: list[Tensor], by_handle: bool) -> tuple[list[Any], list[Any], int, bool]:
+    """Header entries of `tensors`, the data chunks behind them, their size, and whether any went by
+    handle. With `by_handle`, a tensor larger than INLINE_MAX_BYTES with `shm_ref` goes by handle
+    ("s", region, offset, size); any other inline ("b", offset, size). On every request's path: kept tight."""
     docs: list[Any] = []
     chunks: list[Any] = []
     offset = 0
+    handles = False
     for t in tensors:
         data = t.data
-        nbytes = _nbytes(data)
-        if by_handle and t.shm_ref is not None and nbytes > INLINE_MAX_BYTES:
+        nbytes = data.nbytes if type(data) is memoryview else memoryview(data).nbytes
+        if by_handle and nbytes > INLINE_MAX_BYTES and t.shm_ref is not None:
             loc: list[Any] = ["s", t.shm_ref[0], t.shm_ref[1], nbytes]
+            handles = True
         else:
             loc = ["b", offset, nbytes]
             if nbytes:
                 chunks.append(data)
                 offset += nbytes
         docs.append([t.name, t.datatype, t.shape, t.parameters or None, loc])
-    return docs, chunks, offset
+    return docs, chunks, offset, handles
 
 
 def _tensors(docs: list[Any], data: memoryview, attach: Any) -> list[Tensor]:
-    out = []
+    out: list[Tensor] = []
+    append = out.append
+    end = len(data)
     for name, datatype, shape, params, loc in docs:
-        if loc[0] == "s":
-            if attach is None:
+        if loc[0] == "b":
+            start = loc[1]
+            stop = start + loc[2]
+            if start < 0 or stop < start or stop > end or type(stop) is not int:
+                raise InferdError(ErrorCode.INTERNAL, "tensor '%s' lies outside its frame" % name)
+            append(Tensor(name, datatype, shape, data[start:stop], params or {}))
+        else:
+            if loc[0] != "s" or attach is None:
                 raise InferdError(ErrorCode.INTERNAL, "a tensor by shared-memory handle where none is expected")
             view = attach(loc[1], int(loc[2]), int(loc[3]))
-            out.append(Tensor(name, datatype, shape, view, params or {}, shm_ref=(loc[1], int(loc[2]))))
-        else:
-            start, size = int(loc[1]), int(loc[2])
-            if start < 0 or size < 0 or start + size > len(data):
-                raise InferdError(ErrorCode.INTERNAL, "tensor '%s' lies outside its frame" % name)
-            out.append(Tensor(name, datatype, shape, data[start:start + size], params or {}))
+            append(Tensor(name, datatype, shape, view, params or {}, (loc[1], int(loc[2]))))
     return out
 
 
@@ -158,7 +163,7 @@ def _tensors(docs: list[Any], data: memoryview, attach: Any) -> list[Tensor]:
 
 def request_parts(req: InferRequest) -> tuple[bytes, list[Any], int]:
     """(header, data chunks, data size) of a request."""
-    docs, chunks, size = _tensor_docs(req.inputs, True)
+    docs, chunks, size, _ = _tensor_docs(req.inputs, True)
     head: dict[str, Any] = {"m": req.model_name, "v": req.model_version, "in": docs, "a": req.arrival_ns}
     if req.id:
         head["i"] = req.id
@@ -179,12 +184,20 @@ def request_parts(req: InferRequest) -> tuple[bytes, list[Any], int]:
     return dumps(head), chunks, size
 
 
+_REQUEST_KEYS = frozenset(("m", "v", "in", "a"))
+
+
 def decode_request(header: Any, data: memoryview, attach: Any) -> InferRequest:
     h = loads(header)
-    req = InferRequest(h["m"], h.get("v", ""), h.get("i", ""), _tensors(h["in"], data, attach),
+    inputs = _tensors(h["in"], data, attach)
+    arrival = h.get("a") or time.monotonic_ns()
+    if type(arrival) is not int:
+        arrival = int(arrival)
+    if h.keys() <= _REQUEST_KEYS:  # the common request: no id, outputs, parameters, sequence or priority
+        return InferRequest(h["m"], h.get("v", ""), "", inputs, [], {}, 0, 0, 0, 0, arrival)
+    req = InferRequest(h["m"], h.get("v", ""), h.get("i", ""), inputs,
                        [RequestedOutput(name, params or {}) for name, params in h.get("o", ())],
-                       h.get("p") or {}, h.get("c", 0), h.get("f", 0), h.get("pr", 0), h.get("t", 0),
-                       int(h.get("a") or 0) or time.monotonic_ns())
+                       h.get("p") or {}, h.get("c", 0), h.get("f", 0), h.get("pr", 0), h.get("t", 0), arrival)
     tp = h.get("tp")
     if tp is not None:
         req.trace_parent = tp
@@ -194,18 +207,27 @@ def decode_request(header: Any, data: memoryview, attach: Any) -> InferRequest:
 def response_parts(resp: InferResponse, by_handle: bool = False) -> tuple[dict[str, Any], list[Any], int]:
     """With `by_handle`, a large output in a worker's region goes by that region's handle: the caller
     keeps the response (and so the region) until the frontend sends RELEASE for the call."""
-    docs, chunks, size = _tensor_docs(resp.outputs, by_handle)
+    head, chunks, size, _ = result_parts(resp, by_handle)
+    return head, chunks, size
+
+
+def result_parts(resp: InferResponse, by_handle: bool) -> tuple[dict[str, Any], list[Any], int, bool]:
+    """response_parts, and whether any output went by handle (then the response must be held)."""
+    docs, chunks, size, handles = _tensor_docs(resp.outputs, by_handle)
     head: dict[str, Any] = {"m": resp.model_name, "v": resp.model_version, "o": docs}
     if resp.id:
         head["i"] = resp.id
     if resp.parameters:
         head["p"] = resp.parameters
-    return head, chunks, size
+    return head, chunks, size, handles
 
 
 def by_handle(h: dict[str, Any]) -> bool:
     """Whether a response header refers to a region (then its call must be released)."""
-    return any(doc[4][0] == "s" for doc in h["o"])
+    for doc in h["o"]:  # noqa: SIM110  (a loop, not any(generator): this runs for every response)
+        if doc[4][0] == "s":
+            return True
+    return False
 
 
 def decode_response(h: dict[str, Any], data: memoryview, attach: Any = None) -> InferResponse:

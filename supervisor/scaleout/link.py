@@ -18,6 +18,7 @@ from . import frames
 
 log = logging.getLogger("inferd.scaleout")
 
+_HEAD_REST = frames.HEAD.size - frames.PREFIX
 OnFrame = Callable[[int, int, memoryview, memoryview], None]
 
 
@@ -39,10 +40,12 @@ class Link(asyncio.Protocol):
         self._out: list[Any] = []  # frames of this loop pass, written at its end
         self._flush_soon = False
         self._drained: asyncio.Future[None] | None = None
+        self._call_soon: Callable[..., Any] | None = None  # the loop's (asyncio.get_running_loop costs a getpid)
 
     # ---- asyncio.Protocol ----
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        self._call_soon = asyncio.get_running_loop().call_soon
         transport.set_write_buffer_limits(high=64 * 1024 * 1024)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
@@ -105,12 +108,12 @@ class Link(asyncio.Protocol):
         if self.transport is None or self.closed:
             return False
         out = self._out
-        out.append(frames.frame(kind, call, header, size))
+        out.append(frames.HEAD.pack(_HEAD_REST + len(header) + size, kind, call, len(header)) + header)
         if chunks:
             out.extend(chunks)
         if not self._flush_soon:
             self._flush_soon = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self._call_soon or asyncio.get_running_loop().call_soon)(self._flush)
         return True
 
     def _flush(self) -> None:

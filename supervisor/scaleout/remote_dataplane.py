@@ -45,17 +45,19 @@ from .snapshot import View
 log = logging.getLogger("inferd.scaleout")
 
 STREAM_LIMIT = 4096  # responses buffered per stream before it is failed (as core.streaming.ResponseStream)
+_RESULT = int(Kind.RESULT)  # the hot kind as a plain int (an IntEnum member costs a lookup per compare)
 LINK_LOST = "the frontend process lost its link to the server core"
 
 
 class _Call:
-    __slots__ = ("future", "leases", "queue")
+    __slots__ = ("future", "leases", "queue", "watch")
 
     def __init__(self, future: asyncio.Future[Any] | None, leases: list[Any],
                  queue: collections.deque[Any] | None = None) -> None:
         self.future = future  # what the caller awaits (None for a stream)
         self.leases = leases  # input regions, released when the core answers
         self.queue = queue  # a stream's items (response or error, final)
+        self.watch: Any = None  # the future's done callback that sends CANCEL, removed once answered
 
 
 class RemoteDataPlane(DataPlane):
@@ -73,9 +75,10 @@ class RemoteDataPlane(DataPlane):
         self._ids = itertools.count(1)
         self._wakers: dict[int, asyncio.Event] = {}
         self._log_settings: dict[str, Any] | None = None  # as the core last pushed them
+        self._loop: asyncio.AbstractEventLoop | None = None  # set on connect: get_running_loop costs a getpid
 
     async def connect(self, path: str, max_frame: int) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         _, link = await loop.create_unix_connection(
             lambda: Link(self._on_frame, self._on_lost, max_frame), path)
         self.link = link
@@ -102,7 +105,7 @@ class RemoteDataPlane(DataPlane):
                     self._settle(c, None, err)
 
     def _dispatch(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
-        if kind == Kind.RESULT:
+        if kind == _RESULT:
             h = frames.loads(header)
             attach = None
             if frames.by_handle(h):  # large outputs in a worker's region: mapped here, released when collected
@@ -156,6 +159,8 @@ class RemoteDataPlane(DataPlane):
         c.leases.clear()
         f = c.future
         if f is not None and not f.done():
+            if c.watch is not None:  # answered: no CANCEL to send (and no callback to schedule)
+                f.remove_done_callback(c.watch)
             if err is not None:
                 f.set_exception(err)
             else:
@@ -250,9 +255,11 @@ class RemoteDataPlane(DataPlane):
         return call
 
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        future: asyncio.Future[InferResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[InferResponse] = (self._loop or asyncio.get_running_loop()).create_future()
         call = self._start(Kind.INFER, request, future)
-        future.add_done_callback(lambda f: self._cancel(call) if f.cancelled() and call in self._calls else None)
+        c = self._calls[call]
+        c.watch = lambda f: self._cancel(call) if f.cancelled() and call in self._calls else None
+        future.add_done_callback(c.watch)
         return future
 
     async def infer(self, request: InferRequest) -> InferResponse:
