@@ -229,7 +229,7 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
     items = header["requests"]
     if type(items) is not list:
         return None
-    plain_item, frame_ref, new = _PLAIN_REQUEST_KEYS, _FRAME_REF_KEYS, _new
+    plain_item, new = _PLAIN_REQUEST_KEYS, _new
     for i, item in enumerate(items):
         if type(item) is not dict:
             return None
@@ -239,19 +239,29 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
         refs = item["inputs"]
         if type(refs) is not list:
             return None
-        for j, ref in enumerate(refs):
-            if type(ref) is not dict:
-                return None
-            if ref.keys() != frame_ref and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref
-                                            or "datatype" not in ref or "shape" not in ref):
-                return None
-            tensor = refs[j] = new(TensorRef)
-            tensor.__dict__ = ref
+        if not _tensor_refs(refs):
+            return None
         request = items[i] = new(RequestItem)
         request.__dict__ = item
     message = new(Execute)
     message.__dict__ = header
     return message
+
+
+def _tensor_refs(refs: list[Any]) -> bool:
+    """Turn a message's tensor dicts into TensorRefs in place (False: one is not a tensor reference; the
+    generic decoder then reads the message and names the problem). A data-frame reference, the common one,
+    is told by one key-set comparison."""
+    new = _new
+    for j, ref in enumerate(refs):
+        if type(ref) is not dict:
+            return False
+        if ref.keys() != _FRAME_REF_KEYS and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref
+                                              or "datatype" not in ref or "shape" not in ref):
+            return False
+        tensor = refs[j] = new(TensorRef)
+        tensor.__dict__ = ref
+    return True
 
 
 def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
@@ -265,7 +275,7 @@ def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
     items = header["responses"]
     if type(items) is not list:
         return None
-    plain_item, frame_ref, new = _PLAIN_ITEM_KEYS, _FRAME_REF_KEYS, _new
+    plain_item, new = _PLAIN_ITEM_KEYS, _new
     for i, item in enumerate(items):
         if type(item) is not dict:
             return None
@@ -278,14 +288,8 @@ def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
             return None
         else:
             refs = item["outputs"]
-        for j, ref in enumerate(refs):
-            if type(ref) is not dict:
-                return None
-            if ref.keys() != frame_ref and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref
-                                            or "datatype" not in ref or "shape" not in ref):
-                return None
-            tensor = refs[j] = new(TensorRef)
-            tensor.__dict__ = ref
+        if not _tensor_refs(refs):
+            return None
         response = items[i] = new(ResponseItem)
         response.__dict__ = item
     message = new(ExecuteResult)
