@@ -31,7 +31,7 @@ log = logging.getLogger("inferd.instances.worker")
 
 
 class _Batch:
-    __slots__ = ("batch_id", "fut", "requests", "ids", "leases", "on_settled", "on_free")
+    __slots__ = ("batch_id", "fut", "requests", "ids", "leases", "on_settled", "on_free", "done_cb")
 
     def __init__(self, batch_id: int, fut: asyncio.Future[BatchResult], requests: Sequence[InferRequest],
                  ids: list[int], leases: list[Any], on_settled: Callable[[int], None] | None,
@@ -43,6 +43,7 @@ class _Batch:
         self.leases = leases
         self.on_settled = on_settled  # the instance's in-flight count: run once the future is done
         self.on_free = on_free  # the scheduler's: told as the result arrives, before it is read
+        self.done_cb: Callable[[asyncio.Future[BatchResult]], None] | None = None  # see _send_batch
 
 
 class BatchPipeline:
@@ -146,10 +147,14 @@ class BatchPipeline:
             raise
         if streams:
             self.streams.attach(streams)
-        fut.add_done_callback(functools.partial(self._batch_settled, batch))
+        # for a future settled elsewhere (the caller's cancel, fail_all); on_result settles its own and
+        # takes this back first: one loop callback less per batch
+        batch.done_cb = functools.partial(self._batch_settled, batch)
+        fut.add_done_callback(batch.done_cb)
         return fut
 
     def _batch_settled(self, batch: _Batch, fut: asyncio.Future[BatchResult]) -> None:
+        batch.done_cb = None  # (the cycle through the partial)
         # the caller gave up (cancelling the future): tell the worker, whose reply still frees the slot
         if fut.cancelled() and self._batches.get(batch.batch_id) is batch:
             self._send_quiet(m.Cancel(list(batch.ids)))
@@ -187,12 +192,22 @@ class BatchPipeline:
             if not batch.fut.done():
                 batch.fut.set_exception(
                     InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
+        settled = None
         if result is not None:
             if self.streams.by_id:
                 self.streams.end_failed(batch.ids, result.responses)
-            if not batch.fut.done():
-                batch.fut.set_result(result)
+            fut = batch.fut
+            if not fut.done():
+                if batch.done_cb is not None:
+                    # settled here, so on_settled runs here (after the slot is freed, as it did from the
+                    # future's callback): no loop callback of ours per batch
+                    fut.remove_done_callback(batch.done_cb)
+                    batch.done_cb = None  # no batch -> partial -> batch cycle left for the GC
+                    settled = batch.on_settled
+                fut.set_result(result)
         self._release_slot()
+        if settled is not None:
+            settled(len(batch.requests))
 
     def on_stream_response(self, msg: m.StreamResponse, data: Sequence[Any]) -> None:
         self.streams.on_response(msg, data, self._model_version, self._outputs)

@@ -78,9 +78,9 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int],
     responses = msg.responses
     if len(responses) != len(requests):
         raise ValueError(f"{len(responses)} responses for {len(requests)} requests")
-    buffers = list(data)
+    buffers = data if type(data) is list else list(data)
     out: list[InferResponse | InferdError] = []
-    for req, rid, item in zip(requests, ids, responses, strict=True):
+    for req, rid, item in zip(requests, ids, responses):  # lengths checked above
         if item.request_id != rid:
             raise ValueError("responses out of order")
         out.append(_response(req, item, buffers, version, outputs_in_shm))
@@ -107,8 +107,7 @@ def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], v
                 raise ValueError(f"output '{name}' has a bad reference")
             buf = buffers[frame]
             if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):  # offset 0 + nbytes 0: the whole frame
-                if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
-                        or offset + nbytes > len(buf):
+                if type(offset) is not int or type(nbytes) is not int or not 0 <= offset <= offset + nbytes <= len(buf):
                     raise ValueError(f"output '{name}' lies outside its data frame")
                 buf = buf[offset:offset + nbytes]
             outputs.append(Tensor(name, ref.datatype, ref.shape, buf))

@@ -168,7 +168,11 @@ class DefaultScheduler(QueueLifecycle):
             return
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         self._feed()  # the next queued request goes out before these answers are written
-        items = sum(self._items(p.request) for p, a in zip(batch, answers) if not isinstance(a, InferdError))
+        items = 0  # a plain loop: no generator per batch
+        batched = self.batched
+        for p, a in zip(batch, answers):
+            if not isinstance(a, InferdError):
+                items += self._items(p.request) if batched else 1
         outcomes.record(self.stats, result, answers, [p.request.arrival_ns for p in batch],
                         batch, items, start)
         for item, answer in zip(batch, answers):

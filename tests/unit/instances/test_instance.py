@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
+import weakref
 from dataclasses import replace
 
 import numpy as np
@@ -145,3 +147,25 @@ async def test_first_start_failure_raises(channel, run_dir):
     with pytest.raises(InferdError, match="fake load failure"):
         await inst.start()
     assert inst.state is InstanceState.FAILED and inst.pid is None and inst.restarts == 0
+
+
+async def test_answered_batch_is_counted_out_at_once_and_freed_without_the_gc(channel, fake_launcher):
+    """A batch its worker answers leaves the in-flight count as its future resolves (before the future's
+    own callbacks run), and nothing of it waits for the cyclic GC: the future is freed with the last
+    reference to it."""
+    inst = Instance(LOAD, channel=channel, launcher=fake_launcher, timings=FAST)
+    await inst.start()
+    seen: list[int] = []
+    fut = inst.launch([req()])
+    fut.add_done_callback(lambda _: seen.append(inst.inflight))
+    gc.disable()
+    try:
+        result = await asyncio.wait_for(fut, 10)
+        await asyncio.sleep(0)  # the done callback
+        assert not isinstance(result.responses[0], InferdError) and seen == [0]
+        gone = weakref.ref(fut)
+        del fut
+        assert gone() is None
+    finally:
+        gc.enable()
+    await inst.drain_and_stop(5)
