@@ -145,7 +145,8 @@ class DataPlane(abc.ABC):
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         """Write an output into a registered region (outputs with shared_memory_region)."""
 
-    # ---- the queries and settings above, awaitable (called by the frontends where `remote` is True) ----
+    # ---- the queries and settings above, awaitable: the gRPC servicer always awaits these; HTTP routes
+    # answer at once from the plain forms unless `remote` (a frontend process, scaleout/) ----
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
         return self.model_statistics(name, version)
 

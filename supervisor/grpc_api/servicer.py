@@ -181,9 +181,7 @@ class InferenceService:
         return resp
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
-        dp = self.dp
-        stats = (await dp.model_statistics_async(request.name, request.version) if dp.remote
-                 else dp.model_statistics(request.name, request.version))
+        stats = await self.dp.model_statistics_async(request.name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # ---- inference ----
@@ -218,8 +216,7 @@ class InferenceService:
     # ---- repository ----
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
-        dp = self.dp
-        models = await dp.repository_index_async(request.ready) if dp.remote else dp.repository_index(request.ready)
+        models = await self.dp.repository_index_async(request.ready)
         for m in models:
             resp.models.add(
                 name=str(m.get("name", "")),
@@ -248,9 +245,7 @@ class InferenceService:
     # ---- shared memory ----
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         resp = pb.SystemSharedMemoryStatusResponse()
-        dp = self.dp
-        name = request.name
-        regions = await dp.shm_status_async("system", name) if dp.remote else dp.shm_status("system", name)
+        regions = await self.dp.shm_status_async("system", request.name)
         for r in regions:
             resp.regions[r["name"]].CopyFrom(
                 pb.SystemSharedMemoryStatusResponse.RegionStatus(
@@ -264,24 +259,16 @@ class InferenceService:
 
     async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         fields = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
-        if self.dp.remote:
-            await self.dp.shm_register_async("system", request.name, **fields)
-        else:
-            self.dp.shm_register("system", request.name, **fields)
+        await self.dp.shm_register_async("system", request.name, **fields)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        if self.dp.remote:
-            await self.dp.shm_unregister_async("system", request.name)
-        else:
-            self.dp.shm_unregister("system", request.name)
+        await self.dp.shm_unregister_async("system", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         resp = pb.CudaSharedMemoryStatusResponse()
-        dp = self.dp
-        name = request.name
-        regions = await dp.shm_status_async("cuda", name) if dp.remote else dp.shm_status("cuda", name)
+        regions = await self.dp.shm_status_async("cuda", request.name)
         for r in regions:
             resp.regions[r["name"]].CopyFrom(
                 pb.CudaSharedMemoryStatusResponse.RegionStatus(
@@ -292,26 +279,18 @@ class InferenceService:
 
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
         fields = {"raw_handle": request.raw_handle, "device_id": request.device_id, "byte_size": request.byte_size}
-        if self.dp.remote:
-            await self.dp.shm_register_async("cuda", request.name, **fields)
-        else:
-            self.dp.shm_register("cuda", request.name, **fields)
+        await self.dp.shm_register_async("cuda", request.name, **fields)
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
-        if self.dp.remote:
-            await self.dp.shm_unregister_async("cuda", request.name)
-        else:
-            self.dp.shm_unregister("cuda", request.name)
+        await self.dp.shm_unregister_async("cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ---- trace and log settings ----
     async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
         # an empty value list clears the setting (HTTP's null); more than one value is an error for all but the level
         update = {k: list(v.value) or None for k, v in request.settings.items()} or None
-        dp = self.dp
-        current = (await dp.trace_settings_async(request.model_name, update) if dp.remote
-                   else dp.trace_settings(request.model_name, update))
+        current = await self.dp.trace_settings_async(request.model_name, update)
         resp = pb.TraceSettingResponse()
         for k, v in current.items():
             resp.settings[k].value.extend(_setting_strings(v))
@@ -324,8 +303,7 @@ class InferenceService:
             if which is None:
                 raise invalid_arg(f"log setting '{k}' has no value")
             update[k] = getattr(v, which)
-        dp = self.dp
-        current = await dp.log_settings_async(update or None) if dp.remote else dp.log_settings(update or None)
+        current = await self.dp.log_settings_async(update or None)
         resp = pb.LogSettingsResponse()
         for k, val in current.items():
             sv = resp.settings[k]
