@@ -110,7 +110,7 @@ class ServerConfig:
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
-    busy_poll_us: int = 0  # after a request, the event loop polls instead of sleeping this long (0: off)
+    busy_poll_us: int = 0  # the most the event loop polls after a request instead of sleeping, µs (0: off)
     # processes serving HTTP and gRPC (scaleout/); 1: the supervisor itself, as always. Default from the CPUs
     frontend_processes: int = 1
     frontend_processes_given: bool = False  # by the flag; else the default, which CUDA shared memory makes 1 (app.py)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from . import access, rundir, triton_flags
 from .cache import parse_cache_config
 from .config import RESTRICTABLE, TEST_ONLY_FAKE_GPUS_ENV, GrpcKeepalive, ServerConfig, WorkerTimings
+from .core.busy_poll import cpu_quota, default_window_us
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository.cloud import credentials as cloud_credentials
 from .repository.cloud import location as cloud_location
@@ -146,9 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", default="",
                    help="directory for worker sockets (default: a temp dir of its own, removed at shutdown)")
     p.add_argument("--max-queue-size", type=int, default=4096)
-    p.add_argument("--busy-poll-us", type=int, default=0,
-                   help="after each request the event loop polls instead of sleeping for this many µs, while "
-                        "a CPU is free (0: off; set above the models' execute time; costs CPU under load)")
+    p.add_argument("--busy-poll-us", type=int, default=None,
+                   help="after each request the event loop polls instead of sleeping, while a CPU is free, for "
+                        "a window that adapts up to this many µs (default 1000 with 2 or more CPUs and no CPU "
+                        "quota, else 0: off; raise it above the models' execute time to poll through them)")
     p.add_argument("--frontend-processes", type=int, default=None,
                    help="processes that accept HTTP and gRPC (SO_REUSEPORT) and hand requests to the supervisor "
                         "(default: 1 below 8 CPUs, else CPUs/4 up to 8; 1: the supervisor serves them itself)")
@@ -280,7 +282,7 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         errors.append("--http-max-pipelined-requests must be at least 1")
     if args.frontend_processes is not None and not 1 <= args.frontend_processes <= MAX_FRONTEND_PROCESSES:
         errors.append(f"--frontend-processes must be between 1 and {MAX_FRONTEND_PROCESSES}")
-    if not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
+    if args.busy_poll_us is not None and not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     return errors
 
@@ -402,7 +404,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         owns_run_dir=not args.run_dir,
         host_fd=args.host_fd,
         max_queue_size=args.max_queue_size,
-        busy_poll_us=args.busy_poll_us,
+        busy_poll_us=(args.busy_poll_us if args.busy_poll_us is not None
+                      else default_window_us(len(os.sched_getaffinity(0)), cpu_quota())),
         frontend_processes=(args.frontend_processes if args.frontend_processes is not None
                             else default_frontend_processes(len(os.sched_getaffinity(0)))),
         frontend_processes_given=args.frontend_processes is not None,

@@ -1,12 +1,17 @@
-"""Busy polling (`--busy-poll-us`): the event loop polls instead of sleeping for a while after a request.
+"""Busy polling (`--busy-poll-us`, on by default): the event loop polls instead of sleeping for a while
+after a request.
 
 On a virtual machine, waking a process that sleeps on an idle vCPU costs the waker ~30 µs inside its
-send call (bench/RESULTS.md, "the wake-up floor"). A batch of 32 answers brings 32 new requests, and
-each of them, and the worker's result, wakes the supervisor again. While this is on, the loop keeps
-passing (epoll with no timeout) for up to the window after the last admitted request, so nothing has
-to wake it. Each pass yields the CPU first. While more processes are runnable than there are CPUs,
-polling would take a CPU from a worker: the loop sleeps instead and looks again 1 ms later. An idle
-server sleeps once the window has passed, so the cost is CPU time under load, never at rest.
+send call, and the woken loop runs cold (bench/RESULTS.md, "the wake-up floor"). At concurrency 1 each
+request and each result wakes the supervisor; a loop that is still polling when they arrive needs no
+wake-up. While a window is open the loop keeps passing (epoll with no timeout), yielding the CPU first
+on each pass. While more processes are runnable than there are CPUs, polling would take a CPU from a
+worker: the loop sleeps instead and looks again 1 ms later.
+
+The window adapts to the traffic: a request that arrives while the loop polls doubles it (up to the
+configured maximum), a window that closes with no request in it halves it (down to `MIN_WINDOW_US`).
+Back-to-back requests keep the loop polling; sparse ones, or models slower than the window, cost a
+short spin per request. An idle server sleeps once the window has passed: no CPU at rest.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ import asyncio
 import logging
 import os
 import time
+from pathlib import Path
 
 log = logging.getLogger("inferd.busy_poll")
 
+DEFAULT_WINDOW_US = 1000  # the largest window the default polling grows to
+MIN_WINDOW_US = 50  # the smallest: what a request costs when polling does not pay
 _LOAD_CHECK_S = 0.0005  # how often a polling loop reads how many processes are runnable
 _LOAD_BACKOFF_S = 0.001  # how long it sleeps when every CPU is wanted, before it looks again
 
@@ -28,13 +36,37 @@ def runnable_processes() -> int:
         return int(f.read().split()[3].split(b"/")[0])
 
 
+def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs this process's cgroup may use per period (a container's CPU limit), or None when unlimited
+    or unknown. Polling spends the quota, so the default polling stays off under one."""
+    try:  # cgroup v2: "<quota> <period>" or "max <period>"
+        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1: -1 when unlimited
+        quota_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota_us < 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def default_window_us(cpus: int, quota: float | None) -> int:
+    """The window `--busy-poll-us` defaults to: 0 (off) with one CPU or under a CPU quota."""
+    return 0 if cpus < 2 or quota is not None else DEFAULT_WINDOW_US
+
+
 class BusyPoll:
-    """Keeps the running loop polling for `window_us` after each `poke()`; owned by the app, closed at exit."""
+    """Keeps the running loop polling after each `poke()` (a window between `MIN_WINDOW_US` and
+    `window_us`, see the module doc); owned by the app, closed at exit."""
 
     def __init__(self, window_us: int, cpus: int | None = None) -> None:
         if window_us <= 0:
             raise ValueError("a busy-poll window is a positive number of microseconds")
-        self._window_s = window_us / 1e6
+        self._max_s = window_us / 1e6
+        self._min_s = min(MIN_WINDOW_US, window_us) / 1e6
+        self._window_s = self._max_s  # the window now
         self._cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
         self._until = 0.0
         self._next_check = 0.0
@@ -49,11 +81,19 @@ class BusyPoll:
         """The window is open (the loop polls, or sleeps a moment while every CPU is wanted)."""
         return self._handle is not None
 
+    @property
+    def window_us(self) -> int:
+        """The window the next poke opens."""
+        return round(self._window_s * 1e6)
+
     def poke(self) -> None:
         """A request was admitted: poll until the window after it has passed."""
         now = time.monotonic()
-        self._until = now + self._window_s
-        if self._handle is None and not self._off:
+        if self._handle is not None:
+            self._window_s = min(self._max_s, self._window_s * 2)  # it came while polling: polling pays
+            self._until = now + self._window_s
+        elif not self._off:
+            self._until = now + self._window_s
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
             self._next_check = now
@@ -68,7 +108,9 @@ class BusyPoll:
     def _pass(self) -> None:
         now = time.monotonic()
         if now >= self._until:
-            self._handle = None  # the loop sleeps in its next poll; the next poke starts again
+            # no request in the window: the loop sleeps in its next poll, and the next window is shorter
+            self._window_s = max(self._min_s, self._window_s / 2)
+            self._handle = None
             return
         assert self._loop is not None
         if now >= self._next_check and self._cpus_all_wanted(now):

@@ -1,5 +1,6 @@
 """`--busy-poll-us`: a server that polls after each request answers as usual over HTTP and gRPC
-(unmodified tritonclient), and goes quiet once its window has passed: no CPU spent at rest."""
+(unmodified tritonclient), and goes quiet once its window has passed: no CPU spent at rest. So does a
+server with the default (adaptive) window."""
 
 from __future__ import annotations
 
@@ -54,4 +55,17 @@ def test_quiet_at_rest(server):
     time.sleep(1.0)
     spent = cpu_seconds(server.pid) - before
     # polling would spend most of that second; at rest the loop wakes for timers and heartbeats only
+    assert spent < 0.3, f"the idle server spent {spent:.2f} s of CPU in 1 s"
+
+
+def test_default_window_is_quiet_at_rest(server_factory):
+    default = server_factory(["add_sub"])  # the default window (on with 2+ CPUs and no CPU quota)
+    a = np.ones(16, dtype=np.float32)
+    client = default.http_client()
+    for _ in range(50):  # back to back: the window grows to its most
+        np.testing.assert_allclose(client.infer("add_sub", add_sub_inputs(HttpInput, a, a)).as_numpy("OUTPUT0"), 2 * a)
+    time.sleep(0.1)  # far past the default window (1 ms)
+    before = cpu_seconds(default.pid)
+    time.sleep(1.0)
+    spent = cpu_seconds(default.pid) - before
     assert spent < 0.3, f"the idle server spent {spent:.2f} s of CPU in 1 s"

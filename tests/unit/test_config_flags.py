@@ -115,8 +115,12 @@ def test_an_older_tritonserver_flag_is_inert(tmp_path):
     assert parse(tmp_path, "--grpc-infer-thread-count", "2").inert_flags
 
 
-def test_busy_poll_is_off_unless_asked(tmp_path):
-    assert parse(tmp_path).busy_poll_us == 0
+def test_busy_poll_defaults_to_the_machine(tmp_path):
+    import os
+
+    from inferd.supervisor.core.busy_poll import cpu_quota, default_window_us
+    assert parse(tmp_path).busy_poll_us == default_window_us(len(os.sched_getaffinity(0)), cpu_quota())
+    assert parse(tmp_path, "--busy-poll-us", "0").busy_poll_us == 0
     assert parse(tmp_path, "--busy-poll-us", "20000").busy_poll_us == 20000
 
 

@@ -122,3 +122,53 @@ def test_other_work_runs_while_polling():
         poll.close()
 
     asyncio.run(main())
+
+
+def test_a_window_with_no_request_halves_the_next():
+    async def main() -> None:
+        poll = BusyPoll(8_000, cpus=1 << 20)
+        assert poll.window_us == 8_000
+        for expected in (4_000, 2_000, 1_000, 500, 250, 125, 62, 50, 50):
+            poll.poke()
+            await wait_until_quiet(poll)  # nothing came in the window
+            assert poll.window_us == expected
+        poll.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_while_polling_doubles_the_window_up_to_the_most():
+    async def main() -> None:
+        poll = BusyPoll(400_000, cpus=1 << 20)
+        for _ in range(5):  # shrink it: 400 → 12.5 ms
+            poll.poke()
+            await wait_until_quiet(poll)
+        assert poll.window_us == 12_500
+        poll.poke()
+        for expected in (25_000, 50_000, 100_000, 200_000, 400_000, 400_000):
+            assert poll.polling
+            poll.poke()  # back to back: each comes while the loop polls
+            assert poll.window_us == expected
+        poll.close()
+
+    asyncio.run(main())
+
+
+def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path):
+    from inferd.supervisor.core.busy_poll import cpu_quota, default_window_us
+
+    assert cpu_quota(tmp_path) is None  # no cgroup files: unknown, taken as unlimited
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert cpu_quota(tmp_path) == 1.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(v1) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    assert cpu_quota(v1) == 4.0
+    assert default_window_us(2, None) == 1000
+    assert default_window_us(1, None) == 0  # polling would take the worker's CPU
+    assert default_window_us(16, 4.0) == 0  # polling would spend a container's quota
