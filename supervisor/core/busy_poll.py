@@ -1,17 +1,15 @@
 """Busy polling (`--busy-poll-us`, on by default): the event loop polls instead of sleeping for a while
-after a request.
+after a request that came soon after the one before it.
 
 On a virtual machine, waking a process that sleeps on an idle vCPU costs the waker ~30 µs inside its
-send call, and the woken loop runs cold (bench/RESULTS.md, "the wake-up floor"). At concurrency 1 each
-request and each result wakes the supervisor; a loop that is still polling when they arrive needs no
-wake-up. While a window is open the loop keeps passing (epoll with no timeout), yielding the CPU first
-on each pass. While more processes are runnable than there are CPUs, polling would take a CPU from a
-worker: the loop sleeps instead and looks again 1 ms later.
-
-The window adapts to the traffic: a request that arrives while the loop polls doubles it (up to the
-configured maximum), a window that closes with no request in it halves it (down to `MIN_WINDOW_US`).
-Back-to-back requests keep the loop polling; sparse ones, or models slower than the window, cost a
-short spin per request. An idle server sleeps once the window has passed: no CPU at rest.
+send call, and the woken loop runs cold (bench/RESULTS.md, "the wake-up floor"). When requests come
+back to back (a client at concurrency 1, a burst that fills a batch), each request and each result
+wakes the supervisor; a loop that is still polling when they arrive needs no wake-up. A request that
+arrives within the window after the previous one opens (or extends) a window of polling: traffic
+sparser than the window never polls, so it costs nothing. While a window is open the loop keeps
+passing (epoll with no timeout), yielding the CPU first on each pass. While more processes are
+runnable than there are CPUs, polling would take a CPU from a worker: the loop sleeps instead and
+looks again 1 ms later. An idle server sleeps once the window has passed: no CPU at rest.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ from pathlib import Path
 
 log = logging.getLogger("inferd.busy_poll")
 
-DEFAULT_WINDOW_US = 1000  # the largest window the default polling grows to
-MIN_WINDOW_US = 50  # the smallest: what a request costs when polling does not pay
+DEFAULT_WINDOW_US = 1000  # the window by default: above a fast model's round trip at concurrency 1
 _LOAD_CHECK_S = 0.0005  # how often a polling loop reads how many processes are runnable
 _LOAD_BACKOFF_S = 0.001  # how long it sleeps when every CPU is wanted, before it looks again
 
@@ -58,16 +55,15 @@ def default_window_us(cpus: int, quota: float | None) -> int:
 
 
 class BusyPoll:
-    """Keeps the running loop polling after each `poke()` (a window between `MIN_WINDOW_US` and
-    `window_us`, see the module doc); owned by the app, closed at exit."""
+    """Keeps the running loop polling for `window_us` after each `poke()` that came within `window_us` of
+    the one before; owned by the app, closed at exit."""
 
     def __init__(self, window_us: int, cpus: int | None = None) -> None:
         if window_us <= 0:
             raise ValueError("a busy-poll window is a positive number of microseconds")
-        self._max_s = window_us / 1e6
-        self._min_s = min(MIN_WINDOW_US, window_us) / 1e6
-        self._window_s = self._max_s  # the window now
+        self._window_s = window_us / 1e6
         self._cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+        self._last_poke = -1e9
         self._until = 0.0
         self._next_check = 0.0
         self._handle: asyncio.Handle | None = None
@@ -81,18 +77,15 @@ class BusyPoll:
         """The window is open (the loop polls, or sleeps a moment while every CPU is wanted)."""
         return self._handle is not None
 
-    @property
-    def window_us(self) -> int:
-        """The window the next poke opens."""
-        return round(self._window_s * 1e6)
-
     def poke(self) -> None:
-        """A request was admitted: poll until the window after it has passed."""
+        """A request was admitted: poll until the window after it has passed, if it came soon enough
+        after the previous one that the next will likely come within the window too."""
         now = time.monotonic()
+        soon = now - self._last_poke < self._window_s
+        self._last_poke = now
         if self._handle is not None:
-            self._window_s = min(self._max_s, self._window_s * 2)  # it came while polling: polling pays
             self._until = now + self._window_s
-        elif not self._off:
+        elif soon and not self._off:
             self._until = now + self._window_s
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
@@ -108,9 +101,7 @@ class BusyPoll:
     def _pass(self) -> None:
         now = time.monotonic()
         if now >= self._until:
-            # no request in the window: the loop sleeps in its next poll, and the next window is shorter
-            self._window_s = max(self._min_s, self._window_s / 2)
-            self._handle = None
+            self._handle = None  # the loop sleeps in its next poll; a request soon after the last opens it again
             return
         assert self._loop is not None
         if now >= self._next_check and self._cpus_all_wanted(now):

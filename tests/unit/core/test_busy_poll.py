@@ -1,5 +1,6 @@
 """BusyPoll (`--busy-poll-us`) on a real event loop: it keeps the loop passing for its window after a
-poke, then lets it sleep; it sleeps in 1 ms steps while every CPU is wanted, and never starts after close."""
+poke that came within the window of the one before, then lets it sleep; a lone poke does not poll; it
+sleeps in 1 ms steps while every CPU is wanted, and never starts after close."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def test_polls_for_the_window_then_sleeps():
     async def main() -> None:
         poll = BusyPoll(30_000, cpus=1 << 20)  # as if CPUs were plenty: only the window stops it
         poll.poke()
+        assert not poll.polling  # a lone request: nothing says another is coming
+        poll.poke()
         assert poll.polling
         waited = await wait_until_quiet(poll)
         assert waited >= 0.025  # the window (30 ms) less the timer's granularity
@@ -52,6 +55,7 @@ def test_each_poke_extends_the_window():
         poll = BusyPoll(40_000, cpus=1 << 20)
         start = time.monotonic()
         poll.poke()
+        poll.poke()
         await asyncio.sleep(0.03)
         assert poll.polling
         poll.poke()  # a request 30 ms in: polling goes on until 40 ms after it
@@ -64,6 +68,7 @@ def test_each_poke_extends_the_window():
 def test_sleeps_while_every_cpu_is_wanted():
     async def main() -> None:
         poll = BusyPoll(200_000, cpus=0)  # no CPU to spare: this process alone is one too many
+        poll.poke()
         poll.poke()
         await wait_until_quiet(poll)
         assert poll.passes == 0  # never polled: slept 1 ms at a time until the window closed
@@ -78,6 +83,7 @@ def test_polls_only_with_a_cpu_to_spare():
     async def main() -> None:
         poll = BusyPoll(20_000, cpus=cpus)
         poll.poke()
+        poll.poke()
         await wait_until_quiet(poll)
         assert poll.passes > 0 or poll.stops_for_load > 0  # polled, or slept while the machine was busy
 
@@ -87,6 +93,7 @@ def test_polls_only_with_a_cpu_to_spare():
 def test_close_stops_polling_for_good():
     async def main() -> None:
         poll = BusyPoll(1_000_000, cpus=1 << 20)
+        poll.poke()
         poll.poke()
         await asyncio.sleep(0.01)
         assert poll.polling
@@ -104,6 +111,7 @@ def test_close_stops_polling_for_good():
 def test_other_work_runs_while_polling():
     async def main() -> None:
         poll = BusyPoll(200_000, cpus=1 << 20)
+        poll.poke()
         poll.poke()
         done = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().call_later(0.02, done.set_result, "timer fired")
@@ -124,31 +132,18 @@ def test_other_work_runs_while_polling():
     asyncio.run(main())
 
 
-def test_a_window_with_no_request_halves_the_next():
+def test_sparse_requests_never_poll():
     async def main() -> None:
-        poll = BusyPoll(8_000, cpus=1 << 20)
-        assert poll.window_us == 8_000
-        for expected in (4_000, 2_000, 1_000, 500, 250, 125, 62, 50, 50):
+        poll = BusyPoll(5_000, cpus=1 << 20)
+        for _ in range(4):
             poll.poke()
-            await wait_until_quiet(poll)  # nothing came in the window
-            assert poll.window_us == expected
-        poll.close()
-
-    asyncio.run(main())
-
-
-def test_a_request_while_polling_doubles_the_window_up_to_the_most():
-    async def main() -> None:
-        poll = BusyPoll(400_000, cpus=1 << 20)
-        for _ in range(5):  # shrink it: 400 → 12.5 ms
-            poll.poke()
-            await wait_until_quiet(poll)
-        assert poll.window_us == 12_500
+            assert not poll.polling
+            await asyncio.sleep(0.02)  # each request comes long after the window of the one before
+        assert poll.passes == 0
         poll.poke()
-        for expected in (25_000, 50_000, 100_000, 200_000, 400_000, 400_000):
-            assert poll.polling
-            poll.poke()  # back to back: each comes while the loop polls
-            assert poll.window_us == expected
+        poll.poke()  # one soon after another: polling starts
+        assert poll.polling
+        await wait_until_quiet(poll)
         poll.close()
 
     asyncio.run(main())
