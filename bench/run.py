@@ -202,12 +202,14 @@ class Server:
     def command(self, repo: Path) -> tuple[list[str], dict, Path] | str:
         """(argv, extra env, cwd), or the reason the server can't run here."""
         h, g, m = (str(p) for p in self.ports)
-        if self.name == "inferd":
+        if self.name in ("inferd", "inferd-nopoll"):
             if not INFERD.exists():
                 return f"{INFERD} missing (make venv)"
+            # inferd-nopoll: the same server with busy polling off (its default is on with 2+ CPUs)
+            nopoll = ["--busy-poll-us", "0"] if self.name == "inferd-nopoll" else []
             return ([str(INFERD), "--model-repository", str(repo), "--model-control-mode", "explicit",
                      "--load-model", "add_sub", "--load-model", "identity_4mib",
-                     "--http-port", h, "--grpc-port", g, "--metrics-port", m], {}, ROOT)
+                     "--http-port", h, "--grpc-port", g, "--metrics-port", m, *nopoll], {}, ROOT)
         if self.name == "triton":
             if not TRITON_SH.exists() or not (TRITON_DIR / "venv" / "bin" / "python").exists():
                 return "Triton reference not set up (run with --install-peers, or triton_reference.sh setup)"
@@ -694,7 +696,8 @@ def cell(a: dict | None, big: bool) -> str:
 
 def markdown(res: dict) -> str:
     srv = [s for s in res["servers"] if s not in res["skipped"]]
-    title = {"inferd": "inferd", "triton": "Triton 2.51", "mlserver": "MLServer 1.7.1 (workers=0)"}
+    title = {"inferd": "inferd", "inferd-nopoll": "inferd, no polling", "triton": "Triton 2.51",
+             "mlserver": "MLServer 1.7.1 (workers=0)"}
     m = res["machine"]
     fc = [p["foreign_cores"] for p in res["points"] if "foreign_cores" in p]
     foreign = (f"mean {statistics.fmean(fc):.2f}, max {max(fc):.2f} of {m['nproc']} cores" if fc else "n/a")
@@ -861,7 +864,8 @@ def measure_point(s: Server, sc: Scenario, args: argparse.Namespace, http_body: 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--servers", default="inferd,triton,mlserver", help="comma list, run in this order")
+    ap.add_argument("--servers", default="inferd,triton,mlserver",
+                    help="comma list, run in this order (inferd-nopoll: inferd with --busy-poll-us 0)")
     ap.add_argument("--scenarios", default=",".join([s.name for s in SCENARIOS] + EXTRA),
                     help="comma list of: " + ", ".join([s.name for s in SCENARIOS] + EXTRA))
     ap.add_argument("-d", "--duration", type=float, default=10.0, help="seconds per measured point")
