@@ -1,7 +1,7 @@
 """Framework backends: inferd gRPC infer/s vs the same onnxruntime session / TorchScript module called in a
 plain Python loop (the floor).
 
-    .venv/bin/python bench/frameworks.py [--seconds 3] [--backends onnxruntime,pytorch]
+    .venv/bin/python bench/frameworks.py [--seconds 3] [--backends onnxruntime,pytorch] [--server-args "..."]
 
 Models (built on the spot, tests/framework_models.py): add/sub on FP32 [16] (no batching) and an MLP
 1024 -> 256 -> 16 with a 1x1024 input (max_batch_size 8, dynamic batching). One instance, one intra-op
@@ -185,6 +185,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--backends", default="onnxruntime,pytorch")
+    ap.add_argument("--server-args", default="", help="more inferd flags, one string (e.g. \"--busy-poll-us 0\")")
     args = ap.parse_args()
     repo = Path(tempfile.mkdtemp(prefix="inferd-fw-bench-")) / "models"
     cases = build(repo, args.backends.split(","))
@@ -192,7 +193,8 @@ def main() -> None:
     log = open(repo.parent / "server.log", "wb")  # noqa: SIM115  (closed in the finally below)
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "inferd"), "--model-repository", str(repo), "--http-port", str(http),
-         "--grpc-port", str(grpc), "--metrics-port", str(metrics)], stdout=log, stderr=subprocess.STDOUT)
+         "--grpc-port", str(grpc), "--metrics-port", str(metrics), *args.server_args.split()],
+        stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.time() + 120
         while True:
