@@ -26,6 +26,8 @@ _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fre
 _COPY_MAX = 16 * 1024  # a read this short is copied out of the read buffer, which is then reused
 _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
+_MORE, _LONG, _COMMAND = zmtp.MORE, zmtp.LONG, zmtp.COMMAND
+_unpack_size = zmtp.LONG_SIZE.unpack_from
 
 
 class LinkClosed(ProtocolError):
@@ -43,8 +45,10 @@ class DealerSocket:
         self._peer_ready = False
         self._spare: Optional[bytearray] = None  # the read buffer (reused while reads are short)
         self._poller: Optional[select.poll] = None
-        self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
-                                   max_frame)
+        self._max_frame = max_frame
+        self._assembler = zmtp.Messages(self._on_command, self._on_message)
+        self._reader = zmtp.Reader(zmtp.check_greeting, self._assembler.on_frame, max_frame)
+        self._steady = False  # no partial frame or message held by the reader: see recv_one
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
         try:
@@ -75,6 +79,36 @@ class DealerSocket:
         while not messages:
             if not self._read(block):
                 return None
+        return messages.popleft()
+
+    def recv_one(self) -> list[memoryview]:
+        """`recv_multipart()` (blocking) for the main loop: a read that holds whole data frames ending one
+        message, the usual case, is split here in one pass; anything else (a message or frame cut by the
+        read's end, several messages, ZMTP commands) goes through the frame reader."""
+        messages = self._messages
+        if messages:
+            return messages.popleft()
+        if self._steady:
+            buf = self._spare
+            if buf is None:
+                buf = self._spare = bytearray(_READ_SIZE)
+            try:
+                n = self._sock.recv_into(buf)
+            except OSError as exc:
+                raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
+            if n and n <= _COPY_MAX:
+                view = memoryview(buf[:n])  # bytearray slice: a copy of its own (see _read)
+                parts = _one_message(view, n, self._max_frame)
+                if parts is not None:
+                    return parts
+                self._feed(view)
+            elif n:
+                view, self._spare = memoryview(buf)[:n], None
+                self._feed(view)
+            else:
+                raise LinkClosed("the supervisor closed the connection")
+        while not messages:
+            self._read(True)
         return messages.popleft()
 
     def send_multipart(self, frames: Sequence[Any]) -> None:
@@ -124,11 +158,16 @@ class DealerSocket:
             data = memoryview(buf[:n])  # bytearray slice: a copy of its own
         else:
             data, self._spare = memoryview(buf)[:n], None
+        self._feed(data)
+        return True
+
+    def _feed(self, data: memoryview) -> None:
         try:
             self._reader.feed(data)
         except zmtp.ProtocolViolation as exc:
             raise LinkClosed("the supervisor broke ZMTP: %s" % exc) from None
-        return True
+        # recv_one splits a read itself only while nothing is left over from earlier ones
+        self._steady = self._peer_ready and self._reader.idle() and self._assembler.idle()
 
     def _on_message(self, parts: list[memoryview]) -> None:
         if not self._peer_ready:
@@ -148,6 +187,30 @@ class DealerSocket:
             self._sock.sendall(zmtp.command(b"PONG", bytes(rest[2:18])))
         elif name == b"ERROR":
             raise zmtp.ProtocolViolation("the peer reported an error: %r" % bytes(rest[1:]))
+
+
+def _one_message(view: memoryview, end: int, max_frame: int) -> Optional[list[memoryview]]:
+    """The frames of `view` when it holds exactly one message of whole data frames, else None."""
+    pos = 0
+    parts = []
+    while end - pos >= 2:
+        flags = view[pos]
+        if flags & _LONG:
+            if end - pos < 9:
+                return None
+            size = _unpack_size(view, pos + 1)[0]
+            pos += 9
+        else:
+            size = view[pos + 1]
+            pos += 2
+        stop = pos + size
+        if flags & _COMMAND or size > max_frame or stop > end:
+            return None
+        parts.append(view[pos:stop])
+        pos = stop
+        if not flags & _MORE:
+            return parts if pos == end else None
+    return None
 
 
 def _connect(path: str, timeout_s: float) -> socket.socket:

@@ -162,3 +162,69 @@ def test_frames_of_earlier_reads_keep_their_bytes(router):
     assert [(len(f[0]), bytes(f[0][1:2])) for f in kept] == [(10, b"A"), (20_000, b"B"), (10, b"C"), (20_000, b"D")]
     assert bytes(kept[0][0][:1]) == b"z" and bytes(kept[2][0][:1]) == b"C"
     dealer.close()
+
+
+def test_recv_one_splits_whole_reads_and_leaves_the_rest_to_the_reader(tmp_path):
+    """The main loop's receive (recv_one) splits a read holding exactly one message itself; a message cut
+    by a read's end, several messages in one read, a PING between messages, a long (> 255 byte) frame
+    and an oversized frame all go through the frame reader, and the split resumes once nothing is left over."""
+    from inferd.worker.wire import zmtp
+
+    path = str(tmp_path / "peer.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    accepted: list = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+        accepted.append(conn)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    dealer = DealerSocket("ipc://" + path, b"w", 1 << 16)
+    thread.join(10)
+    (peer,) = accepted
+    peer.settimeout(10)
+    peer.recv(4096)  # the dealer's greeting and READY
+
+    def message(*frames: bytes) -> bytes:
+        return zmtp.encode(list(frames))[0]
+
+    def write_then_read(data: bytes) -> list:
+        peer.sendall(data)
+        return [bytes(f) for f in dealer.recv_one()]
+
+    one = message(b"h" * 300, b"d" * 7)  # a long header frame, a short data frame
+    assert dealer._steady
+    assert write_then_read(one) == [b"h" * 300, b"d" * 7]
+    assert dealer._steady
+    # cut inside the first frame's size, then inside a body: the reader holds the rest between reads
+    for cut in (1, 5, 9, 200, len(one) - 1):
+        peer.sendall(one[:cut])
+        time.sleep(0.01)  # (the two parts usually arrive as two reads; either way the result is the same)
+        threading.Timer(0.05, peer.sendall, args=(one[cut:],)).start()
+        assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300, b"d" * 7], cut
+        assert dealer._steady, cut
+    # two messages in one read: the second waits in the queue
+    assert write_then_read(message(b"a") + message(b"b", b"c")) == [b"a"]
+    assert [bytes(f) for f in dealer.recv_one()] == [b"b", b"c"]
+    # a ZMTP PING before a message is answered (the reader handles commands)
+    peer.sendall(zmtp.command(b"PING", b"\x00\x01ctx") + message(b"after ping"))
+    assert [bytes(f) for f in dealer.recv_one()] == [b"after ping"]
+    pong = peer.recv(4096)
+    assert b"PONG" in pong and pong.endswith(b"ctx")
+    assert dealer._steady
+    # frames are writable and their own (models change inputs in place)
+    got = dealer.recv_one() if not peer.sendall(message(b"x" * 10)) else None
+    assert got is not None and not got[0].readonly
+    got[0][0] = ord("y")
+    assert write_then_read(message(b"x" * 10)) == [b"x" * 10]
+    # a frame over the bound is refused, not split
+    peer.sendall(zmtp.frame_header(0, (1 << 16) + 1))
+    with pytest.raises(LinkClosed, match="exceeds"):
+        dealer.recv_one()
+    dealer.close()
+    peer.close()
+    listener.close()
