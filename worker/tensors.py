@@ -118,9 +118,12 @@ def check_shape(shape: Any, tensor: str) -> tuple[int, ...]:
 def frame_buffers(frames: Sequence[Any]) -> list[memoryview]:
     """Byte views of a message's data frames (ZeroMQ Frames, bytes...), made once per message: the
     inputs packed into one frame are slices of the same view."""
-    views = [frame if type(frame) is memoryview else frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
-             for frame in frames]
-    return [view if view.format == "B" else view.cast("B") for view in views]
+    views = []
+    for frame in frames:  # a loop, not comprehensions: no function calls per message
+        if type(frame) is not memoryview:
+            frame = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+        views.append(frame if frame.format == "B" else frame.cast("B"))
+    return views
 
 
 def input_buffer(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
