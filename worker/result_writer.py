@@ -23,6 +23,7 @@ from .arena import Arena
 from .backends.base import ModelSpec, Request, Response
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
+    ZERO_COPY_MIN_BYTES,
     FramePacker,
     WireError,
     device_ref_json,
@@ -137,7 +138,7 @@ class ResultWriter:
         specs = self._outputs
         check = self._check_output
         checked = self._checked
-        outputs = []
+        outputs: list[tuple[Any, ...]] = []
         try:
             for out in result.outputs:
                 name = out.name
@@ -147,14 +148,20 @@ class ResultWriter:
                 array = out.array
                 if checked is None or name in checked:
                     array = check(specs.get(name), name, datatype, array, model)
-                if type(array) is not np.ndarray and hasattr(array, "ptr"):  # a device.DeviceArray
+                if type(array) is np.ndarray:
+                    nbytes = array.nbytes  # tensors.output_data's usual case, inline: a small numeric
+                    if nbytes < ZERO_COPY_MIN_BYTES and datatype != "BYTES" and datatype != "BF16" \
+                            and array.flags.c_contiguous and array.dtype.byteorder != ">":  # array, as it is
+                        outputs.append((name, datatype, array.shape, array, nbytes))
+                        continue
+                elif hasattr(array, "ptr"):  # a device.DeviceArray
                     outputs.append(self._device_output(request, name, datatype, array))
                     continue
                 outputs.append((name, datatype) + _output_data(datatype, array))
         except Exception as exc:
             return self._error_item(request.request_id, wire_error(exc), failed, params)
         add = packer.add  # only once every output is checked: a failed request adds no frames
-        refs = []
+        refs: list[str] = []
         for name, datatype, shape, data, nbytes in outputs:  # a loop, not a comprehension: no call
             if nbytes < 0:  # a device reference, already written
                 refs.append(data)

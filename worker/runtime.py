@@ -46,7 +46,7 @@ from .wire.messages import (
 )
 
 _now_ns = time.perf_counter_ns
-_input_array = tensors.input_array
+_input_tensors = tensors.input_tensors
 _frame_buffers = tensors.frame_buffers
 
 
@@ -271,9 +271,7 @@ class Runtime:
                 entries.append((item.request_id, _CANCELLED))
                 continue
             try:
-                inputs = []
-                for ref in item.inputs:  # a loop, not a comprehension: no function call per request
-                    inputs.append(Tensor(ref.name, ref.datatype, _input_array(ref, frames, cache)))
+                inputs = _input_tensors(item.inputs, frames, cache)
                 if reshapes:
                     inputs = [_reshaped(t, reshapes) for t in inputs]
             except Exception as exc:
