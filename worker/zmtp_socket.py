@@ -28,6 +28,7 @@ _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
 _MORE, _LONG, _COMMAND = zmtp.MORE, zmtp.LONG, zmtp.COMMAND
 _unpack_size = zmtp.LONG_SIZE.unpack_from
+_DONTWAIT = socket.MSG_DONTWAIT
 
 
 class LinkClosed(ProtocolError):
@@ -49,6 +50,9 @@ class DealerSocket:
         self._assembler = zmtp.Messages(self._on_command, self._on_message)
         self._reader = zmtp.Reader(zmtp.check_greeting, self._assembler.on_frame, max_frame)
         self._steady = False  # no partial frame or message held by the reader: see recv_one
+        readable = select.poll()
+        readable.register(self._sock.fileno(), select.POLLIN)
+        self._wait_readable = readable.poll  # (POLLHUP and POLLERR end the wait too)
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
         try:
@@ -93,7 +97,17 @@ class DealerSocket:
             if buf is None:
                 buf = self._spare = bytearray(_READ_SIZE)
             try:
-                n = self._sock.recv_into(buf)
+                # Wait in poll() for incoming data, then read. A thread blocked in recv() on a Unix socket is
+                # also woken each time the peer reads what this socket sent (the freed send-buffer space
+                # wakes every sleeper on the socket): in lock step, once per request, a wake-up and a
+                # sleep for nothing. poll()'s wait is keyed to POLLIN and ignores those.
+                while True:
+                    self._wait_readable()
+                    try:
+                        n = self._sock.recv_into(buf, 0, _DONTWAIT)
+                        break
+                    except BlockingIOError:
+                        continue
             except OSError as exc:
                 raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
             if n and n <= _COPY_MAX:

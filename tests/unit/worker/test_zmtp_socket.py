@@ -4,6 +4,7 @@ the supervisor goes away or is not there."""
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -225,6 +226,73 @@ def test_recv_one_splits_whole_reads_and_leaves_the_rest_to_the_reader(tmp_path)
     peer.sendall(zmtp.frame_header(0, (1 << 16) + 1))
     with pytest.raises(LinkClosed, match="exceeds"):
         dealer.recv_one()
+    dealer.close()
+    peer.close()
+    listener.close()
+
+
+def _voluntary_switches(tid: int) -> int:
+    with open("/proc/self/task/%d/status" % tid) as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches for thread %d" % tid)
+
+
+def _sleeping(tid: int) -> bool:
+    with open("/proc/self/task/%d/stat" % tid) as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs /proc (Linux)")
+def test_main_loop_wait_is_not_woken_when_the_supervisor_reads(tmp_path):
+    """A thread blocked in recv() on a Unix socket is woken each time the peer reads what the socket sent
+    (freed send-buffer space wakes every sleeper): in lock step that was a wake-up and a sleep for nothing
+    per request. recv_one waits in poll() for POLLIN, which those wake-ups do not end."""
+    from inferd.worker.wire import zmtp
+
+    path = str(tmp_path / "peer.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    accepted: list = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+        accepted.append(conn)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    dealer = DealerSocket("ipc://" + path, b"w", 1 << 16)
+    thread.join(10)
+    (peer,) = accepted
+    peer.settimeout(10)
+    handshake = zmtp.GREETING + zmtp.ready(b"DEALER", b"w")
+    got = b""
+    while len(got) < len(handshake):
+        got += peer.recv(len(handshake) - len(got))
+    sent = 20
+    one, _ = zmtp.encode([b"answer"])
+    for _ in range(sent):  # what the worker sent, not yet read by the supervisor: one buffer each
+        dealer.send_multipart([b"answer"])
+    received: list = []
+    waiting = threading.Thread(target=lambda: received.append([bytes(f) for f in dealer.recv_one()]))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    tid = waiting.native_id
+    while not _sleeping(tid):  # blocked in its wait
+        assert time.monotonic() < deadline, "the receiving thread never went to sleep"
+        time.sleep(0.001)
+    before = _voluntary_switches(tid)
+    for _ in range(sent):  # the supervisor reads the answers one at a time, the receiver still waiting
+        assert peer.recv(len(one)) == one
+        time.sleep(0.002)
+    woken = _voluntary_switches(tid) - before
+    peer.sendall(zmtp.encode([b"next"])[0])
+    waiting.join(10)
+    assert received == [[b"next"]]
+    assert woken <= 2, "the waiting receiver was woken %d times by its peer's reads" % woken
     dealer.close()
     peer.close()
     listener.close()
