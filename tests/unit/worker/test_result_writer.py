@@ -50,3 +50,30 @@ def test_outputs_leave_as_little_endian_c_ordered_bytes(checks_outputs):
         assert list(ref.shape) == list(array.shape) and ref.datatype == datatype, name
         assert got == expected_bytes(datatype, array), name
     writer.close()
+
+
+def test_output_checks_are_remembered_only_for_outputs_that_passed_as_they_were():
+    """Framework backends' outputs are checked against the configuration; a (name, datatype, shape) that
+    passed as it was needs no second check, but a failed or reshaped one is checked every time."""
+    config = {"name": "m", "backend": "onnxruntime", "max_batch_size": 0,
+              "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [4]},
+                         {"name": "R", "data_type": "TYPE_FP32", "dims": [2, 2], "reshape": {"shape": [4]}}]}
+    writer = ResultWriter(lambda line: None)
+    writer.configure(ModelSpec("m", "/nowhere", "1", json.dumps(config), "onnxruntime"), True)
+    request = Request(1, "", [], [])
+
+    def answer(*outputs: Tensor) -> m.ResponseItem:
+        header, _ = writer.batch(1, [request], [request], [Response(list(outputs))], (0, 0, 0))
+        (item,) = m.decode_header(header).responses
+        return item
+
+    for _ in range(2):
+        item = answer(Tensor("Y", "FP32", np.zeros(4, "<f4")), Tensor("R", "FP32", np.zeros(4, "<f4")))
+        assert item.error is None and [list(ref.shape) for ref in item.outputs] == [[4], [2, 2]]
+        for bad, message in ((Tensor("Y", "FP32", np.zeros(5, "<f4")), "has shape [5]"),
+                             (Tensor("Y", "INT32", np.zeros(4, "<i4")), "has datatype INT32"),
+                             (Tensor("Y", "FP32", [0.0] * 4), "AttributeError")):
+            item = answer(bad)
+            assert item.error is not None and message in item.error.message, item.error
+    assert writer._passed == {("Y", "FP32", (4,))}
+    writer.close()
