@@ -86,9 +86,9 @@ class DealerSocket:
         return messages.popleft()
 
     def recv_one(self) -> list[memoryview]:
-        """`recv_multipart()` (blocking) for the main loop: a read that holds whole data frames ending one
-        message, the usual case, is split here in one pass; anything else (a message or frame cut by the
-        read's end, several messages, ZMTP commands) goes through the frame reader."""
+        """`recv_multipart()` (blocking) for the main loop: a read that holds whole messages of data frames,
+        the usual case, is split here in one pass; anything else (a message or frame cut by the read's
+        end, ZMTP commands) goes through the frame reader."""
         messages = self._messages
         if messages:
             return messages.popleft()
@@ -112,9 +112,11 @@ class DealerSocket:
                 raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
             if n and n <= _COPY_MAX:
                 view = memoryview(buf[:n])  # bytearray slice: a copy of its own (see _read)
-                parts = _one_message(view, n, self._max_frame)
-                if parts is not None:
-                    return parts
+                got = _whole_messages(view, n, self._max_frame)
+                if got is not None:
+                    if len(got) > 1:  # Executes sent ahead (the supervisor keeps a few in flight)
+                        messages.extend(got[1:])
+                    return got[0]
                 self._feed(view)
             elif n:
                 view, self._spare = memoryview(buf)[:n], None
@@ -203,10 +205,11 @@ class DealerSocket:
             raise zmtp.ProtocolViolation("the peer reported an error: %r" % bytes(rest[1:]))
 
 
-def _one_message(view: memoryview, end: int, max_frame: int) -> Optional[list[memoryview]]:
-    """The frames of `view` when it holds exactly one message of whole data frames, else None."""
+def _whole_messages(view: memoryview, end: int, max_frame: int) -> Optional[list[list[memoryview]]]:
+    """The messages of `view` (each its frames) when it holds whole messages of data frames only, else None."""
     pos = 0
-    parts = []
+    parts: list[memoryview] = []
+    messages = [parts]
     while end - pos >= 2:
         flags = view[pos]
         if flags & _LONG:
@@ -223,7 +226,10 @@ def _one_message(view: memoryview, end: int, max_frame: int) -> Optional[list[me
         parts.append(view[pos:stop])
         pos = stop
         if not flags & _MORE:
-            return parts if pos == end else None
+            if pos == end:
+                return messages
+            parts = []
+            messages.append(parts)
     return None
 
 

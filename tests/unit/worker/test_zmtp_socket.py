@@ -166,9 +166,9 @@ def test_frames_of_earlier_reads_keep_their_bytes(router):
 
 
 def test_recv_one_splits_whole_reads_and_leaves_the_rest_to_the_reader(tmp_path):
-    """The main loop's receive (recv_one) splits a read holding exactly one message itself; a message cut
-    by a read's end, several messages in one read, a PING between messages, a long (> 255 byte) frame
-    and an oversized frame all go through the frame reader, and the split resumes once nothing is left over."""
+    """The main loop's receive (recv_one) splits a read holding whole messages itself (one, or several
+    sent ahead); a message cut by a read's end, a PING between messages and an oversized frame go through
+    the frame reader, and the split resumes once nothing is left over."""
     from inferd.worker.wire import zmtp
 
     path = str(tmp_path / "peer.sock")
@@ -208,9 +208,19 @@ def test_recv_one_splits_whole_reads_and_leaves_the_rest_to_the_reader(tmp_path)
         threading.Timer(0.05, peer.sendall, args=(one[cut:],)).start()
         assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300, b"d" * 7], cut
         assert dealer._steady, cut
-    # two messages in one read: the second waits in the queue
-    assert write_then_read(message(b"a") + message(b"b", b"c")) == [b"a"]
+    # messages in one read: the later ones wait in the queue
+    assert write_then_read(message(b"a") + message(b"b", b"c") + message(b"h" * 300)) == [b"a"]
     assert [bytes(f) for f in dealer.recv_one()] == [b"b", b"c"]
+    assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300]
+    assert dealer._steady
+    # a whole message then part of the next in one read: the reader keeps the part for the next read
+    two = message(b"d") + one
+    peer.sendall(two[:10])
+    time.sleep(0.01)
+    threading.Timer(0.05, peer.sendall, args=(two[10:],)).start()
+    assert [bytes(f) for f in dealer.recv_one()] == [b"d"]
+    assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300, b"d" * 7]
+    assert dealer._steady
     # a ZMTP PING before a message is answered (the reader handles commands)
     peer.sendall(zmtp.command(b"PING", b"\x00\x01ctx") + message(b"after ping"))
     assert [bytes(f) for f in dealer.recv_one()] == [b"after ping"]
