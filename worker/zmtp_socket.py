@@ -45,14 +45,13 @@ class DealerSocket:
         self._messages: collections.deque[list[memoryview]] = collections.deque()
         self._peer_ready = False
         self._spare: Optional[bytearray] = None  # the read buffer (reused while reads are short)
-        self._poller: Optional[select.poll] = None
         self._max_frame = max_frame
         self._assembler = zmtp.Messages(self._on_command, self._on_message)
         self._reader = zmtp.Reader(zmtp.check_greeting, self._assembler.on_frame, max_frame)
         self._steady = False  # no partial frame or message held by the reader: see recv_one
-        readable = select.poll()
-        readable.register(self._sock.fileno(), select.POLLIN)
-        self._wait_readable = readable.poll  # (POLLHUP and POLLERR end the wait too)
+        self._poller = select.poll()  # POLLIN (POLLHUP and POLLERR end a wait too): poll() and recv_one
+        self._poller.register(self._sock.fileno(), select.POLLIN)
+        self._wait_readable = self._poller.poll
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
         try:
@@ -71,9 +70,6 @@ class DealerSocket:
         (-1: no limit); a readable socket may hold only part of a message (recv_multipart(False) tells)."""
         if self._messages:
             return True
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self._sock.fileno(), select.POLLIN)
         return bool(self._poller.poll(timeout_ms))
 
     def recv_multipart(self, block: bool = True) -> Optional[list[memoryview]]:
