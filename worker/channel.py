@@ -84,9 +84,8 @@ class Channel:
             return self._pending.popleft()
         if self._error is not None:
             raise self._error
-        got = self._recv()
-        assert got is not None  # a blocking read returns a message or raises
-        return got
+        parts = self._sock.recv_one()
+        return decode_header(bytes(parts[0]), header_loads), parts[1:]
 
     def recv_nowait(self) -> Optional[tuple[Any, Sequence[Any]]]:
         """Next (message, data frames) if one is waiting, else None."""

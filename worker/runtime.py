@@ -46,7 +46,8 @@ from .wire.messages import (
 )
 
 _now_ns = time.perf_counter_ns
-_input_array = tensors.input_array
+_input_tensors = tensors.input_tensors
+_frame_buffers = tensors.frame_buffers
 
 
 def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Tensor:
@@ -260,7 +261,7 @@ class Runtime:
             self._cache.forget(message.forget_regions)
         cache = self._cache
         probe = self._is_cancelled
-        frames = tensors.frame_buffers(frames)
+        frames = _frame_buffers(frames)
         entries: list[Any] = []  # per request: its Request, or (request_id, WireError) for a failed one
         runnable: list[Request] = []
         cancelled = self._cancelled  # Cancels read ahead while an earlier batch ran
@@ -270,7 +271,7 @@ class Runtime:
                 entries.append((item.request_id, _CANCELLED))
                 continue
             try:
-                inputs = [Tensor(ref.name, ref.datatype, _input_array(ref, frames, cache)) for ref in item.inputs]
+                inputs = _input_tensors(item.inputs, frames, cache)
                 if reshapes:
                     inputs = [_reshaped(t, reshapes) for t in inputs]
             except Exception as exc:
@@ -339,7 +340,18 @@ class Runtime:
                 self._open.update(r.request_id for r in runnable)
             self._execute_thread.submit(self._execute_streaming, batch_id, entries, runnable, t0, t1)
             return
-        header, out_frames = self._execute(batch_id, entries, runnable, t0, t1)
+        backend = self._backend  # _execute and _run_backend inline: the path of every batch
+        if backend is not None and runnable:
+            try:
+                results = backend.execute(runnable)
+                if len(results) != len(runnable):
+                    raise InferdError(ErrorCode.INTERNAL, "backend returned %d responses for %d requests"
+                                      % (len(results), len(runnable)))
+            except Exception as exc:
+                results = self._backend_failed(exc, runnable)
+        else:
+            results = self._run_backend(runnable)
+        header, out_frames = self._results.batch(batch_id, entries, runnable, results, (t0, t1, _now_ns()))
         self._flush_metrics()
         self._channel.send_encoded(header, out_frames)
         if self._cancelled and last_request_id is not None:
@@ -406,7 +418,11 @@ class Runtime:
                                   % (len(results), len(requests)))
             return results
         except Exception as exc:
-            error = exc if isinstance(exc, InferdError) else InferdError(
-                ErrorCode.INTERNAL, "%s: %s" % (type(exc).__name__, exc))
-            self._log("execute failed in the backend: %s" % error.message)
-            return [Response(error=error) for _ in requests]
+            return self._backend_failed(exc, requests)
+
+    def _backend_failed(self, exc: Exception, requests: list[Request]) -> list[Response]:
+        """Every request of a batch whose backend raised answered with the error."""
+        error = exc if isinstance(exc, InferdError) else InferdError(
+            ErrorCode.INTERNAL, "%s: %s" % (type(exc).__name__, exc))
+        self._log("execute failed in the backend: %s" % error.message)
+        return [Response(error=error) for _ in requests]

@@ -26,6 +26,9 @@ _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fre
 _COPY_MAX = 16 * 1024  # a read this short is copied out of the read buffer, which is then reused
 _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
+_MORE, _LONG, _COMMAND = zmtp.MORE, zmtp.LONG, zmtp.COMMAND
+_unpack_size = zmtp.LONG_SIZE.unpack_from
+_DONTWAIT = socket.MSG_DONTWAIT
 
 
 class LinkClosed(ProtocolError):
@@ -42,9 +45,13 @@ class DealerSocket:
         self._messages: collections.deque[list[memoryview]] = collections.deque()
         self._peer_ready = False
         self._spare: Optional[bytearray] = None  # the read buffer (reused while reads are short)
-        self._poller: Optional[select.poll] = None
-        self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
-                                   max_frame)
+        self._max_frame = max_frame
+        self._assembler = zmtp.Messages(self._on_command, self._on_message)
+        self._reader = zmtp.Reader(zmtp.check_greeting, self._assembler.on_frame, max_frame)
+        self._steady = False  # no partial frame or message held by the reader: see recv_one
+        self._poller = select.poll()  # POLLIN (POLLHUP and POLLERR end a wait too): poll() and recv_one
+        self._poller.register(self._sock.fileno(), select.POLLIN)
+        self._wait_readable = self._poller.poll
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
         try:
@@ -63,9 +70,6 @@ class DealerSocket:
         (-1: no limit); a readable socket may hold only part of a message (recv_multipart(False) tells)."""
         if self._messages:
             return True
-        if self._poller is None:
-            self._poller = select.poll()
-            self._poller.register(self._sock.fileno(), select.POLLIN)
         return bool(self._poller.poll(timeout_ms))
 
     def recv_multipart(self, block: bool = True) -> Optional[list[memoryview]]:
@@ -75,6 +79,48 @@ class DealerSocket:
         while not messages:
             if not self._read(block):
                 return None
+        return messages.popleft()
+
+    def recv_one(self) -> list[memoryview]:
+        """`recv_multipart()` (blocking) for the main loop: a read that holds whole messages of data frames,
+        the usual case, is split here in one pass; anything else (a message or frame cut by the read's
+        end, ZMTP commands) goes through the frame reader."""
+        messages = self._messages
+        if messages:
+            return messages.popleft()
+        if self._steady:
+            buf = self._spare
+            if buf is None:
+                buf = self._spare = bytearray(_READ_SIZE)
+            try:
+                # Wait in poll() for incoming data, then read. A thread blocked in recv() on a Unix socket is
+                # also woken each time the peer reads what this socket sent (the freed send-buffer space
+                # wakes every sleeper on the socket): in lock step, once per request, a wake-up and a
+                # sleep for nothing. poll()'s wait is keyed to POLLIN and ignores those.
+                while True:
+                    self._wait_readable()
+                    try:
+                        n = self._sock.recv_into(buf, 0, _DONTWAIT)
+                        break
+                    except BlockingIOError:
+                        continue
+            except OSError as exc:
+                raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
+            if n and n <= _COPY_MAX:
+                view = memoryview(buf[:n])  # bytearray slice: a copy of its own (see _read)
+                got = _whole_messages(view, n, self._max_frame)
+                if got is not None:
+                    if len(got) > 1:  # Executes sent ahead (the supervisor keeps a few in flight)
+                        messages.extend(got[1:])
+                    return got[0]
+                self._feed(view)
+            elif n:
+                view, self._spare = memoryview(buf)[:n], None
+                self._feed(view)
+            else:
+                raise LinkClosed("the supervisor closed the connection")
+        while not messages:
+            self._read(True)
         return messages.popleft()
 
     def send_multipart(self, frames: Sequence[Any]) -> None:
@@ -124,11 +170,16 @@ class DealerSocket:
             data = memoryview(buf[:n])  # bytearray slice: a copy of its own
         else:
             data, self._spare = memoryview(buf)[:n], None
+        self._feed(data)
+        return True
+
+    def _feed(self, data: memoryview) -> None:
         try:
             self._reader.feed(data)
         except zmtp.ProtocolViolation as exc:
             raise LinkClosed("the supervisor broke ZMTP: %s" % exc) from None
-        return True
+        # recv_one splits a read itself only while nothing is left over from earlier ones
+        self._steady = self._peer_ready and self._reader.idle() and self._assembler.idle()
 
     def _on_message(self, parts: list[memoryview]) -> None:
         if not self._peer_ready:
@@ -148,6 +199,34 @@ class DealerSocket:
             self._sock.sendall(zmtp.command(b"PONG", bytes(rest[2:18])))
         elif name == b"ERROR":
             raise zmtp.ProtocolViolation("the peer reported an error: %r" % bytes(rest[1:]))
+
+
+def _whole_messages(view: memoryview, end: int, max_frame: int) -> Optional[list[list[memoryview]]]:
+    """The messages of `view` (each its frames) when it holds whole messages of data frames only, else None."""
+    pos = 0
+    parts: list[memoryview] = []
+    messages = [parts]
+    while end - pos >= 2:
+        flags = view[pos]
+        if flags & _LONG:
+            if end - pos < 9:
+                return None
+            size = _unpack_size(view, pos + 1)[0]
+            pos += 9
+        else:
+            size = view[pos + 1]
+            pos += 2
+        stop = pos + size
+        if flags & _COMMAND or size > max_frame or stop > end:
+            return None
+        parts.append(view[pos:stop])
+        pos = stop
+        if not flags & _MORE:
+            if pos == end:
+                return messages
+            parts = []
+            messages.append(parts)
+    return None
 
 
 def _connect(path: str, timeout_s: float) -> socket.socket:

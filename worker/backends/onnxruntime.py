@@ -219,8 +219,11 @@ class OnnxRuntimeBackend:
     def _execute_one(self, request: Request) -> Optional[Response]:
         """One request on a CPU session, as `execute` would run it; None when it needs the general path
         (an input set other than the model's, or outputs of another type than the model declares)."""
-        feeds = {t.name: t.array for t in request.inputs}
-        if len(feeds) != len(request.inputs) or not self._required.issubset(feeds):
+        inputs = request.inputs
+        feeds = {}
+        for t in inputs:  # a loop, not a comprehension: no function call
+            feeds[t.name] = t.array
+        if len(feeds) != len(inputs) or not self._required.issubset(feeds):
             return None  # the wrapper's run names what is missing
         wanted = request.requested_outputs
         names = self._outputs if not wanted else framework.wanted_outputs([request], self._outputs)

@@ -32,6 +32,7 @@ from .base import ModelSpec, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
 
 DEFAULT_MODEL_FILENAME = "model.py"
+_RESCHEDULE = reschedule.RESCHEDULE
 
 
 class _ReturnRuleError(Exception):
@@ -201,18 +202,16 @@ class PythonBackend:
             raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
         pb = self._pb
         version = self._version
-        wrap = pb.Tensor._wrap
+        wrap = pb.Tensor._wrap_inputs
         from_worker = pb.InferenceRequest._from_worker
         model_name = spec.model_name
         output_names = self._output_names
-        pb_requests = [
-            from_worker(
-                r.id, r.correlation_id, [wrap(t.name, t.array, t.datatype) for t in r.inputs],
-                list(r.requested_outputs or output_names), model_name, version, r.flags,
-                r.timeout_us, r.parameters, r.is_cancelled, r.trace,
-            )
-            for r in requests
-        ]
+        pb_requests = []
+        for r in requests:  # loops, not comprehensions, on this path: no function call per request
+            pb_requests.append(from_worker(
+                r.id, r.correlation_id, wrap(r.inputs), list(r.requested_outputs or output_names), model_name,
+                version, r.flags, r.timeout_us, r.parameters, r.is_cancelled, r.trace,
+            ))
         if self._emit is not None:
             return self._execute_decoupled(requests, pb_requests)
         try:
@@ -221,28 +220,36 @@ class PythonBackend:
                 raise _ReturnRuleError(
                     "Python model %s does not implement `execute` method." % self._model_path
                 )
-            returned = self._resolve(execute(pb_requests))
+            returned = execute(pb_requests)
+            if type(returned) is not list:
+                returned = self._resolve(returned)
             pb_responses = self._check_returned(pb_requests, returned)
-            pb_responses = reschedule.run_again(pb_requests, pb_responses, lambda again: self._check_returned(
-                again, self._resolve(execute(again)))) if self._iterative else self._no_reschedule(
-                pb_requests, pb_responses)
+            if self._iterative:
+                pb_responses = reschedule.run_again(pb_requests, pb_responses, lambda again: self._check_returned(
+                    again, self._resolve(execute(again))))
+            else:
+                for r in pb_requests:  # _no_reschedule, inline
+                    if r._release_flags & _RESCHEDULE:
+                        raise _ReturnRuleError(reschedule.NOT_ITERATIVE)
         except (Exception, SystemExit) as exc:
             message = "Failed to process the request(s) for model '%s', message: %s" % (
                 spec.instance_name, _describe(exc),
             )
             self._log_exception(message)
             return [senders.after_failure(req, message, self._convert) for req in pb_requests]
-        convert = self._convert
         results = []
         for req, resp in zip(pb_requests, pb_responses):
             if resp is None:
-                results.append(senders.await_sent(req, self._poll, convert, self._no_response))
+                results.append(senders.await_sent(req, self._poll, self._convert, self._no_response))
             elif resp._error is None and resp._parameters == "{}":  # _convert's usual case, in short
                 wanted = req._requested
-                results.append(Response([Tensor(t._name, t._datatype, t._array) for t in resp._outputs
-                                         if t._name in wanted], None, {}))
+                outputs = []
+                for t in resp._outputs:
+                    if t._name in wanted:
+                        outputs.append(Tensor(t._name, t._datatype, t._array))
+                results.append(Response(outputs, None, {}))
             else:
-                results.append(convert(req, resp))
+                results.append(self._convert(req, resp))
         return results
 
     def _no_response(self) -> Response:

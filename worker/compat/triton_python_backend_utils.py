@@ -210,6 +210,19 @@ class Tensor:
         tensor._datatype = datatype
         return tensor
 
+    @classmethod
+    def _wrap_inputs(cls, tensors: list[Any]) -> list[Tensor]:
+        """`_wrap` of each of a worker request's input tensors (backends.base.Tensor), in one call."""
+        wrapped = []
+        new = cls.__new__
+        for t in tensors:
+            tensor = new(cls)
+            tensor._name = t.name
+            tensor._array = t.array
+            tensor._datatype = t.datatype
+            wrapped.append(tensor)
+        return wrapped
+
     def name(self) -> str:
         return self._name
 

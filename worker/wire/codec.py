@@ -229,7 +229,7 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
     items = header["requests"]
     if type(items) is not list:
         return None
-    plain_item, new = _PLAIN_REQUEST_KEYS, _new
+    plain_item, frame_ref, new = _PLAIN_REQUEST_KEYS, _FRAME_REF_KEYS, _new
     for i, item in enumerate(items):
         if type(item) is not dict:
             return None
@@ -239,8 +239,13 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
         refs = item["inputs"]
         if type(refs) is not list:
             return None
-        if not _tensor_refs(refs):
-            return None
+        for j, ref in enumerate(refs):  # _tensor_refs, inline: the data-frame references of one request
+            if type(ref) is not dict or ref.keys() != frame_ref:
+                if not _tensor_refs(refs):
+                    return None
+                break
+            tensor = refs[j] = new(TensorRef)
+            tensor.__dict__ = ref
         request = items[i] = new(RequestItem)
         request.__dict__ = item
     message = new(Execute)
@@ -254,6 +259,8 @@ def _tensor_refs(refs: list[Any]) -> bool:
     is told by one key-set comparison."""
     new = _new
     for j, ref in enumerate(refs):
+        if type(ref) is TensorRef:  # made by the caller's inline form before it handed the rest over
+            continue
         if type(ref) is not dict:
             return False
         if ref.keys() != _FRAME_REF_KEYS and (not ref.keys() <= _TENSOR_KEYS or "name" not in ref

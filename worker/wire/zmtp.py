@@ -27,7 +27,7 @@ GREETING_SIZE = 64
 COMPATIBLE_PEERS = frozenset((b"DEALER", b"REQ", b"ROUTER"))  # socket types a ROUTER talks to
 _SPLIT_COPY_MAX = 64 * 1024  # a frame split across reads and smaller than this is joined by copying
 _JOIN_MAX = 64 * 1024  # outgoing frames smaller than this are copied into one write; larger ones are not
-_LONG_SIZE = struct.Struct(">Q")
+_LONG_SIZE = LONG_SIZE = struct.Struct(">Q")
 
 
 class ProtocolViolation(Exception):
@@ -90,15 +90,23 @@ def frame_header(flags: int, size: int) -> bytes:
     return bytes((flags | LONG,)) + _LONG_SIZE.pack(size)
 
 
+# frame headers of short frames, by flags (0 or MORE) then size
+_SHORT_HEADS = (tuple(bytes((0, n)) for n in range(256)), tuple(bytes((MORE, n)) for n in range(256)))
+_LONG_FLAGS = (bytes((LONG,)), bytes((MORE | LONG,)))
+
+
 def encode(frames: Sequence[Any]) -> tuple[bytes, list[Any]]:
     """(small, pieces): small messages as one bytes object (pieces empty); otherwise `pieces` to write
     in order, large frames as they are (no copy)."""
     last = len(frames) - 1
     parts: list[Any] = []
     small = True
+    more = 1
     for i, frame in enumerate(frames):
         size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
-        parts.append(frame_header(MORE if i < last else 0, size))
+        if i == last:
+            more = 0
+        parts.append(_SHORT_HEADS[more][size] if size < 256 else _LONG_FLAGS[more] + _LONG_SIZE.pack(size))
         if size >= _JOIN_MAX:
             small = False
             parts.append(frame if type(frame) is bytes else memoryview(frame).cast("B"))
@@ -117,6 +125,10 @@ class Messages:
         self._on_command = on_command
         self._on_message = on_message
         self._parts: list[memoryview] = []
+
+    def idle(self) -> bool:
+        """No message begun (its first frames received, its last not yet)."""
+        return not self._parts
 
     def on_frame(self, flags: int, body: memoryview) -> None:
         if flags & COMMAND:
@@ -142,6 +154,10 @@ class Reader:
         self._big: bytearray | None = None  # a large frame being filled across reads
         self._big_flags = 0
         self._big_fill = 0
+
+    def idle(self) -> bool:
+        """Greeted, and nothing held over from the last read (a cut header or frame)."""
+        return self._greeted and not self._tail and self._big is None
 
     def feed(self, data: Any) -> None:
         """`data`: bytes, or a writable buffer whose frames the receiver may change in place (a

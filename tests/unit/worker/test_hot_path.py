@@ -124,6 +124,14 @@ def broken(doc: dict, path: tuple, value: object) -> bytes:
     (("requests", 1, "extra"), 1),  # unknown fields are protocol errors
     (("requests", 1, "inputs"), [{"name": "X", "datatype": "FP32", "shape": [1], "bogus": 0}]),
     (("requests", 1, "inputs"), [["not", "an", "object"]]),
+    # a data-frame reference (decoded inline) followed by other forms: valid, unknown field, not an object
+    (("requests", 1, "inputs"), [{"name": "X", "datatype": "FP32", "shape": [1], "frame": 0, "offset": 0,
+                                  "nbytes": 4}, {"name": "Y", "datatype": "FP32", "shape": [1], "loc": "shm",
+                                                 "region": "r", "offset": 0, "nbytes": 4}]),
+    (("requests", 1, "inputs"), [{"name": "X", "datatype": "FP32", "shape": [1], "frame": 0, "offset": 0,
+                                  "nbytes": 4}, {"name": "Y", "datatype": "FP32", "shape": [1], "bogus": 0}]),
+    (("requests", 1, "inputs"), [{"name": "X", "datatype": "FP32", "shape": [1], "frame": 0, "offset": 0,
+                                  "nbytes": 4}, ["not", "an", "object"]]),
     (("requests", 1, "inputs"), "nope"),
     (("requests", 1), 5),
     (("requests",), {"a": 1}),

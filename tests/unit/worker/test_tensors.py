@@ -67,6 +67,51 @@ def test_bad_input_refs(bad, cache):
         tensors.input_array(bad, [np.zeros(2, np.float32).tobytes()], cache)
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ref("X", "FP32", [2]),  # the whole frame
+        ref("X", "FP32", [2], offset=0, nbytes=8),
+        ref("X", "FP32", [1], offset=4, nbytes=4),  # a slice of a shared frame
+        ref("X", "FP32", [1, 1], offset=8, nbytes=4),
+        ref("X", "INT16", [2], offset=2, nbytes=4),
+        ref("X", "BF16", [2], offset=0, nbytes=4),
+        ref("X", "FP32", [0], offset=0, nbytes=0),  # (offset 0, nbytes 0) names the whole frame: too long
+        ref("X", "UINT8", [], offset=3, nbytes=1),
+        ref("X", "BYTES", [1], frame=1),  # not inline: input_array's own path
+        ref("X", "FP32", [3]),  # 12 bytes asked, the frame holds 16
+        ref("X", "FP32", [1], offset=14, nbytes=4),  # beyond the frame
+        ref("X", "FP32", [1], offset=-4, nbytes=4),
+        ref("X", "FP32", [2, -1]),
+        ref("X", "FP32", [2.0]),
+        ref("X", "FP32", (4,)),  # a tuple shape: input_array checks it
+        ref("X", "FP99", [4]),
+        ref("X", "FP32", [4], frame=7),
+        ref("X", "FP32", [4], frame="0"),
+        ref("X", "FP32", [4], loc="tape"),
+    ],
+)
+def test_input_tensors_equal_input_array(given, cache):
+    """tensors.input_tensors (the execute loop's per-request form, with the data-frame case inline) gives
+    what input_array gives, value and dtype, or the same error."""
+    frames = tensors.frame_buffers([bytearray(np.arange(4, dtype="<f4").tobytes()),  # writable, as received
+                                    bytearray(bytes_codec.serialize(np.array([b"ab"], dtype=object)))])
+    try:
+        expected = tensors.input_array(given, frames, cache)
+    except Exception as exc:  # (a frame index that is not an int: a TypeError, which fails the request too)
+        with pytest.raises(type(exc)) as got:
+            tensors.input_tensors([given], frames, cache)
+        assert str(got.value) == str(exc) and getattr(got.value, "code", None) == getattr(exc, "code", None)
+        return
+    (tensor,) = tensors.input_tensors([given], frames, cache)
+    assert (tensor.name, tensor.datatype) == ("X", given.datatype)
+    assert tensor.array.dtype == expected.dtype and tensor.array.shape == expected.shape
+    assert tensor.array.tobytes() == expected.tobytes() if expected.dtype != object else \
+        tensor.array.tolist() == expected.tolist()
+    if expected.dtype != object:
+        assert tensor.array.flags.writeable and np.shares_memory(tensor.array, expected)
+
+
 def test_shm_inputs_cached_forgotten_and_recreated(cache):
     name = shm.make_name(os.getpid(), "tt" + uuid.uuid4().hex[:10])
     region = shm.create(name, 1024)

@@ -4,6 +4,7 @@ the supervisor goes away or is not there."""
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import threading
@@ -162,3 +163,146 @@ def test_frames_of_earlier_reads_keep_their_bytes(router):
     assert [(len(f[0]), bytes(f[0][1:2])) for f in kept] == [(10, b"A"), (20_000, b"B"), (10, b"C"), (20_000, b"D")]
     assert bytes(kept[0][0][:1]) == b"z" and bytes(kept[2][0][:1]) == b"C"
     dealer.close()
+
+
+def test_recv_one_splits_whole_reads_and_leaves_the_rest_to_the_reader(tmp_path):
+    """The main loop's receive (recv_one) splits a read holding whole messages itself (one, or several
+    sent ahead); a message cut by a read's end, a PING between messages and an oversized frame go through
+    the frame reader, and the split resumes once nothing is left over."""
+    from inferd.worker.wire import zmtp
+
+    path = str(tmp_path / "peer.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    accepted: list = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+        accepted.append(conn)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    dealer = DealerSocket("ipc://" + path, b"w", 1 << 16)
+    thread.join(10)
+    (peer,) = accepted
+    peer.settimeout(10)
+    peer.recv(4096)  # the dealer's greeting and READY
+
+    def message(*frames: bytes) -> bytes:
+        return zmtp.encode(list(frames))[0]
+
+    def write_then_read(data: bytes) -> list:
+        peer.sendall(data)
+        return [bytes(f) for f in dealer.recv_one()]
+
+    one = message(b"h" * 300, b"d" * 7)  # a long header frame, a short data frame
+    assert dealer._steady
+    assert write_then_read(one) == [b"h" * 300, b"d" * 7]
+    assert dealer._steady
+    # cut inside the first frame's size, then inside a body: the reader holds the rest between reads
+    for cut in (1, 5, 9, 200, len(one) - 1):
+        peer.sendall(one[:cut])
+        time.sleep(0.01)  # (the two parts usually arrive as two reads; either way the result is the same)
+        threading.Timer(0.05, peer.sendall, args=(one[cut:],)).start()
+        assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300, b"d" * 7], cut
+        assert dealer._steady, cut
+    # messages in one read: the later ones wait in the queue
+    assert write_then_read(message(b"a") + message(b"b", b"c") + message(b"h" * 300)) == [b"a"]
+    assert [bytes(f) for f in dealer.recv_one()] == [b"b", b"c"]
+    assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300]
+    assert dealer._steady
+    # a whole message then part of the next in one read: the reader keeps the part for the next read
+    two = message(b"d") + one
+    peer.sendall(two[:10])
+    time.sleep(0.01)
+    threading.Timer(0.05, peer.sendall, args=(two[10:],)).start()
+    assert [bytes(f) for f in dealer.recv_one()] == [b"d"]
+    assert [bytes(f) for f in dealer.recv_one()] == [b"h" * 300, b"d" * 7]
+    assert dealer._steady
+    # a ZMTP PING before a message is answered (the reader handles commands)
+    peer.sendall(zmtp.command(b"PING", b"\x00\x01ctx") + message(b"after ping"))
+    assert [bytes(f) for f in dealer.recv_one()] == [b"after ping"]
+    pong = peer.recv(4096)
+    assert b"PONG" in pong and pong.endswith(b"ctx")
+    assert dealer._steady
+    # frames are writable and their own (models change inputs in place)
+    got = dealer.recv_one() if not peer.sendall(message(b"x" * 10)) else None
+    assert got is not None and not got[0].readonly
+    got[0][0] = ord("y")
+    assert write_then_read(message(b"x" * 10)) == [b"x" * 10]
+    # a frame over the bound is refused, not split
+    peer.sendall(zmtp.frame_header(0, (1 << 16) + 1))
+    with pytest.raises(LinkClosed, match="exceeds"):
+        dealer.recv_one()
+    dealer.close()
+    peer.close()
+    listener.close()
+
+
+def _voluntary_switches(tid: int) -> int:
+    with open("/proc/self/task/%d/status" % tid) as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches for thread %d" % tid)
+
+
+def _sleeping(tid: int) -> bool:
+    with open("/proc/self/task/%d/stat" % tid) as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs /proc (Linux)")
+def test_main_loop_wait_is_not_woken_when_the_supervisor_reads(tmp_path):
+    """A thread blocked in recv() on a Unix socket is woken each time the peer reads what the socket sent
+    (freed send-buffer space wakes every sleeper): in lock step that was a wake-up and a sleep for nothing
+    per request. recv_one waits in poll() for POLLIN, which those wake-ups do not end."""
+    from inferd.worker.wire import zmtp
+
+    path = str(tmp_path / "peer.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    accepted: list = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+        accepted.append(conn)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    dealer = DealerSocket("ipc://" + path, b"w", 1 << 16)
+    thread.join(10)
+    (peer,) = accepted
+    peer.settimeout(10)
+    handshake = zmtp.GREETING + zmtp.ready(b"DEALER", b"w")
+    got = b""
+    while len(got) < len(handshake):
+        got += peer.recv(len(handshake) - len(got))
+    sent = 20
+    one, _ = zmtp.encode([b"answer"])
+    for _ in range(sent):  # what the worker sent, not yet read by the supervisor: one buffer each
+        dealer.send_multipart([b"answer"])
+    received: list = []
+    waiting = threading.Thread(target=lambda: received.append([bytes(f) for f in dealer.recv_one()]))
+    waiting.start()
+    deadline = time.monotonic() + 10
+    tid = waiting.native_id
+    while not _sleeping(tid):  # blocked in its wait
+        assert time.monotonic() < deadline, "the receiving thread never went to sleep"
+        time.sleep(0.001)
+    before = _voluntary_switches(tid)
+    for _ in range(sent):  # the supervisor reads the answers one at a time, the receiver still waiting
+        assert peer.recv(len(one)) == one
+        time.sleep(0.002)
+    woken = _voluntary_switches(tid) - before
+    peer.sendall(zmtp.encode([b"next"])[0])
+    waiting.join(10)
+    assert received == [[b"next"]]
+    assert woken <= 2, "the waiting receiver was woken %d times by its peer's reads" % woken
+    dealer.close()
+    peer.close()
+    listener.close()
