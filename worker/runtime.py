@@ -271,7 +271,7 @@ class Runtime:
                 entries.append((item.request_id, _CANCELLED))
                 continue
             try:
-                inputs = _input_tensors(item.inputs, frames, cache)
+                inputs = _input_tensors(item.inputs, frames, cache, Tensor)
                 if reshapes:
                     inputs = [_reshaped(t, reshapes) for t in inputs]
             except Exception as exc:

@@ -21,7 +21,6 @@ from typing import Any, Optional
 import numpy as np
 
 from . import bulk_copy
-from .backends.base import Tensor
 from .wire import bytes_codec, dtypes, shm
 from .wire.errors import ErrorCode, InferdError, internal, invalid_arg
 from .wire.messages import ZERO_COPY_MIN_BYTES, TensorRef
@@ -193,9 +192,11 @@ def input_array(ref: TensorRef, frames: Sequence[Any], cache: ShmCache) -> Any:
     return np.ndarray(shape, numpy_dtype, buf)  # one call: about half of np.frombuffer + reshape
 
 
-def input_tensors(refs: Sequence[TensorRef], frames: Sequence[memoryview], cache: ShmCache) -> list[Tensor]:
-    """A request's inputs as Tensors of `input_array`, the common case inline (a numeric input in a data
-    frame: one call per request, not two per input); `frames` as `frame_buffers` gives them."""
+def input_tensors(refs: Sequence[TensorRef], frames: Sequence[memoryview], cache: ShmCache,
+                  tensor_type: type) -> list[Any]:
+    """A request's inputs as `tensor_type`s (backends.base.Tensor, passed in: backends import this module)
+    of `input_array`, the common case inline (a numeric input in a data frame: one call per request, not
+    two per input); `frames` as `frame_buffers` gives them."""
     tensors = []
     for ref in refs:
         name, datatype, shape = ref.name, ref.datatype, ref.shape
@@ -221,7 +222,7 @@ def input_tensors(refs: Sequence[TensorRef], frames: Sequence[memoryview], cache
                 raise invalid_arg("input '%s': expected %d bytes for shape %s of %s, got %d"
                                   % (name, count * dt.itemsize, shape, dt.name, buf.nbytes))
             array = np.ndarray(tuple(shape), BF16_VIEW if dt.numpy is None else dt.numpy, buf)
-        tensor = _new(Tensor)  # Tensor(name, datatype, array) without an __init__ call
+        tensor: Any = _new(tensor_type)  # Tensor(name, datatype, array) without an __init__ call
         tensor.name, tensor.datatype, tensor.array = name, datatype, array
         tensors.append(tensor)
     return tensors

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import zmq
 from inferd.worker import tensors
+from inferd.worker.backends.base import Tensor
 from inferd.worker.wire import bytes_codec, shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 from inferd.worker.wire.messages import TensorRef
@@ -100,10 +101,10 @@ def test_input_tensors_equal_input_array(given, cache):
         expected = tensors.input_array(given, frames, cache)
     except Exception as exc:  # (a frame index that is not an int: a TypeError, which fails the request too)
         with pytest.raises(type(exc)) as got:
-            tensors.input_tensors([given], frames, cache)
+            tensors.input_tensors([given], frames, cache, Tensor)
         assert str(got.value) == str(exc) and getattr(got.value, "code", None) == getattr(exc, "code", None)
         return
-    (tensor,) = tensors.input_tensors([given], frames, cache)
+    (tensor,) = tensors.input_tensors([given], frames, cache, Tensor)
     assert (tensor.name, tensor.datatype) == ("X", given.datatype)
     assert tensor.array.dtype == expected.dtype and tensor.array.shape == expected.shape
     assert tensor.array.tobytes() == expected.tobytes() if expected.dtype != object else \
