@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from inferd.supervisor.inference.types import InferRequest, Tensor  # noqa: E402
-from inferd.supervisor.instances import codec  # noqa: E402
+from inferd.supervisor.instances import results  # noqa: E402
 from inferd.supervisor.instances.packing import InputPacker  # noqa: E402
 from inferd.worker.channel import header_loads  # noqa: E402
 from inferd.worker.runtime import Runtime  # noqa: E402
@@ -86,16 +86,15 @@ def main() -> int:
             requests = [InferRequest("fixed_cost", inputs=[Tensor("INPUT0", "FP32", [1, 4], body)])
                         for _ in range(BATCH)]
             packed = packer.pack(requests)
-            message = m.decode_header(codec.execute_columns_header(1, packed.columns or {}, packed.forget),
-                                      header_loads)
+            message = m.decode_header(packed.header(1), header_loads)
             frames = [memoryview(f) for f in packed.frames]
             t0 = time.perf_counter_ns()
             runtime._handlers[type(message)](message, frames)
             times.append((time.perf_counter_ns() - t0) / 1000)
             (raw, out), = channel.sent
             channel.sent.clear()
-            msg, data = codec.parse([raw, *[memoryview(f) for f in out]])
-            codec.batch_result(requests, packed.ids, msg, data, "1")
+            msg, data = results.decode([raw, *[memoryview(f) for f in out]])
+            results.batch_result(requests, packed.ids, msg, data, "1")
 
         profiler = cProfile.Profile() if args.profile else None
         for i in range(args.rounds):
