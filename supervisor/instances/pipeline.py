@@ -178,7 +178,8 @@ class BatchPipeline:
         if batch is None:
             log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
             return
-        release_leases(batch.leases)
+        if batch.leases:
+            release_leases(batch.leases)
         if batch.on_free is not None and not batch.fut.done():
             try:
                 batch.on_free()  # the next batch may leave now, before this one is read
@@ -205,7 +206,10 @@ class BatchPipeline:
                     batch.done_cb = None  # no batch -> partial -> batch cycle left for the GC
                     settled = batch.on_settled
                 fut.set_result(result)
-        self._release_slot()
+        if self._waiters:
+            self._release_slot()
+        elif self._slots > 0:  # (_release_slot with nobody waiting)
+            self._slots -= 1
         if settled is not None:
             settled(len(batch.requests))
 

@@ -24,7 +24,7 @@ from ..inference.types import InferRequest, InferResponse
 from . import dispatch, outcomes
 from .base import Executor
 from .lifecycle import QueueLifecycle
-from .pending import QueuedRequest
+from .pending import QueuedRequest, queued
 from .queue import WorkQueue
 
 log = logging.getLogger("inferd.scheduler")
@@ -84,7 +84,7 @@ class DefaultScheduler(QueueLifecycle):
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        item = QueuedRequest(self, request, loop)
+        item = queued(self, request, loop)
         # idle is set only while nothing is queued or running (_check_idle): with either, it is clear already
         idle = not waiting and not self._running
         executor = (dispatch.least_busy(self.executors, self._held, self.depth, self._next)
