@@ -94,7 +94,7 @@ class InputPacker:
             if by_columns is not None:
                 by_columns.forget = forget
                 return by_columns
-        out = Packed(forget=forget)
+        out = Packed([], [], [], [], forget, {})  # (positional: the field factories cost more)
         # inputs below ZERO_COPY_MIN_BYTES are packed into frame 0, each at its offset: a ZeroMQ frame
         # costs a send here and a receive (with a Frame object) in the worker, more than the copy
         frames = out.frames

@@ -171,7 +171,8 @@ class BatchPipeline:
         if ids:
             self._send_quiet(m.Cancel(ids))
 
-    def on_result(self, msg: m.ExecuteResult | m.ExecuteResultColumns, data: Sequence[Any]) -> None:
+    def on_result(self, msg: m.ExecuteResult | m.ExecuteResultColumns | results.PlainResult,
+                  data: Sequence[Any]) -> None:
         """An ExecuteResult: its batch resolved, its slot freed."""
         batch_id = msg.batch_id
         batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
