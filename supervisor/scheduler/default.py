@@ -130,9 +130,15 @@ class DefaultScheduler(QueueLifecycle):
             executor = dispatch.least_busy(self.executors, self._held, self.depth, self._next)
             if executor is None:
                 return
-            batch = self._take_batch(executor)
-            if not batch:
-                break
+            if self.max_batch_requests == 1:  # (_take_batch of one, inline)
+                item = waiting.popleft()
+                if item.done():  # cancelled by the client while queued
+                    continue
+                batch = [item]
+            else:
+                batch = self._take_batch(executor)
+                if not batch:
+                    break
             self._run(executor, batch)
         self._check_idle()
 
@@ -156,7 +162,8 @@ class DefaultScheduler(QueueLifecycle):
         if len(executors) > 1:
             self._next = (executors.index(executor) + 1) % len(executors)
         done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
-        self._running.add(dispatch.launch(executor, [p.request for p in batch], done))
+        requests = [batch[0].request] if len(batch) == 1 else [p.request for p in batch]
+        self._running.add(dispatch.launch(executor, requests, done))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:
@@ -172,7 +179,11 @@ class DefaultScheduler(QueueLifecycle):
                 outcomes.settle(item, error)
             self._check_idle()
             return
-        result, answers = outcomes.answers_of(fut, len(batch), executor.name)
+        if fut.exception() is None:  # (outcomes.answers_of's common case, inline)
+            result = fut.result()
+            answers = result.responses
+        else:
+            result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         self._feed()  # the next queued request goes out before these answers are written
         # Triton's figures (as outcomes.record) and the answers, in one plain loop: inference_count counts
         # the batch items that succeeded; a request the client cancelled meanwhile counts as CANCELED
@@ -204,4 +215,5 @@ class DefaultScheduler(QueueLifecycle):
         if succeeded:
             stats.record_successes(succeeded, start, end, result.compute_input_ns, result.compute_infer_ns,
                                    result.compute_output_ns)
-        self._check_idle()
+        if not self._waiting and not self._running:  # (_check_idle, inline)
+            self._idle.set()
