@@ -34,6 +34,8 @@ from .server import Response
 UINT64_MAX = (1 << 64) - 1
 _JOIN_BYTES = 16384  # binary outputs up to this size are joined with the JSON into one body
 _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
+# datatype -> (item size, array typecode or None): what `build` looks up once per output
+_OUTPUT_TYPES = {name: (dt.itemsize, tensors.ARRAY_CODES.get(name)) for name, dt in BY_NAME.items()}
 
 
 @dataclass(frozen=True)
@@ -346,12 +348,12 @@ class InferCodec:
                 self._device_output(t, plan)
                 entries.append(entry)
                 continue
-            view = memoryview(t.data)
+            view = t.data if type(t.data) is memoryview else memoryview(t.data)
             nbytes = view.nbytes
-            dt = BY_NAME.get(t.datatype)
-            if dt is None:
+            known = _OUTPUT_TYPES.get(t.datatype)
+            if known is None:
                 raise internal(f"output '{t.name}' has an unknown datatype")
-            fixed = dt.itemsize
+            fixed, code = known
             if fixed:
                 for d in t.shape:  # (tensors.element_count, inline: once per output)
                     fixed *= d
@@ -373,8 +375,7 @@ class InferCodec:
                 if nbytes:
                     blobs.append(t.data)
                     blob_bytes += nbytes
-            else:
-                code = tensors.ARRAY_CODES.get(t.datatype)  # numbers: size checked above, a flat list at once
+            else:  # numbers (code): size checked above, a flat list at once
                 if code is None:
                     entry["data"] = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
                 else:
@@ -386,7 +387,8 @@ class InferCodec:
         if resp.id:
             doc["id"] = resp.id
         doc["model_name"] = resp.model_name
-        doc["model_version"] = str(resp.model_version)
+        version = resp.model_version
+        doc["model_version"] = version if type(version) is str else str(version)
         if resp.parameters:
             doc["parameters"] = resp.parameters
         doc["outputs"] = entries

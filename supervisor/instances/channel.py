@@ -288,7 +288,15 @@ class _Peer(asyncio.Protocol):
     def _on_message(self, parts: list[memoryview]) -> None:
         if not self._ready:
             raise zmtp.ProtocolViolation("message before the handshake")
-        self.channel._deliver(self.identity, parts)
+        channel = self.channel
+        handler = channel._handlers.get(self.identity)
+        if handler is None:
+            channel._deliver(self.identity, parts)  # (routed by suffix, or dropped)
+            return
+        try:  # (Channel._deliver, inline: one call less per message)
+            handler(parts)
+        except Exception:
+            log.exception("worker message handler failed")
 
     def _on_command(self, body: memoryview) -> None:
         name, rest = zmtp.parse_command(body)

@@ -268,8 +268,9 @@ class Instance:
         fut = worker.launch(requests, self._batch_done, on_free)
         if traced:
             watch_batch(fut, requests, self.name, sent_ns)
+        if not self._inflight:  # (idle is set only at 0 in flight: clear already otherwise)
+            self._idle.clear()
         self._inflight += len(requests)
-        self._idle.clear()
         return fut
 
     def _batch_done(self, n: int) -> None:

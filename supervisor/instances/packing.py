@@ -65,7 +65,8 @@ def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]
         return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs],
                               json.dumps(req.parameters) if req.parameters else "{}", cid, req.flags,
                               req.timeout_us, req.device_outputs, "" if trace is None else str(trace.id))
-    return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs])  # the other fields at default
+    # the other fields at default
+    return m.request_item(request_id, req.id, inputs, [o.name for o in req.outputs] if req.outputs else [])
 
 
 def release_leases(leases: list[Any]) -> None:
@@ -84,20 +85,22 @@ class InputPacker:
         self._cuda_seen: dict[bytes, Any] = {}  # client CUDA handles the worker was given -> their table
 
     def pack(self, requests: Sequence[InferRequest]) -> Packed:
-        forget = self._forget()
+        pool = self._pool
+        # (nothing to forget, the usual case, without a call)
+        forget = (self._forget() if self._cuda_seen or (pool is not None and pool.epoch != self._pool_epoch)
+                  else [])
         if len(requests) > 1 and not live.armed:  # traced requests each carry their trace id in their item
             by_columns = self._pack_columns(requests)
             if by_columns is not None:
                 by_columns.forget = forget
                 return by_columns
-        out = Packed(forget=forget)
+        out = Packed([], [], [], [], forget, {})  # (positional: the field factories cost more)
         # inputs below ZERO_COPY_MIN_BYTES are packed into frame 0, each at its offset: a ZeroMQ frame
         # costs a send here and a receive (with a Frame object) in the worker, more than the copy
         frames = out.frames
         frames.append(b"")
         small: list[Any] = []
         size = 0
-        pool = self._pool
         try:
             for req in requests:
                 rid = next(self._request_ids)
@@ -123,7 +126,8 @@ class InputPacker:
                                                      data.offset, data.nbytes, data.device, data.owner))
                             continue
                         data = data.to_host()
-                    nbytes = data.nbytes if isinstance(data, memoryview) else memoryview(data).nbytes
+                    nbytes = (len(data) if type(data) is bytes else data.nbytes if isinstance(data, memoryview)
+                              else memoryview(data).nbytes)
                     if nbytes <= m.INLINE_MAX_BYTES:
                         if 0 < nbytes < m.ZERO_COPY_MIN_BYTES:  # (offset 0, nbytes 0) would mean a whole frame
                             refs.append(m.tensor_ref(t.name, t.datatype, t.shape, "frame", 0, "", size, nbytes))

@@ -171,14 +171,16 @@ class BatchPipeline:
         if ids:
             self._send_quiet(m.Cancel(ids))
 
-    def on_result(self, msg: m.ExecuteResult | m.ExecuteResultColumns, data: Sequence[Any]) -> None:
+    def on_result(self, msg: m.ExecuteResult | m.ExecuteResultColumns | results.PlainResult,
+                  data: Sequence[Any]) -> None:
         """An ExecuteResult: its batch resolved, its slot freed."""
         batch_id = msg.batch_id
         batch = self._batches.pop(batch_id, None) if type(batch_id) is int else None
         if batch is None:
             log.warning("%s: unexpected result for batch %r", self._who(), batch_id)
             return
-        release_leases(batch.leases)
+        if batch.leases:
+            release_leases(batch.leases)
         if batch.on_free is not None and not batch.fut.done():
             try:
                 batch.on_free()  # the next batch may leave now, before this one is read
@@ -205,7 +207,10 @@ class BatchPipeline:
                     batch.done_cb = None  # no batch -> partial -> batch cycle left for the GC
                     settled = batch.on_settled
                 fut.set_result(result)
-        self._release_slot()
+        if self._waiters:
+            self._release_slot()
+        elif self._slots > 0:  # (_release_slot with nobody waiting)
+            self._slots -= 1
         if settled is not None:
             settled(len(batch.requests))
 

@@ -31,6 +31,58 @@ def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
 _decode_header = m.decode_header
 _loads = orjson.loads
 
+# An ExecuteResult in the shape the worker writes for every plain answer (wire.writers: every header field;
+# items of request_id and outputs only; each output a reference into a data frame)
+_PLAIN_HEADER = frozenset(("batch_id", "responses", "compute_input_ns", "compute_infer_ns", "compute_output_ns",
+                           "t"))
+_PLAIN_ITEM = frozenset(("request_id", "outputs"))
+_FRAME_REF = frozenset(("name", "datatype", "shape", "frame", "offset", "nbytes"))
+
+
+class PlainResult:
+    """An ExecuteResult of that plain shape kept as its parsed JSON (`read`): `batch_result` turns it into
+    responses in one pass, without the wire's message objects in between (the supervisor reads one per
+    batch; this saves ~1.7 µs of its ~6 for a one-request batch)."""
+
+    __slots__ = ("batch_id", "header")
+
+    def __init__(self, header: dict[str, Any]) -> None:
+        self.batch_id = header["batch_id"]
+        self.header = header
+
+
+def read(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
+    """`decode`, except that a plain ExecuteResult comes as a PlainResult (for `batch_result`)."""
+    if not frames:
+        raise m.ProtocolError("empty message")
+    raw = frames[0]
+    try:
+        header = _loads(raw)
+    except (ValueError, RecursionError) as exc:  # (as wire.codec.decode_header words it)
+        raise m.ProtocolError("malformed message: %s" % exc) from None
+    if type(header) is dict and header.keys() == _PLAIN_HEADER and header["t"] == "execute_result" \
+            and _plain_items(header["responses"]):
+        return PlainResult(header), frames[1:]
+    # anything else as decode reads it, from the JSON parsed once (a fast decoder that gives up after
+    # changing it parses the frame again)
+    parsed = [header]
+    return _decode_header(raw, lambda again: parsed.pop() if parsed else _loads(again)), frames[1:]
+
+
+def _plain_items(items: Any) -> bool:
+    if type(items) is not list:
+        return False
+    for item in items:
+        if type(item) is not dict or item.keys() != _PLAIN_ITEM:
+            return False
+        refs = item["outputs"]
+        if type(refs) is not list:
+            return False
+        for ref in refs:
+            if type(ref) is not dict or ref.keys() != _FRAME_REF:
+                return False
+    return True
+
 
 @dataclass(slots=True)
 class BatchResult:
@@ -69,10 +121,13 @@ def _dead_device_input(req: InferRequest) -> InferdError | None:
 
 
 def batch_result(requests: Sequence[InferRequest], ids: Sequence[int],
-                 msg: m.ExecuteResult | m.ExecuteResultColumns, data: Sequence[Any], version: str,
+                 msg: m.ExecuteResult | m.ExecuteResultColumns | PlainResult, data: Sequence[Any], version: str,
                  outputs_in_shm: Any = None) -> BatchResult:
-    """An ExecuteResult (or ExecuteResultColumns) and its data frames as core responses; output tensors
-    are views of the frames. KeyError/TypeError/ValueError/AttributeError when the worker sent nonsense."""
+    """An ExecuteResult (or ExecuteResultColumns, or PlainResult) and its data frames as core responses;
+    output tensors are views of the frames. KeyError/TypeError/ValueError/AttributeError when the worker
+    sent nonsense."""
+    if isinstance(msg, PlainResult):
+        return _plain_result(requests, ids, msg.header, data, version)
     if type(msg) is m.ExecuteResultColumns:
         return _columns_result(requests, ids, msg, data, version)
     responses = msg.responses
@@ -85,6 +140,40 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int],
             raise ValueError("responses out of order")
         out.append(_response(req, item, buffers, version, outputs_in_shm))
     return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns))
+
+
+def _plain_result(requests: Sequence[InferRequest], ids: Sequence[int], header: dict[str, Any],
+                  data: Sequence[Any], version: str) -> BatchResult:
+    """`batch_result` of a PlainResult: `_response`'s checks, read from the JSON as it was parsed."""
+    items = header["responses"]
+    if len(items) != len(requests):
+        raise ValueError(f"{len(items)} responses for {len(requests)} requests")
+    buffers = data if type(data) is list else list(data)
+    count = len(buffers)
+    out: list[InferResponse | InferdError] = []
+    for req, rid, item in zip(requests, ids, items):  # lengths checked above
+        if item["request_id"] != rid:
+            raise ValueError("responses out of order")
+        outputs = []
+        for ref in item["outputs"]:
+            name, frame, offset, nbytes = ref["name"], ref["frame"], ref["offset"], ref["nbytes"]
+            if type(frame) is not int or not 0 <= frame < count:
+                raise ValueError(f"output '{name}' has a bad reference")
+            buf = buffers[frame]
+            if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):  # offset 0 + nbytes 0: the whole frame
+                if type(offset) is not int or type(nbytes) is not int or not 0 <= offset <= offset + nbytes <= len(buf):
+                    raise ValueError(f"output '{name}' lies outside its data frame")
+                buf = buf[offset:offset + nbytes]
+            outputs.append(Tensor(name, ref["datatype"], ref["shape"], buf))
+        gone = None
+        for t in req.inputs:
+            if t.device_ref is not None:
+                gone = _dead_device_input(req)
+                break
+        out.append(gone if gone is not None else
+                   InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
+    return BatchResult(out, int(header["compute_input_ns"]), int(header["compute_infer_ns"]),
+                       int(header["compute_output_ns"]))
 
 
 def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], version: str,

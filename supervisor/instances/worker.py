@@ -304,12 +304,12 @@ class WorkerProcess:
 
     def _on_message(self, frames: list[Any]) -> None:
         try:
-            msg, data = results.decode(frames)
+            msg, data = results.read(frames)
         except m.ProtocolError as exc:
             self._kill(f"sent a malformed message ({exc})")
             return
         cls = type(msg)
-        if cls is m.ExecuteResult or cls is m.ExecuteResultColumns:
+        if cls is results.PlainResult or cls is m.ExecuteResult or cls is m.ExecuteResultColumns:
             self._pipeline.on_result(msg, data)
         elif cls is m.StreamResponse:
             self._pipeline.on_stream_response(msg, data)

@@ -24,7 +24,7 @@ from ..inference.types import InferRequest, InferResponse
 from . import dispatch, outcomes
 from .base import Executor
 from .lifecycle import QueueLifecycle
-from .pending import QueuedRequest
+from .pending import QueuedRequest, queued
 from .queue import WorkQueue
 
 log = logging.getLogger("inferd.scheduler")
@@ -53,6 +53,8 @@ class DefaultScheduler(QueueLifecycle):
         self.executors = executors
         self.stats = stats
         self.queue: WorkQueue[QueuedRequest] = WorkQueue(max_queue_size)
+        self._max_queue = max_queue_size
+        self._waiting = self.queue.items  # its deque, read directly on the request path (no call per check)
         self.max_batch_requests = max_batch_requests
         self.depth = max(1, runners_per_instance)  # batches one instance may hold at once
         # per instance, batches handed to it and not yet answered: new work goes to the least busy
@@ -78,19 +80,23 @@ class DefaultScheduler(QueueLifecycle):
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         self._refuse_unless_open()
-        queue = self.queue
+        waiting = self._waiting
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        item = QueuedRequest(self, request, loop)
-        executor = self._pick_executor() if not len(queue) and self._started else None
+        item = queued(self, request, loop)
+        # idle is set only while nothing is queued or running (_check_idle): with either, it is clear already
+        idle = not waiting and not self._running
+        executor = (dispatch.least_busy(self.executors, self._held, self.depth, self._next)
+                    if not waiting and self._started else None)
         if executor is None:
-            if queue.full():
+            if 0 < self._max_queue <= len(waiting):  # (WorkQueue.full, inline)
                 self.stats.record_failure("REJECTED", 0)
                 raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
                                   % (request.id or "<id_unknown>"))
-            queue.put(item)
-        self._idle.clear()
+            waiting.append(item)
+        if idle:
+            self._idle.clear()
         if executor is not None:
             self._run(executor, [item])
         return item
@@ -111,33 +117,37 @@ class DefaultScheduler(QueueLifecycle):
         self._check_idle()
 
     def _check_idle(self) -> None:
-        if not len(self.queue) and not self._running:
+        if not self._waiting and not self._running:
             self._idle.set()
 
     # ---- dispatching ----
-    def _pick_executor(self) -> Executor | None:
-        return dispatch.least_busy(self.executors, self._held, self.depth, self._next)
-
     def _feed(self) -> None:
         """Hand queued requests to instances with room."""
         if not self._started:
             return
-        while len(self.queue):
-            executor = self._pick_executor()
+        waiting = self._waiting
+        while waiting:
+            executor = dispatch.least_busy(self.executors, self._held, self.depth, self._next)
             if executor is None:
                 return
-            batch = self._take_batch(executor)
-            if not batch:
-                break
+            if self.max_batch_requests == 1:  # (_take_batch of one, inline)
+                item = waiting.popleft()
+                if item.done():  # cancelled by the client while queued
+                    continue
+                batch = [item]
+            else:
+                batch = self._take_batch(executor)
+                if not batch:
+                    break
             self._run(executor, batch)
         self._check_idle()
 
     def _take_batch(self, executor: Executor) -> list[QueuedRequest]:
         batch: list[QueuedRequest] = []
-        while len(batch) < self.max_batch_requests:
-            item = self.queue.pop_nowait()
-            if item is None:
-                break
+        waiting = self._waiting
+        limit = self.max_batch_requests
+        while waiting and len(batch) < limit:
+            item = waiting.popleft()
             if item.done():  # cancelled by the client while queued
                 continue
             batch.append(item)
@@ -148,9 +158,12 @@ class DefaultScheduler(QueueLifecycle):
         for item in batch:
             item.executor = executor
         self._held[id(executor)] += 1
-        self._next = (self.executors.index(executor) + 1) % len(self.executors)
+        executors = self.executors
+        if len(executors) > 1:
+            self._next = (executors.index(executor) + 1) % len(executors)
         done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
-        self._running.add(dispatch.launch(executor, [p.request for p in batch], done))
+        requests = [batch[0].request] if len(batch) == 1 else [p.request for p in batch]
+        self._running.add(dispatch.launch(executor, requests, done))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:
@@ -166,15 +179,41 @@ class DefaultScheduler(QueueLifecycle):
                 outcomes.settle(item, error)
             self._check_idle()
             return
-        result, answers = outcomes.answers_of(fut, len(batch), executor.name)
+        if fut.exception() is None:  # (outcomes.answers_of's common case, inline)
+            result = fut.result()
+            answers = result.responses
+        else:
+            result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         self._feed()  # the next queued request goes out before these answers are written
-        items = 0  # a plain loop: no generator per batch
+        # Triton's figures (as outcomes.record) and the answers, in one plain loop: inference_count counts
+        # the batch items that succeeded; a request the client cancelled meanwhile counts as CANCELED
+        stats = self.stats
+        end = time.monotonic_ns()
         batched = self.batched
-        for p, a in zip(batch, answers):
-            if not isinstance(a, InferdError):
-                items += self._items(p.request) if batched else 1
-        outcomes.record(self.stats, result, answers, [p.request.arrival_ns for p in batch],
-                        batch, items, start)
+        items_ok = 0
+        succeeded = []
         for item, answer in zip(batch, answers):
-            outcomes.settle(item, answer)
-        self._check_idle()
+            if isinstance(answer, InferdError):
+                if item.cancelled():
+                    stats.record_failure("CANCELED", end - item.request.arrival_ns)
+                    continue
+                stats.record_failure("CANCELED" if answer.code == ErrorCode.CANCELLED else "BACKEND",
+                                     end - item.request.arrival_ns)
+                if not item.done():
+                    item.set_exception(answer)
+                continue
+            items_ok += self._items(item.request) if batched else 1
+            if item.cancelled():  # the client gave up while it ran: its answer is dropped
+                stats.record_failure("CANCELED", end - item.request.arrival_ns)
+                continue
+            succeeded.append(item.request.arrival_ns)
+            if not item.done():
+                item.set_result(answer)
+        if items_ok:  # (answers that are not errors come with a result)
+            stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns,
+                                   result.compute_output_ns)
+        if succeeded:
+            stats.record_successes(succeeded, start, end, result.compute_input_ns, result.compute_infer_ns,
+                                   result.compute_output_ns)
+        if not self._waiting and not self._running:  # (_check_idle, inline)
+            self._idle.set()

@@ -14,9 +14,12 @@ from .base import Executor
 def least_busy(executors: Sequence[Executor], loads: dict[int, int], depth: int, first: int) -> Executor | None:
     """The ready instance holding the fewest batches (`loads` by id), fewer than `depth`; ties go to the
     first in round-robin order from index `first`. None when every ready instance is full."""
+    n = len(executors)
+    if n == 1:  # one instance (the common case): no loop
+        e = executors[0]
+        return e if loads[id(e)] < depth and e.ready else None
     best: Executor | None = None
     best_load = depth
-    n = len(executors)
     for i in range(n):
         e = executors[(first + i) % n]
         load = loads[id(e)]

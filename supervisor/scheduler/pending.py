@@ -20,16 +20,24 @@ class Withdraws(Protocol):
 
 
 class QueuedRequest(asyncio.Future[InferResponse]):
-    __slots__ = ("request", "executor", "_scheduler")
+    """Made by `queued`: without an __init__ of its own, a future subclass costs no more than a plain future
+    (one with a Python __init__ calling super().__init__ cost 0.7 µs against 0.15)."""
 
-    def __init__(self, scheduler: Withdraws, request: InferRequest, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
-        self._scheduler = scheduler
-        self.request = request
-        self.executor: Executor | None = None  # the instance running it, once dispatched
+    __slots__ = ("request", "executor", "_scheduler")
+    request: InferRequest
+    executor: Executor | None  # the instance running it, once dispatched
+    _scheduler: Withdraws
 
     def cancel(self, msg: Any | None = None) -> bool:
         if not super().cancel(msg):
             return False
         self._scheduler.withdraw(self)
         return True
+
+
+def queued(scheduler: Withdraws, request: InferRequest, loop: asyncio.AbstractEventLoop) -> QueuedRequest:
+    item = QueuedRequest(loop=loop)
+    item._scheduler = scheduler
+    item.request = request
+    item.executor = None
+    return item

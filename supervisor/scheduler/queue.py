@@ -13,31 +13,32 @@ T = TypeVar("T")
 class WorkQueue(Generic[T]):
     def __init__(self, max_size: int) -> None:
         self.max_size = max_size
-        self._items: collections.deque[T] = collections.deque()
+        # public: the default scheduler tests and takes from it directly (no Python call per check)
+        self.items: collections.deque[T] = collections.deque()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self.items)
 
     def full(self) -> bool:
-        return self.max_size > 0 and len(self._items) >= self.max_size
+        return self.max_size > 0 and len(self.items) >= self.max_size
 
     def put(self, item: T) -> None:
-        self._items.append(item)
+        self.items.append(item)
 
     def pop_nowait(self) -> T | None:
-        return self._items.popleft() if self._items else None
+        return self.items.popleft() if self.items else None
 
     def remove(self, item: T) -> bool:
         """Take `item` out of the queue (O(n): cancellations are rare); False if it is not queued."""
         try:
-            self._items.remove(item)
+            self.items.remove(item)
         except ValueError:
             return False
         return True
 
     def drain(self) -> list[T]:
-        items = list(self._items)
-        self._items.clear()
+        items = list(self.items)
+        self.items.clear()
         return items
 
 

@@ -98,6 +98,9 @@ def test_malformed_results_are_protocol_errors_as_in_the_generic_decoder(body):
     with pytest.raises(m.ProtocolError) as generic:
         m.decode([body.encode()])
     assert str(fast.value) == str(generic.value)
+    with pytest.raises(m.ProtocolError) as read:  # the worker process's reader: the same refusal
+        results.read([Frame(body.encode())])
+    assert str(read.value) == str(generic.value)
 
 
 def test_results_with_defaults_left_out_or_given_decode_alike():
@@ -121,9 +124,10 @@ def test_results_with_defaults_left_out_or_given_decode_alike():
 ])
 def test_results_with_bad_output_references_are_refused(ref, error):
     header = m.execute_result_header(1, [m.response_item_json(7, [ref])])
-    msg, data = results.decode([Frame(header), Frame(b"12345678")])
-    with pytest.raises(ValueError, match=error):
-        results.batch_result([InferRequest("m")], [7], msg, data, "1")
+    for reader in (results.decode, results.read):  # (read gives the plain ones as PlainResults)
+        msg, data = reader([Frame(header), Frame(b"12345678")])
+        with pytest.raises(ValueError, match=error):
+            results.batch_result([InferRequest("m")], [7], msg, data, "1")
 
 
 def test_result_outputs_are_views_of_their_frames():
@@ -135,3 +139,62 @@ def test_result_outputs_are_views_of_their_frames():
     assert [(t.name, list(t.shape), bytes(t.data)) for t in response.outputs] == [
         ("A", [1], b"1234"), ("B", [1], b"5678"), ("C", [0], b"")]
     assert (response.id, response.model_version, response.parameters) == ("x", "2", {"k": 1})
+
+
+def _plain_frames() -> list[memoryview]:
+    """A plain ExecuteResult as the worker writes it: two requests, outputs sharing a frame, an empty one."""
+    first = [m.output_ref_json("A", "FP32", (1,), 0, 0, 4), m.output_ref_json("B", "FP32", [1], 0, 4, 4),
+             m.output_ref_json("C", "UINT8", (0,), 1, 0, 0)]
+    second = [m.output_ref_json("A", "INT16", (2,), 0, 0, 8)]
+    header = m.execute_result_header(9, [m.response_item_json(7, first), m.response_item_json(8, second)], 1, 2, 3)
+    return [Frame(header), Frame(b"12345678"), Frame(b"")]
+
+
+def test_plain_results_are_read_in_one_pass_into_the_same_responses():
+    frames = _plain_frames()
+    msg, data = results.read(frames)
+    assert type(msg) is results.PlainResult and msg.batch_id == 9
+    generic, generic_data = results.decode(frames)
+    assert type(generic) is m.ExecuteResult
+    requests = [InferRequest("m", id="x"), InferRequest("m", "4", id="y")]
+    fast = results.batch_result(requests, [7, 8], msg, data, "")
+    slow = results.batch_result(requests, [7, 8], generic, generic_data, "")
+    assert fast == slow
+    assert (fast.compute_input_ns, fast.compute_infer_ns, fast.compute_output_ns) == (1, 2, 3)
+    assert [[(t.name, t.datatype, list(t.shape), bytes(t.data)) for t in r.outputs] for r in fast.responses] == [
+        [("A", "FP32", [1], b"1234"), ("B", "FP32", [1], b"5678"), ("C", "UINT8", [0], b"")],
+        [("A", "INT16", [2], b"12345678")]]
+    assert [(r.id, r.model_version, r.parameters) for r in fast.responses] == [("x", "", {}), ("y", "4", {})]
+
+
+@pytest.mark.parametrize("ids,error", [([7], "2 responses for 1 requests"), ([8, 7], "responses out of order")])
+def test_plain_results_out_of_step_are_refused_alike(ids, error):
+    requests = [InferRequest("m") for _ in ids]
+    for reader in (results.decode, results.read):
+        msg, data = reader(_plain_frames())
+        with pytest.raises(ValueError, match=error):
+            results.batch_result(requests, ids, msg, data, "1")
+
+
+@pytest.mark.parametrize("raw", [
+    m.execute_result_header(4, [m.response_item_json(9, [m.output_ref_json("O", "FP32", (1,), 0, 0, 4)], None,
+                                                     {"k": 1})]),  # parameters: not plain
+    m.execute_result_header(4, [m.response_item_json(9, [], m.WireError(13, "x"))]),  # an error
+    m.execute_result_header(4, [m.response_item_json(9, [m.output_shm_ref_json("O", "FP32", [1], "r", 4)])]),
+    m.encode_header(m.ExecuteResult(4, [m.ResponseItem(9, [m.TensorRef("O", "FP32", [1], "frame", 0, "", 0, 4)])])),
+    m.execute_result_header(4, [m.response_item_json(9, [m.output_ref_json("O", "FP32", (1,), 0, 0, 4)])])[:-1]
+    + b',"extra":1}',  # a field the plain shape does not have: the generic decoder judges it
+    m.execute_result_columns_header(4, [9], [("O", "FP32", (1,))]),
+    m.encode(m.Hello(1, 2, "x", "3.11", "2", "4"))[0],
+])
+def test_other_messages_are_read_as_decode_reads_them(raw):
+    frames = [Frame(bytes(raw)), Frame(b"1234")]
+    try:
+        expected: object = results.decode(frames)[0]
+    except m.ProtocolError as exc:
+        with pytest.raises(m.ProtocolError) as read:
+            results.read(frames)
+        assert str(read.value) == str(exc)
+        return
+    message, data = results.read(frames)
+    assert type(message) is type(expected) and message == expected and list(data) == [b"1234"]
