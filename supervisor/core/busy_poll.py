@@ -33,17 +33,41 @@ def runnable_processes() -> int:
         return int(f.read().split()[3].split(b"/")[0])
 
 
-def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """CPUs this process's cgroup may use per period (a container's CPU limit), or None when unlimited
-    or unknown. Polling spends the quota, so the default polling stays off under one."""
-    try:  # cgroup v2: "<quota> <period>" or "max <period>"
-        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup"),
+              self_cgroup: Path = Path("/proc/self/cgroup")) -> float | None:
+    """CPUs this process's cgroups may use per period (a container's CPU limit, a systemd CPUQuota=), the
+    smallest over its cgroup and the ones above it, or None when unlimited or unknown. Polling spends the
+    quota, so the default polling stays off under one."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        lines = []
+    v2 = next((line[3:] for line in lines if line.startswith("0::")), None)
+    v1 = next((line.split(":", 2)[2] for line in lines
+               if line.count(":") >= 2 and "cpu" in line.split(":", 2)[1].split(",")), None)
+    quotas = [q for d in _up_from(cgroup_root, v2 or "/") if (q := _v2_quota(d)) is not None]
+    quotas += [q for d in _up_from(cgroup_root / "cpu", v1 or "/") if (q := _v1_quota(d)) is not None]
+    return min(quotas) if quotas else None
+
+
+def _up_from(root: Path, path: str) -> list[Path]:
+    """`root`/`path` and each folder above it up to `root` (a limit may sit on any of them)."""
+    parts = [p for p in path.split("/") if p and p != ".."]
+    return [root.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def _v2_quota(folder: Path) -> float | None:
+    try:  # "<quota> <period>" or "max <period>"
+        quota, period = (folder / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
-        pass
-    try:  # cgroup v1: -1 when unlimited
-        quota_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None
+
+
+def _v1_quota(folder: Path) -> float | None:
+    try:  # -1 when unlimited
+        quota_us = int((folder / "cpu.cfs_quota_us").read_text())
+        period_us = int((folder / "cpu.cfs_period_us").read_text())
         return None if quota_us < 0 else quota_us / period_us
     except (OSError, ValueError):
         return None

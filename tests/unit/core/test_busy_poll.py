@@ -152,18 +152,44 @@ def test_sparse_requests_never_poll():
 def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path):
     from inferd.supervisor.core.busy_poll import cpu_quota, default_window_us
 
-    assert cpu_quota(tmp_path) is None  # no cgroup files: unknown, taken as unlimited
+    none = tmp_path / "no-such-file"
+    assert cpu_quota(tmp_path, none) is None  # no cgroup files: unknown, taken as unlimited
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert cpu_quota(tmp_path) is None
-    (tmp_path / "cpu.max").write_text("150000 100000\n")
-    assert cpu_quota(tmp_path) == 1.5
+    assert cpu_quota(tmp_path, none) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # a container: its own cgroup is the root
+    assert cpu_quota(tmp_path, none) == 1.5
     v1 = tmp_path / "v1"
     (v1 / "cpu").mkdir(parents=True)
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert cpu_quota(v1) is None
+    assert cpu_quota(v1, none) is None
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
-    assert cpu_quota(v1) == 4.0
+    assert cpu_quota(v1, none) == 4.0
     assert default_window_us(2, None) == 1000
     assert default_window_us(1, None) == 0  # polling would take the worker's CPU
     assert default_window_us(16, 4.0) == 0  # polling would spend a container's quota
+
+
+def test_cpu_quota_follows_this_process_cgroup_up(tmp_path):
+    """A systemd service's CPUQuota= sits on its own cgroup (v2), or a parent slice's: the smallest counts."""
+    from inferd.supervisor.core.busy_poll import cpu_quota
+
+    root = tmp_path / "fs"
+    service = root / "system.slice" / "inferd.service"
+    service.mkdir(parents=True)
+    (root / "cpu.max").write_text("max 100000\n")
+    (root / "system.slice" / "cpu.max").write_text("max 100000\n")
+    (service / "cpu.max").write_text("max 100000\n")
+    me = tmp_path / "cgroup"
+    me.write_text("0::/system.slice/inferd.service\n")
+    assert cpu_quota(root, me) is None
+    (service / "cpu.max").write_text("300000 100000\n")
+    assert cpu_quota(root, me) == 3.0
+    (root / "system.slice" / "cpu.max").write_text("50000 100000\n")
+    assert cpu_quota(root, me) == 0.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "kubepods" / "pod1").mkdir(parents=True)
+    (v1 / "cpu" / "kubepods" / "pod1" / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu" / "kubepods" / "pod1" / "cpu.cfs_period_us").write_text("100000\n")
+    me.write_text("4:memory:/kubepods/pod1\n3:cpu,cpuacct:/kubepods/pod1\n0::/\n")
+    assert cpu_quota(v1, me) == 2.0
