@@ -261,7 +261,7 @@ class H2Connection(Sending, asyncio.Protocol):
     def _on_headers(self, flags: int, sid: int, payload: memoryview) -> None:
         if not sid or not sid & 1:
             raise f.ConnectionError_(f.PROTOCOL_ERROR, "HEADERS on a stream a client cannot open")
-        body = self._unpad(flags, payload)
+        body = self._unpad(flags, payload) if flags & f.PADDED else payload
         if flags & f.PRIORITY_FLAG:
             body = body[5:]
         if len(body) > MAX_HEADER_BLOCK:

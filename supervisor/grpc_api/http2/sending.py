@@ -105,10 +105,12 @@ class Sending:
             guard.data_frames_sent += 1
             guard.pings.forgive()
             out = response_frames(stream_id, head, message, size, trailers)
-            if len(out) == 1:
-                self._write(out[0])
-            else:
+            if len(out) != 1:
                 self._writelines(out)
+            elif self.cut or self._paused:
+                self._write(out[0])
+            else:  # _write's path when nothing holds the write back (one call less per answer)
+                self.transport.write(out[0])  # type: ignore[union-attr]
             self._end(stream)
             return True
         if self.pending_out and self.pending_out + size > MAX_PENDING_OUT:
