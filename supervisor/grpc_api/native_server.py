@@ -177,7 +177,7 @@ class NativeGrpcServer:
         self.connections: set[H2Connection] = set()
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
-        self._idle: asyncio.Event | None = None
+        self.idle: asyncio.Event | None = None  # stop waits on it; the last call to end sets it (Call._finished)
         self.port = 0
 
     # ---- the HTTP/2 connection's App interface ----
@@ -223,11 +223,6 @@ class NativeGrpcServer:
         conn.send_headers(sid, trailers_only(code, message), end_stream=True)
         return None
 
-    def call_done(self, call: Call) -> None:
-        self.calls.discard(call)
-        if not self.calls and self._idle is not None:
-            self._idle.set()
-
     # ---- lifecycle ----
     async def start(
         self, address: str, port: int, tls: ssl.SSLContext | None = None, reuse_port: bool = False
@@ -258,9 +253,9 @@ class NativeGrpcServer:
         for conn in list(self.connections):
             conn.goaway()
         if self.calls:
-            self._idle = asyncio.Event()
+            self.idle = asyncio.Event()
             try:
-                await asyncio.wait_for(self._idle.wait(), grace)
+                await asyncio.wait_for(self.idle.wait(), grace)
             except asyncio.TimeoutError:
                 log.warning("%d gRPC calls still running after %.1f s: cancelling them", len(self.calls), grace)
         for call in list(self.calls):

@@ -80,12 +80,15 @@ class PingPolicy:
     permit_without_calls: bool = False
 
 
+NEVER = float("-inf")
+
+
 class PingStrikes:
     __slots__ = ("policy", "last", "strikes")
 
     def __init__(self, policy: PingPolicy) -> None:
         self.policy = policy
-        self.last = float("-inf")
+        self.last = NEVER  # the last PING's time; NEVER: none since we last sent (and so no strikes)
         self.strikes = 0
 
     def received(self, calls_running: bool) -> bool:
@@ -103,7 +106,7 @@ class PingStrikes:
 
     def forgive(self) -> None:
         """We sent headers or data: the client's next PINGs start afresh."""
-        self.last = float("-inf")
+        self.last = NEVER
         self.strikes = 0
 
 

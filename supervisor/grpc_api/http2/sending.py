@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import frames as f
-from .abuse import FloodGuard
+from .abuse import NEVER, FloodGuard
 from .streams import Stream
 
 log = logging.getLogger("inferd.grpc")
@@ -103,12 +103,16 @@ class Sending:
             stream.send_window -= size
             guard = self.guard
             guard.data_frames_sent += 1
-            guard.pings.forgive()
+            pings = guard.pings
+            if pings.last is not NEVER:  # a PING came since we last sent (else there is nothing to forgive)
+                pings.forgive()
             out = response_frames(stream_id, head, message, size, trailers)
-            if len(out) == 1:
-                self._write(out[0])
-            else:
+            if len(out) != 1:
                 self._writelines(out)
+            elif self.cut or self._paused:
+                self._write(out[0])
+            else:  # _write's path when nothing holds the write back (one call less per answer)
+                self.transport.write(out[0])  # type: ignore[union-attr]
             self._end(stream)
             return True
         if self.pending_out and self.pending_out + size > MAX_PENDING_OUT:

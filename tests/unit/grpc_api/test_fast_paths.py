@@ -46,6 +46,9 @@ class _Transport:
     def close(self) -> None:
         pass
 
+    def can_write_eof(self) -> bool:
+        return False
+
 
 class _App:
     def __init__(self) -> None:
@@ -249,3 +252,45 @@ def test_request_head_from_headers() -> None:
     *head, context = _request_head(headers)
     assert head == ["/s/M", "POST", "application/grpc", "5S", "gzip"]
     assert context.invocation_metadata() == (("x-meta", "v"), ("te", "trailers"))
+
+
+def test_a_one_write_answer_forgives_ping_strikes() -> None:
+    """The one-write answer forgives the client's PING strikes only when a PING came (it skips the call
+    otherwise): strikes counted before an answer are gone after it, as grpc-core forgives them."""
+    asyncio.run(_in_loop(_ping_strikes_forgiven))
+
+
+def _ping_strikes_forgiven() -> None:
+    def pings(conn: H2Connection, n: int) -> None:
+        for _ in range(n):
+            conn.data_received(f.ping(b"12345678"))
+
+    conn, out = _connection(1 << 20)
+    pings(conn, 3)  # the first is on time, the next two early: two strikes, the limit
+    assert conn.guard.pings.strikes == 2
+    assert conn.respond(1, RESPONSE_HEAD, [struct.pack(">BI", 0, 0)], 5, TRAILERS_OK)
+    assert conn.guard.pings.strikes == 0
+    _open_stream(conn, 3)
+    pings(conn, 3)  # after the answer: again one on time and two strikes, not a flood
+    assert not conn.cut and conn.guard.pings.strikes == 2
+    assert conn.respond(3, RESPONSE_HEAD, [struct.pack(">BI", 0, 0)], 5, TRAILERS_OK)
+    assert conn.guard.pings.strikes == 0
+    # without an answer in between, the next PING beyond the limit ends the connection
+    _open_stream(conn, 5)
+    pings(conn, 4)
+    assert conn.cut and f.GOAWAY in _frame_types(bytes(out.out))
+
+
+def _open_stream(conn: H2Connection, sid: int) -> None:
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/x"), ("content-type", "application/grpc")])
+    conn.data_received(f.header(len(block), f.HEADERS, f.END_HEADERS | f.END_STREAM, sid) + block)
+    assert sid in conn.streams
+
+
+def _frame_types(stream: bytes) -> list[int]:
+    types, pos = [], 0
+    while pos + 9 <= len(stream):
+        length, ftype, _flags, _sid = f.parse_header(stream, pos)
+        types.append(ftype)
+        pos += 9 + length
+    return types
