@@ -79,7 +79,10 @@ class HttpConnection(RequestReader, ResponseWriter, ConnectionLifetime):
                     self._pending = future = result.future
                     self._pending_req = req
                     self._pending_deferred = result
-                    future.add_done_callback(self._deferred_done)
+                    done = self._deferred_done
+                    future.add_done_callback(done)
+                    if hasattr(future, "eager"):  # a scheduler's request: answered, it runs `done` at once
+                        future.eager = done
                 else:
                     self._task = self._loop.create_task(self._run(req, result))
                 return

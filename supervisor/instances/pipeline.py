@@ -30,6 +30,15 @@ from .streams import OpenStreams
 log = logging.getLogger("inferd.instances.worker")
 
 
+class BatchFuture(asyncio.Future[BatchResult]):
+    """A batch's future. `eager`: one of its done-callbacks (also added with add_done_callback) that the
+    pipeline runs itself when it reads the batch's answer, instead of leaving it to the loop's next pass
+    (at concurrency 1 that pass is a loop iteration per request); any other outcome runs it as usual."""
+
+    __slots__ = ("eager",)
+    eager: Callable[[Any], None] | None
+
+
 class _Batch:
     __slots__ = ("batch_id", "fut", "requests", "ids", "leases", "on_settled", "on_free", "done_cb")
 
@@ -132,7 +141,8 @@ class BatchPipeline:
         # with batches in flight the worker has work queued (or answers waiting to be read): this one is
         # written with the pass's others; to an idle worker it goes at once
         hold = bool(self._batches)
-        fut: asyncio.Future[BatchResult] = self._loop.create_future()
+        fut = BatchFuture(loop=self._loop)
+        fut.eager = None
         batch = _Batch(batch_id, fut, requests, packed.ids, leases, on_settled, on_free)
         self._batches[batch_id] = batch
         if streams:
@@ -194,7 +204,7 @@ class BatchPipeline:
             if not batch.fut.done():
                 batch.fut.set_exception(
                     InferdError(ErrorCode.INTERNAL, f"{self._who()} sent a malformed result"))
-        settled = None
+        settled = eager = None
         if result is not None:
             if self.streams.by_id:
                 self.streams.end_failed(batch.ids, result.responses)
@@ -206,6 +216,10 @@ class BatchPipeline:
                     fut.remove_done_callback(batch.done_cb)
                     batch.done_cb = None  # no batch -> partial -> batch cycle left for the GC
                     settled = batch.on_settled
+                eager = fut.eager  # type: ignore[attr-defined]  # (a BatchFuture)
+                if eager is not None:  # taken back before set_result schedules it
+                    fut.eager = None  # type: ignore[attr-defined]
+                    fut.remove_done_callback(eager)
                 fut.set_result(result)
         if self._waiters:
             self._release_slot()
@@ -213,6 +227,11 @@ class BatchPipeline:
             self._slots -= 1
         if settled is not None:
             settled(len(batch.requests))
+        if eager is not None:  # last, as the loop would run it: the slot is free, the instance told
+            try:
+                eager(fut)
+            except Exception:  # (as the loop logs a failed callback)
+                log.exception("%s: a batch's done-callback failed", self._who())
 
     def on_stream_response(self, msg: m.StreamResponse, data: Sequence[Any]) -> None:
         self.streams.on_response(msg, data, self._model_version, self._outputs)

@@ -163,7 +163,7 @@ class DefaultScheduler(QueueLifecycle):
             self._next = (executors.index(executor) + 1) % len(executors)
         done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
         requests = [batch[0].request] if len(batch) == 1 else [p.request for p in batch]
-        self._running.add(dispatch.launch(executor, requests, done))
+        self._running.add(dispatch.launch(executor, requests, done, eager=True))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:
@@ -208,7 +208,17 @@ class DefaultScheduler(QueueLifecycle):
                 continue
             succeeded.append(item.request.arrival_ns)
             if not item.done():
-                item.set_result(answer)
+                eager = item.eager
+                if eager is None:
+                    item.set_result(answer)
+                else:  # taken back before set_result schedules it; the answer leaves now, the figures after
+                    item.eager = None
+                    item.remove_done_callback(eager)
+                    item.set_result(answer)
+                    try:
+                        eager(item)
+                    except Exception:  # (as the loop logs a failed callback)
+                        log.exception("a request's done-callback failed")
         if items_ok:  # (answers that are not errors come with a result)
             stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns,
                                    result.compute_output_ns)

@@ -32,16 +32,20 @@ def least_busy(executors: Sequence[Executor], loads: dict[int, int], depth: int,
 
 def launch(executor: Executor, requests: list[InferRequest],
            on_done: Callable[[asyncio.Future[Any]], None],
-           on_free: Callable[[], None] | None = None) -> asyncio.Future[Any]:
+           on_free: Callable[[], None] | None = None, eager: bool = False) -> asyncio.Future[Any]:
     """Send the batch now; `on_done(future)` runs when it is answered. A batch the instance refuses
     (not ready, could not be sent) fails through the same callback instead of raising. `on_free`, if
-    given, is passed on: the instance may call it when the answer arrives, before reading it."""
+    given, is passed on: the instance may call it when the answer arrives, before reading it. `eager`:
+    an instance whose future offers it (instances.pipeline.BatchFuture) runs `on_done` as it reads the
+    answer, not on the loop's next pass."""
     try:
         fut = executor.launch(requests) if on_free is None else executor.launch(requests, on_free)
     except Exception as exc:
         fut = asyncio.get_running_loop().create_future()
         fut.set_exception(exc)
     fut.add_done_callback(on_done)
+    if eager and hasattr(fut, "eager"):
+        fut.eager = on_done  # type: ignore[attr-defined]
     return fut
 
 

@@ -8,6 +8,7 @@ answer, cancelled or not.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..inference.types import InferRequest, InferResponse
@@ -23,9 +24,13 @@ class QueuedRequest(asyncio.Future[InferResponse]):
     """Made by `queued`: without an __init__ of its own, a future subclass costs no more than a plain future
     (one with a Python __init__ calling super().__init__ cost 0.7 µs against 0.15)."""
 
-    __slots__ = ("request", "executor", "_scheduler")
+    __slots__ = ("request", "executor", "_scheduler", "eager")
     request: InferRequest
     executor: Executor | None  # the instance running it, once dispatched
+    # a done-callback of the caller's (also added with add_done_callback) that the scheduler runs itself,
+    # right after it answers the request, instead of leaving it to the loop's next pass: at concurrency 1
+    # that pass is a loop iteration per request. Every other outcome (an error, a cancel) runs it as usual
+    eager: Callable[[Any], None] | None
     _scheduler: Withdraws
 
     def cancel(self, msg: Any | None = None) -> bool:
@@ -40,4 +45,5 @@ def queued(scheduler: Withdraws, request: InferRequest, loop: asyncio.AbstractEv
     item._scheduler = scheduler
     item.request = request
     item.executor = None
+    item.eager = None
     return item
