@@ -241,10 +241,18 @@ def _columns_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: m
             raise ValueError(f"output column '{name}' does not hold {count} tensors of shape {shape}")
         columns.append((name, datatype, shape, view, size))
     out: list[InferResponse | InferdError] = []
-    for i, req in enumerate(requests):
-        outputs = [Tensor(name, datatype, list(shape), view[i * size:(i + 1) * size])
-                   for name, datatype, shape, view, size in columns]
-        out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
+    if len(columns) == 1:  # one output: what most models give; a loop without a comprehension per request
+        (name, datatype, shape, view, size), = columns
+        end = 0
+        for req in requests:
+            start, end = end, end + size
+            out.append(InferResponse(req.model_name, version or req.model_version, req.id,
+                                     [Tensor(name, datatype, shape[:], view[start:end])], {}))
+    else:
+        for i, req in enumerate(requests):
+            outputs = [Tensor(name, datatype, list(shape), view[i * size:(i + 1) * size])
+                       for name, datatype, shape, view, size in columns]
+            out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
     return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns))
 
 

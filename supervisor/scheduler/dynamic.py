@@ -100,7 +100,13 @@ class DynamicBatcher(QueueLifecycle):
 
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
-        self._refuse_unless_open()
+        if self._closed:
+            self._refuse_unless_open()
+        for executor in self.executors:  # _refuse_unless_open's readiness check, inline: a call less per request
+            if executor.ready:
+                break
+        else:
+            self._refuse_unless_open()
         level = 0 if self._one_level else self.policy.level_of(request.priority)
         if self._bounded and self.queue.full(level):
             self.stats.record_failure("REJECTED", 0)
@@ -110,7 +116,9 @@ class DynamicBatcher(QueueLifecycle):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         rules = self.rules
-        item = Pending(self, request, level, rules.items_of(request),
+        inputs = request.inputs  # rules.items_of, inline
+        shape = inputs[0].shape if inputs and rules.batched else None
+        item = Pending(self, request, level, max(1, shape[0]) if shape else 1,
                        rules.key_of(request) if self._keyed else None, loop)
         if self._timeouts:
             timeout_us = self.policy.levels[level].timeout_us(request.timeout_us)
@@ -119,7 +127,8 @@ class DynamicBatcher(QueueLifecycle):
                 item.timer = loop.call_later(max(0.0, remaining_s), self._expire, item)
         self.queue.put(level, item)
         self._idle.clear()
-        self._kick()
+        if not self._kicked:
+            self._kick()
         return item
 
     def withdraw(self, item: Pending) -> None:

@@ -202,16 +202,7 @@ class PythonBackend:
             raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
         pb = self._pb
         version = self._version
-        wrap = pb.Tensor._wrap_inputs
-        from_worker = pb.InferenceRequest._from_worker
-        model_name = spec.model_name
-        output_names = self._output_names
-        pb_requests = []
-        for r in requests:  # loops, not comprehensions, on this path: no function call per request
-            pb_requests.append(from_worker(
-                r.id, r.correlation_id, wrap(r.inputs), list(r.requested_outputs or output_names), model_name,
-                version, r.flags, r.timeout_us, r.parameters, r.is_cancelled, r.trace,
-            ))
+        pb_requests = pb.InferenceRequest._batch_from_worker(requests, self._output_names, spec.model_name, version)
         if self._emit is not None:
             return self._execute_decoupled(requests, pb_requests)
         try:

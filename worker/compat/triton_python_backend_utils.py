@@ -543,6 +543,42 @@ class InferenceRequest:
         req._stream = None  # set by the worker for decoupled models: where send() delivers
         return req
 
+    @classmethod
+    def _batch_from_worker(cls, requests: list[Any], output_names: list[str], model_name: str,
+                           model_version: int) -> list[InferenceRequest]:
+        """`_from_worker` of each of a batch's worker requests (backends.base.Request), their inputs
+        wrapped as by `Tensor._wrap_inputs`: one call per batch, not two per request."""
+        new = object.__new__
+        tensor_cls = Tensor
+        release_all = TRITONSERVER_REQUEST_RELEASE_ALL
+        out = []
+        for r in requests:  # loops, not comprehensions: no function call per request
+            wrapped = []
+            for t in r.inputs:
+                tensor = new(tensor_cls)
+                tensor._name = t.name
+                tensor._array = t.array
+                tensor._datatype = t.datatype
+                wrapped.append(tensor)
+            req = new(cls)
+            req._request_id = r.id
+            req._correlation_id = r.correlation_id
+            req._inputs = wrapped
+            req._requested = list(r.requested_outputs or output_names)
+            req._model_name = model_name
+            req._model_version = model_version
+            req._flags = r.flags
+            req._timeout = r.timeout_us
+            trace = r.trace
+            req._trace = InferenceTrace(trace) if trace else None  # type: ignore[assignment]
+            req._parameters = r.parameters
+            req._release_flags = release_all
+            req._cancel_probe = r.is_cancelled
+            req._sender = None
+            req._stream = None
+            out.append(req)
+        return out
+
     def inputs(self) -> list[Tensor]:
         return self._inputs
 

@@ -117,3 +117,18 @@ def test_once_the_delay_ran_out_everything_walked_goes_not_just_the_preferred_pr
 def test_prefix_before_passing_the_largest_preferred_size_is_sent():
     r = rules(max_batch_size=16, preferred=(4,), delay_us=10_000_000)
     assert form_batch(r, [Item(items=3), Item(items=3)], now_ns=0, busy=True) == Decision(1)
+
+
+def test_plain_walk_decides_as_the_general_one():
+    """form_batch's short walk for configs without preferred sizes gives the general walk's decision."""
+    import random
+
+    from inferd.supervisor.scheduler.batching import _form_general, _form_plain
+
+    rng = random.Random(25)
+    for _ in range(3000):
+        r = rules(max_batch_size=rng.choice([1, 4, 8]), delay_us=rng.choice([0, 1000]))
+        queue = [Item(items=rng.choice([1, 1, 1, 2, 5, 9]), key=rng.choice([None, None, None, "b"]),
+                      arrival_ns=rng.randrange(0, 3 * MS)) for _ in range(rng.randrange(0, 12))]
+        now, busy = rng.randrange(0, 4 * MS), rng.random() < 0.5
+        assert _form_plain(r, queue, now, busy) == _form_general(r, queue, now, busy), (r, queue, now, busy)
