@@ -1,15 +1,16 @@
 """Busy polling (`--busy-poll-us`, on by default): the event loop polls instead of sleeping for a while
-after a request that came soon after the one before it.
+after a request, while requests come one at a time (concurrency 1).
 
 On a virtual machine, waking a process that sleeps on an idle vCPU costs the waker ~30 µs inside its
-send call, and the woken loop runs cold (bench/RESULTS.md, "the wake-up floor"). When requests come
-back to back (a client at concurrency 1, a burst that fills a batch), each request and each result
-wakes the supervisor; a loop that is still polling when they arrive needs no wake-up. A request that
-arrives within the window after the previous one opens (or extends) a window of polling: traffic
-sparser than the window never polls, so it costs nothing. While a window is open the loop keeps
-passing (epoll with no timeout), yielding the CPU first on each pass. While more processes are
-runnable than there are CPUs, polling would take a CPU from a worker: the loop sleeps instead and
-looks again 1 ms later. An idle server sleeps once the window has passed: no CPU at rest.
+send call, and the woken loop runs cold (bench/RESULTS.md, "the wake-up floor"). A client at concurrency
+1 wakes the supervisor with each request, the worker with each result; a loop that is still polling when
+they arrive needs no wake-up. A request that found its model with nothing else in flight ("alone"),
+within the window after another such request, opens (or extends) a window of polling. Sparser traffic
+never polls; neither does a busy server (requests overlap): there the loop seldom sleeps anyway, and a
+polling vCPU only takes from its neighbours (bench/RESULTS.md: -2 to -7% at concurrency 16 and 32).
+While a window is open the loop keeps passing (epoll with no timeout), yielding the CPU first on each
+pass. While more processes are runnable than there are CPUs, polling would take a CPU from a worker:
+the loop sleeps instead and looks again 1 ms later. An idle server sleeps once the window has passed.
 """
 
 from __future__ import annotations
@@ -79,8 +80,8 @@ def default_window_us(cpus: int, quota: float | None) -> int:
 
 
 class BusyPoll:
-    """Keeps the running loop polling for `window_us` after each `poke()` that came within `window_us` of
-    the one before; owned by the app, closed at exit."""
+    """Keeps the running loop polling for `window_us` after each `poke(alone=True)` that came within
+    `window_us` of another such poke; owned by the app, closed at exit."""
 
     def __init__(self, window_us: int, cpus: int | None = None) -> None:
         if window_us <= 0:
@@ -88,6 +89,7 @@ class BusyPoll:
         self._window_s = window_us / 1e6
         self._cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
         self._last_poke = -1e9
+        self._last_alone = False
         self._until = 0.0
         self._next_check = 0.0
         self._handle: asyncio.Handle | None = None
@@ -101,15 +103,17 @@ class BusyPoll:
         """The window is open (the loop polls, or sleeps a moment while every CPU is wanted)."""
         return self._handle is not None
 
-    def poke(self) -> None:
-        """A request was admitted: poll until the window after it has passed, if it came soon enough
-        after the previous one that the next will likely come within the window too."""
+    def poke(self, alone: bool = True) -> None:
+        """A request was admitted (`alone`: its model had nothing else queued or running). Poll until the
+        window after it has passed when it and the one before came alone, that one within the window:
+        the next will likely come within the window too, and find the loop with nothing else to do."""
         now = time.monotonic()
-        soon = now - self._last_poke < self._window_s
-        self._last_poke = now
+        start = alone and self._last_alone and now - self._last_poke < self._window_s
+        self._last_poke, self._last_alone = now, alone
         if self._handle is not None:
-            self._until = now + self._window_s
-        elif soon and not self._off:
+            if alone:
+                self._until = now + self._window_s
+        elif start and not self._off:
             self._until = now + self._window_s
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()

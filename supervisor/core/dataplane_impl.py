@@ -204,9 +204,10 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         """The ready version a request names (UNAVAILABLE while draining); wakes the busy poller."""
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
+        mv = self.resolve_ready(request.model_name, request.model_version)
         if self.busy_poll is not None:
-            self.busy_poll.poke()
-        return self.resolve_ready(request.model_name, request.model_version)
+            self.busy_poll.poke(mv.scheduler.idle)
+        return mv
 
     def _checked(self, mv: ModelVersion, request: InferRequest, to_host: bool) -> dict[str, int] | None:
         """The request validated against its model (inputs in client shared memory read to host first when `to_host`);

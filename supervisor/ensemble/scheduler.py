@@ -53,6 +53,10 @@ class EnsembleScheduler:
     def pending_count(self) -> int:
         return 0  # ensemble requests wait in their composing models' queues, counted there
 
+    @property
+    def idle(self) -> bool:
+        return self._idle.is_set()
+
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         if self._closed:
             raise InferdError(ErrorCode.UNAVAILABLE, "model '%s' is not accepting requests" % self.plan.name)

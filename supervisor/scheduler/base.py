@@ -46,6 +46,10 @@ class Scheduler(Protocol):
     def pending_count(self) -> int:
         """Requests waiting in the queue(s) (not yet handed to an instance)."""
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or running (the busy poller asks it of each request's model)."""
+
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """Queue one request; raises InferdError (UNAVAILABLE, INVALID_ARG) when it cannot be queued.
         The response carries the model's name and version and the request's id.

@@ -30,6 +30,11 @@ class QueueLifecycle:
     def pending_count(self) -> int:
         return len(self.queue)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or running."""
+        return self._idle.is_set()
+
     def _refuse_unless_open(self) -> None:
         """Raise UNAVAILABLE for a request that cannot be queued: closed, or no instance ready."""
         if self._closed:

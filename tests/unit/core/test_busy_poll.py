@@ -149,6 +149,26 @@ def test_sparse_requests_never_poll():
     asyncio.run(main())
 
 
+def test_overlapping_requests_never_poll():
+    async def main() -> None:
+        poll = BusyPoll(20_000, cpus=1 << 20)
+        for _ in range(10):
+            poll.poke(alone=False)  # each found its model busy: concurrency above 1
+            assert not poll.polling
+        poll.poke()  # alone, but the one before was not: a burst's first request
+        assert not poll.polling
+        poll.poke()  # alone after alone, within the window: concurrency 1
+        assert poll.polling
+        start = time.monotonic()
+        poll.poke(alone=False)  # does not extend the window
+        await wait_until_quiet(poll)
+        assert time.monotonic() - start < 1.0
+        assert poll.passes > 0
+        poll.close()
+
+    asyncio.run(main())
+
+
 def test_cpu_quota_reads_cgroup_v2_and_v1(tmp_path):
     from inferd.supervisor.core.busy_poll import cpu_quota, default_window_us
 
