@@ -148,9 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory for worker sockets (default: a temp dir of its own, removed at shutdown)")
     p.add_argument("--max-queue-size", type=int, default=4096)
     p.add_argument("--busy-poll-us", type=int, default=None,
-                   help="after each request the event loop polls instead of sleeping, while a CPU is free, for "
-                        "a window that adapts up to this many µs (default 1000 with 2 or more CPUs and no CPU "
-                        "quota, else 0: off; raise it above the models' execute time to poll through them)")
+                   help="at concurrency 1 the event loop polls instead of sleeping for this many µs after each "
+                        "request, while a CPU is free (default 1000 with 2 or more CPUs and no CPU quota, else "
+                        "0: off; raise it above the models' execute time to poll through them)")
     p.add_argument("--frontend-processes", type=int, default=None,
                    help="processes that accept HTTP and gRPC (SO_REUSEPORT) and hand requests to the supervisor "
                         "(default: 1 below 8 CPUs, else CPUs/4 up to 8; 1: the supervisor serves them itself)")
