@@ -35,28 +35,7 @@ from inferd.worker.runtime import Runtime  # noqa: E402
 from inferd.worker.wire import messages as m  # noqa: E402
 from inferd.worker.wire import zmtp  # noqa: E402
 
-ADD_SUB = """
-import json
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.model_config = json.loads(args["model_config"])
-        out0 = pb_utils.get_output_config_by_name(self.model_config, "OUTPUT0")
-        out1 = pb_utils.get_output_config_by_name(self.model_config, "OUTPUT1")
-        self.out0_dtype = pb_utils.triton_string_to_numpy(out0["data_type"])
-        self.out1_dtype = pb_utils.triton_string_to_numpy(out1["data_type"])
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
-            in1 = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
-            out0 = pb_utils.Tensor("OUTPUT0", (in0 + in1).astype(self.out0_dtype))
-            out1 = pb_utils.Tensor("OUTPUT1", (in0 - in1).astype(self.out1_dtype))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[out0, out1]))
-        return responses
-"""
+ADD_SUB = Path(__file__).resolve().parent.parent / "examples" / "add_sub" / "1" / "model.py"  # as served
 
 CONFIG = {"name": "add_sub", "backend": "python",
           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]},
@@ -131,7 +110,7 @@ def main() -> int:
         if args.model == "ort":
             config = ort_model(model_dir)
         else:
-            (model_dir / "1" / "model.py").write_text(ADD_SUB)
+            (model_dir / "1" / "model.py").write_text(ADD_SUB.read_text())
             config = CONFIG
         path = os.path.join(workdir, "link")
         sup = Supervisor(path)

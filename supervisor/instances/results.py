@@ -110,6 +110,20 @@ def device_output(req: InferRequest, ref: m.TensorRef, outputs: Any) -> Tensor:
     return Tensor(ref.name, ref.datatype, list(ref.shape), b"", device_ref=outputs.device(ref.name, ref, req.inputs))
 
 
+def _frame_output(name: str, datatype: str, shape: list[int], buffers: Sequence[Any], frame: Any, offset: Any,
+                 nbytes: Any) -> Tensor:
+    """An output at `offset` (`nbytes` long) of data frame `frame`, as a Tensor viewing it (small outputs share
+    a frame; offset 0 with nbytes 0 is the whole frame). ValueError for a reference outside the frames."""
+    if type(frame) is not int or not 0 <= frame < len(buffers):
+        raise ValueError(f"output '{name}' has a bad reference")
+    buf = buffers[frame]
+    if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):
+        if type(offset) is not int or type(nbytes) is not int or not 0 <= offset <= offset + nbytes <= len(buf):
+            raise ValueError(f"output '{name}' lies outside its data frame")
+        buf = buf[offset:offset + nbytes]
+    return Tensor(name, datatype, shape, buf)
+
+
 def _dead_device_input(req: InferRequest) -> InferdError | None:
     for t in req.inputs:
         if t.device_ref is not None and not t.device_ref.share.alive:
@@ -149,27 +163,13 @@ def _plain_result(requests: Sequence[InferRequest], ids: Sequence[int], header: 
     if len(items) != len(requests):
         raise ValueError(f"{len(items)} responses for {len(requests)} requests")
     buffers = data if type(data) is list else list(data)
-    count = len(buffers)
     out: list[InferResponse | InferdError] = []
     for req, rid, item in zip(requests, ids, items):  # lengths checked above
         if item["request_id"] != rid:
             raise ValueError("responses out of order")
-        outputs = []
-        for ref in item["outputs"]:
-            name, frame, offset, nbytes = ref["name"], ref["frame"], ref["offset"], ref["nbytes"]
-            if type(frame) is not int or not 0 <= frame < count:
-                raise ValueError(f"output '{name}' has a bad reference")
-            buf = buffers[frame]
-            if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):  # offset 0 + nbytes 0: the whole frame
-                if type(offset) is not int or type(nbytes) is not int or not 0 <= offset <= offset + nbytes <= len(buf):
-                    raise ValueError(f"output '{name}' lies outside its data frame")
-                buf = buf[offset:offset + nbytes]
-            outputs.append(Tensor(name, ref["datatype"], ref["shape"], buf))
-        gone = None
-        for t in req.inputs:
-            if t.device_ref is not None:
-                gone = _dead_device_input(req)
-                break
+        outputs = [_frame_output(ref["name"], ref["datatype"], ref["shape"], buffers, ref["frame"], ref["offset"],
+                                ref["nbytes"]) for ref in item["outputs"]]
+        gone = _dead_device_input(req)
         out.append(gone if gone is not None else
                    InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
     return BatchResult(out, int(header["compute_input_ns"]), int(header["compute_infer_ns"]),
@@ -187,19 +187,11 @@ def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], v
             code = ErrorCode.INTERNAL
         return InferdError(code, str(err.message))
     outputs = []
-    count = len(buffers)
     for ref in item.outputs:
         loc = ref.loc
-        if loc == "frame":  # `nbytes` at `offset` of data frame `frame` (small outputs share a frame)
-            name, frame, offset, nbytes = ref.name, ref.frame, ref.offset, ref.nbytes
-            if type(frame) is not int or not 0 <= frame < count:
-                raise ValueError(f"output '{name}' has a bad reference")
-            buf = buffers[frame]
-            if not (offset == 0 and (nbytes == 0 or nbytes == len(buf))):  # offset 0 + nbytes 0: the whole frame
-                if type(offset) is not int or type(nbytes) is not int or not 0 <= offset <= offset + nbytes <= len(buf):
-                    raise ValueError(f"output '{name}' lies outside its data frame")
-                buf = buf[offset:offset + nbytes]
-            outputs.append(Tensor(name, ref.datatype, ref.shape, buf))
+        if loc == "frame":
+            outputs.append(_frame_output(ref.name, ref.datatype, ref.shape, buffers, ref.frame, ref.offset,
+                                        ref.nbytes))
         elif loc == "shm":
             outputs.append(shm_output(ref.name, ref.datatype, ref.shape, ref.region, ref.offset, ref.nbytes,
                                       outputs_in_shm))
@@ -207,12 +199,9 @@ def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], v
             outputs.append(device_output(req, ref, outputs_in_shm))
         else:
             raise ValueError(f"output '{ref.name}' has a bad reference")
-    for t in req.inputs:
-        if t.device_ref is not None:
-            gone = _dead_device_input(req)
-            if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
-                return gone  # (its own device outputs are released as `outputs` is dropped)
-            break
+    gone = _dead_device_input(req)
+    if gone is not None:  # an input lived in a worker that died meanwhile: the result cannot be trusted
+        return gone  # (its own device outputs are released as `outputs` is dropped)
     params = item.parameters
     return InferResponse(req.model_name, version or req.model_version, req.id, outputs,
                          params if type(params) is dict else {})
