@@ -35,6 +35,7 @@ from inferd.supervisor.http_api.connection import HttpConnection  # noqa: E402
 from inferd.supervisor.http_api.routes import Router  # noqa: E402
 from inferd.supervisor.http_api.server import HttpServer  # noqa: E402
 from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor  # noqa: E402
+from inferd.supervisor.instances.pipeline import BatchFuture  # noqa: E402
 from inferd.supervisor.scheduler.batching import BatchRules  # noqa: E402
 from inferd.supervisor.scheduler.dynamic import DynamicBatcher  # noqa: E402
 from inferd.supervisor.scheduler.policy import PriorityPolicy  # noqa: E402
@@ -102,10 +103,11 @@ class Instance:
     ready = True
 
     def __init__(self) -> None:
-        self.sent: list[tuple[asyncio.Future[Result], list[InferRequest]]] = []
+        self.sent: list[tuple[BatchFuture, list[InferRequest]]] = []
 
     def launch(self, requests: list[InferRequest], on_free: Any = None) -> asyncio.Future[Result]:
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        future = BatchFuture(loop=asyncio.get_running_loop())  # as instances.pipeline: `eager` offered
+        future.eager = None
         if live.armed:  # as instances.instance.Instance.launch
             watch_batch(future, requests, self.name, time.monotonic_ns())
         self.sent.append((future, requests))
@@ -194,9 +196,15 @@ async def measure(rounds: int, trace_file: str = "") -> tuple[list[float], list[
         t1 = time.perf_counter_ns()
         (future, requests), = instance.sent
         instance.sent.clear()
+        eager = future.eager  # as pipeline.on_result: the batch's eager callback runs within the read
+        if eager is not None:
+            future.eager = None
+            future.remove_done_callback(eager)
         future.set_result(Result([InferResponse("m", "1", r.id, [Tensor(n, "FP32", list(shape), data)
                                                                  for n, shape, data in OUTPUTS])
                                   for r in requests]))
+        if eager is not None:
+            eager(future)
         for _ in range(3):  # the batch's callback, the answers' callbacks, the coalescer's flush
             await asyncio.sleep(0)
         t2 = time.perf_counter_ns()

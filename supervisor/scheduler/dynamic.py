@@ -6,7 +6,9 @@ A batch is formed only when an instance has room for it, never eagerly: an idle 
 batch the rules allow now; an instance already running a batch (up to the worker pipeline depth) only
 takes one that cannot get better by waiting, so a backlog keeps the worker busy while a light load
 still forms big batches. Forming runs once per event-loop pass after arrivals, completions, readiness
-changes and delay timers, so requests arriving together are considered together.
+changes and delay timers, so requests arriving together are considered together. A batch's answers
+leave within the call that reads them (`eager`); an instance freed with less than a full batch queued
+takes its next one after the loop's next read, which brings the requests of the clients just answered.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class Pending(QueuedRequest):
         self.key = key
         self.arrival_ns = request.arrival_ns
         self.timer: asyncio.TimerHandle | None = None
+        self.eager = None
         self.outcome: Any = _UNSET  # preserve_ordering: the answer, held until earlier ones are out
 
 
@@ -175,6 +178,18 @@ class DynamicBatcher(QueueLifecycle):
             self._kicked = True
             self._loop.call_soon(self._dispatch)
 
+    def _refill(self) -> None:
+        """An instance has room again. A full batch waiting goes at once; otherwise forming waits for the
+        loop to read the requests already at the door (the answers just written bring their clients'
+        next ones), so clients answered together stay in one batch instead of splitting into cohorts."""
+        queued = len(self.queue)
+        if not queued:
+            return  # (an arrival forms its own)
+        if queued >= self.rules.max_items or self._loop is None:
+            self._dispatch()
+        else:
+            self._loop.call_soon(self._kick)  # _kick's own call_soon: forming runs after the next I/O poll
+
     def _dispatch(self) -> None:
         self._kicked = False
         if self._timer is not None:
@@ -207,16 +222,17 @@ class DynamicBatcher(QueueLifecycle):
             self._order.extend(batch)
         launched = _Launched(self, executor)
         done = functools.partial(self._finished, launched, batch, time.monotonic_ns())
-        self._running.add(dispatch.launch(executor, [p.request for p in batch], done, launched.free))
+        self._running.add(dispatch.launch(executor, [p.request for p in batch], done, launched.free,
+                                          eager=True))  # _finished runs as the answer is read
 
     def _freed(self, launched: _Launched) -> None:
-        """The instance has an answer for a batch: it may take the next one, which leaves now, before
-        that answer is read. Called by the instance (`on_free`); an instance that never calls it gets
-        its place back in `_finished`."""
+        """The instance has an answer for a batch: it may take the next one (`_refill`: a full one leaves
+        now, before that answer is read). Called by the instance (`on_free`); an instance that never
+        calls it gets its place back in `_finished`."""
         if not launched.freed:
             launched.freed = True
             self._held[id(launched.executor)] -= 1
-            self._dispatch()
+            self._refill()
 
     def _finished(self, launched: _Launched, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
         self._running.discard(fut)
@@ -231,8 +247,7 @@ class DynamicBatcher(QueueLifecycle):
                 settle(item, error)
             self._check_idle()
             return
-        # the next batch goes to the worker before this one's answers are counted and written out
-        self._dispatch()
+        self._refill()
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         if result is not None and not self.preserve_ordering:
             outcomes.record_and_settle(self.stats, result, answers, batch, start)

@@ -53,12 +53,14 @@ def record(stats: Any, result: Any, answers: Sequence[Answer], arrivals: Sequenc
 
 def record_and_settle(stats: Any, result: Any, answers: Sequence[Answer], batch: Sequence[Any], start_ns: int) -> None:
     """`record` and `settle` in one pass, for a batch the instance answered (`result`, not None) whose
-    requests (futures with `.items` and `.arrival_ns`) are answered at once: the dynamic batcher's usual
-    case, per request the least it can do."""
+    requests (futures with `.items`, `.arrival_ns` and `.eager`) are answered at once: the dynamic batcher's
+    usual case, per request the least it can do. A request's `eager` done-callback runs here, after the
+    figures, instead of on the loop's next pass."""
     end = time.monotonic_ns()
     items_ok = 0
     succeeded = []
     failed: list[tuple[str, int]] = []
+    eager: list[tuple[Any, Any]] = []
     for item, answer in zip(batch, answers):
         if isinstance(answer, InferdError):
             if not item.cancelled():
@@ -71,6 +73,11 @@ def record_and_settle(stats: Any, result: Any, answers: Sequence[Answer], batch:
             if not item.cancelled():
                 succeeded.append(item.arrival_ns)
                 if not item.done():
+                    callback = item.eager
+                    if callback is not None:  # taken back before set_result schedules it
+                        item.eager = None
+                        item.remove_done_callback(callback)
+                        eager.append((callback, item))
                     item.set_result(answer)
                 continue
         failed.append(("CANCELED", item.arrival_ns))  # the client gave up while it ran: its answer is dropped
@@ -81,6 +88,11 @@ def record_and_settle(stats: Any, result: Any, answers: Sequence[Answer], batch:
     if succeeded:
         stats.record_successes(succeeded, start_ns, end, result.compute_input_ns, result.compute_infer_ns,
                                result.compute_output_ns)
+    for callback, item in eager:  # the answers leave now, once the figures count them
+        try:
+            callback(item)
+        except Exception:  # (as the loop logs a failed callback)
+            log.exception("a request's done-callback failed")
 
 
 def settle(future: asyncio.Future[Any], answer: Answer) -> None:

@@ -7,13 +7,13 @@ import asyncio
 from typing import Any
 
 import pytest
-from inferd.supervisor.inference.types import InferRequest, Tensor
+from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.supervisor.scheduler.batching import BatchRules
 from inferd.supervisor.scheduler.dynamic import DynamicBatcher
 from inferd.supervisor.scheduler.policy import PriorityPolicy
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .fakes import WAIT_S, HeldExecutor, Stats, release_when_sent, until
+from .fakes import WAIT_S, HeldExecutor, Result, Stats, release_when_sent, until
 
 _made: list[DynamicBatcher] = []
 
@@ -303,3 +303,68 @@ async def test_an_instance_freed_as_its_answer_arrives_gets_the_next_batch_befor
     assert [f.id for f in await asyncio.gather(*second)] == ["b0", "b1"]
     assert stats.executions == [2, 2] and stats.successes == 4
     assert batcher._held[id(ex)] == 0 and batcher.running == 0
+
+
+async def test_a_freed_instance_with_a_partial_queue_first_reads_what_arrives_in_the_next_pass():
+    # the clients answered by a batch send their next requests at once: forming waits for the loop's next
+    # read, so they join the requests already queued instead of splitting off into a cohort of their own
+    ex = FreesEarly("a")
+    batcher, _ = make([ex], max_batch_size=4)
+    first = [batcher.submit(request(f"a{i}")) for i in range(2)]
+    await until(lambda: ex.batches, "the first batch")
+    queued = batcher.submit(request("b0"))
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    ex.answer_arrives(0)
+    assert batcher.running == 2  # b0 alone does not leave at once
+    late = []
+    loop.call_soon(lambda: late.append(batcher.submit(request("c0"))))  # read on the next pass
+    await until(lambda: len(ex.batches) == 2, "the second batch")
+    assert ex.batches[1] == ["b0", "c0"]
+    await asyncio.gather(*first)
+    ex.answer_arrives(1)
+    await asyncio.gather(queued, *late)
+
+
+class EagerAnswers(HeldExecutor):
+    """Answers as instances.pipeline does: the batch's future offers `eager`, a done-callback that
+    `answer` runs within the call instead of the loop's next pass."""
+
+    def launch(self, requests: list[InferRequest], on_free: Any = None) -> asyncio.Future[Any]:
+        from inferd.supervisor.instances.pipeline import BatchFuture
+        self.batches.append([r.id for r in requests])
+        fut = BatchFuture(loop=asyncio.get_running_loop())
+        fut.eager = None
+        self._gates.append(fut)
+        return fut
+
+    def answer(self, index: int) -> None:
+        fut = self._gates[index]
+        eager = fut.eager
+        assert eager is not None, "the dynamic batcher asks for its answer within the read"
+        fut.eager = None
+        fut.remove_done_callback(eager)
+        fut.set_result(Result([InferResponse("m", "1", id=rid) for rid in self.batches[index]]))
+        eager(fut)
+
+
+async def test_an_eager_answer_reaches_each_request_callback_within_the_read_after_the_figures():
+    ex = EagerAnswers("a")
+    batcher, stats = make([ex])
+    futures = [batcher.submit(request(str(i))) for i in range(3)]
+    await until(lambda: ex.batches, "a batch")
+    seen: list[tuple[str, int]] = []
+    for f in futures[:2]:  # as the HTTP connection does: a done-callback, also offered as `eager`
+        def done(fut: Any) -> None:
+            seen.append((fut.result().id, stats.successes))
+        f.add_done_callback(done)
+        f.eager = done
+    late: list[str] = []
+    futures[2].add_done_callback(lambda fut: late.append(fut.result().id))  # an ordinary callback
+    ex.answer(0)
+    assert seen == [("0", 3), ("1", 3)]  # within the call, once each, after the batch was counted
+    assert late == []  # the loop runs the others
+    await asyncio.sleep(0)
+    assert late == ["2"] and len(seen) == 2
+    assert [f.id for f in await asyncio.gather(*futures)] == ["0", "1", "2"]
+    assert all(f.eager is None for f in futures)
