@@ -49,6 +49,9 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
     the same checked outputs (name, datatype, shape; numeric, small) in the same order. None otherwise:
     the batch goes request by request, which reports the errors. `check` is the runtime's output check
     (tensors.check_output or tensors.output_as_returned)."""
+    alike = _one_output_alike(requests, results, specs, output_names, model, check)
+    if alike is not None:
+        return alike
     layout: Optional[Layout] = None
     columns: list[list[Any]] = []
     # per column, the first request's array when the checks left it as it was: a later array of the
@@ -99,6 +102,54 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
     except Exception:  # noqa: BLE001 - a failed check: the request-by-request path reports it
         return None
     return layout or [], [b"".join(column) for column in columns]
+
+
+def _one_output_alike(requests: list[Request], results: list[Response], specs: dict[str, OutputSpec],
+                      output_names: list[str], model: str, check: Callable[..., np.ndarray],
+                      ) -> Optional[tuple[Layout, list[bytes]]]:
+    """`output_columns` of the usual batch, in short: every result one wanted output of the same name,
+    datatype, shape and dtype, the first left as it was by the checks (so the others would be too).
+    None: not such a batch, and the general loop decides. Contiguity is not looked at per array: joining
+    the arrays refuses one that is not C-contiguous (numpy's buffer of a plain request)."""
+    if not results:
+        return None
+    first = results[0].outputs
+    if len(first) != 1:
+        return None
+    out0 = first[0]
+    name, datatype, array0 = out0.name, out0.datatype, out0.array
+    ndarray = np.ndarray
+    if type(array0) is not ndarray:
+        return None
+    shape, dtype = array0.shape, array0.dtype
+    arrays: list[Any] = []
+    append = arrays.append
+    seen: Any = arrays  # the last list of wanted outputs found to hold `name` (requests share one)
+    try:
+        for request, result in zip(requests, results):
+            if result.error is not None or result.parameters:
+                return None
+            outs = result.outputs
+            if len(outs) != 1:
+                return None
+            out = outs[0]
+            array = out.array
+            if (out.name != name or out.datatype != datatype or type(array) is not ndarray
+                    or array.shape != shape or array.dtype != dtype):
+                return None
+            wanted = request.requested_outputs
+            if wanted is not seen:
+                if name not in (wanted or output_names):
+                    return None
+                seen = wanted
+            append(array)
+        checked = _checked(out0, specs, model, check)
+        if checked is None or checked[3] is not array0:
+            return None
+        frame = b"".join(arrays)
+    except Exception:  # noqa: BLE001 - a failed check or a non-contiguous array: the general loop decides
+        return None
+    return [checked[:3]], [frame]
 
 
 def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str,

@@ -30,6 +30,7 @@ from . import python_reschedule as reschedule
 from . import python_senders as senders
 from .base import ModelSpec, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
+from .python_plain import plain_results
 
 DEFAULT_MODEL_FILENAME = "model.py"
 _RESCHEDULE = reschedule.RESCHEDULE
@@ -214,6 +215,10 @@ class PythonBackend:
             returned = execute(pb_requests)
             if type(returned) is not list:
                 returned = self._resolve(returned)
+            if not self._iterative:  # the usual answer, checked and converted in one pass
+                plain = plain_results(pb_requests, returned, pb.InferenceResponse)
+                if plain is not None:
+                    return plain
             pb_responses = self._check_returned(pb_requests, returned)
             if self._iterative:
                 pb_responses = reschedule.run_again(pb_requests, pb_responses, lambda again: self._check_returned(
