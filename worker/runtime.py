@@ -424,7 +424,7 @@ class Runtime:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _run_backend(self, requests: list[Request]) -> list[Response]:
+    def _run_backend(self, requests: list[Request]) -> Sequence[Response]:
         if not requests:
             return []
         backend = self._backend

@@ -8,7 +8,7 @@ A backend never touches sockets, frames or shared memory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -171,6 +171,38 @@ class Response:
         self.parameters = parameters if parameters is not None else {}
 
 
+class AlikeResults(Sequence[Response]):
+    """What `Backend.execute` may return for a batch whose every request got one output of the same name
+    and datatype, as numpy arrays of one shape and dtype, without error or parameters: the arrays in request
+    order, which columns.output_columns sends as one column without a Response per request. Read any other
+    way, it is the list of those Responses (`Response([Tensor(name, datatype, array)])` each), built once on
+    first use."""
+
+    __slots__ = ("name", "datatype", "arrays", "_responses")
+
+    def __init__(self, name: str, datatype: str, arrays: list[Any]) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.arrays = arrays
+        self._responses: Optional[list[Response]] = None
+
+    def responses(self) -> list[Response]:
+        responses = self._responses
+        if responses is None:
+            name, datatype = self.name, self.datatype
+            responses = self._responses = [Response([Tensor(name, datatype, a)]) for a in self.arrays]
+        return responses
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.responses()[index]
+
+    def __iter__(self) -> Iterator[Response]:
+        return iter(self.responses())
+
+
 # emit(request, response, final): one response of a decoupled request (None: a flag-only final)
 Emit = Callable[["Request", Optional["Response"], bool], None]
 
@@ -211,8 +243,8 @@ class Backend(Protocol):
         """Import / build the model and run its initialization; raise InferdError on failure."""
         ...
 
-    def execute(self, requests: list[Request]) -> list[Response]:
-        """One Response per Request, same order. Never raises for model errors: they become
+    def execute(self, requests: list[Request]) -> Sequence[Response]:
+        """One Response per Request, same order (a list, or AlikeResults). Never raises for model errors: they become
         per-request errors (a backend bug may still raise; the runtime then fails the batch).
         Decoupled models (`supports_decoupled`): responses go out through `WorkerContext.emit`;
         the returned Response of a request is empty while it streams on, or carries the error

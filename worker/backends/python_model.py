@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from ..compat import load_pb_utils
@@ -30,7 +30,7 @@ from . import python_reschedule as reschedule
 from . import python_senders as senders
 from .base import ModelSpec, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
-from .python_plain import plain_results
+from .python_plain import alike_results, plain_results
 
 DEFAULT_MODEL_FILENAME = "model.py"
 _RESCHEDULE = reschedule.RESCHEDULE
@@ -197,7 +197,7 @@ class PythonBackend:
         self._model = instance
         self._pb._state["bls_allowed"] = True  # as Triton's stub: BLS only once initialized, until finalize
 
-    def execute(self, requests: list[Request]) -> list[Response]:
+    def execute(self, requests: list[Request]) -> Sequence[Response]:
         spec = self._spec
         if spec is None or self._model is None:
             raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
@@ -215,7 +215,10 @@ class PythonBackend:
             returned = execute(pb_requests)
             if type(returned) is not list:
                 returned = self._resolve(returned)
-            if not self._iterative:  # the usual answer, checked and converted in one pass
+            if not self._iterative:  # the usual answers, checked and converted in one pass
+                alike = alike_results(pb_requests, returned, pb.InferenceResponse)
+                if alike is not None:
+                    return alike
                 plain = plain_results(pb_requests, returned, pb.InferenceResponse)
                 if plain is not None:
                     return plain

@@ -136,6 +136,8 @@ def _datatype_of(array: np.ndarray) -> str:
 # numeric dtype -> protocol name, filled as models build their outputs (one dict look-up per Tensor);
 # BYTES arrays (kinds O, S, U) are left to _datatype_of: their dtypes vary with the length of the items
 _NUMERIC_DATATYPE: dict[np.dtype, str] = {}
+_numeric_datatype = _NUMERIC_DATATYPE.get
+_ndarray = np.ndarray
 
 
 _DL_UINT = 1  # DLDataTypeCode kDLUInt
@@ -181,8 +183,8 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if type(name) is str and type(numpy_array) is np.ndarray:  # what models pass: the checks below, in short
-            datatype = _NUMERIC_DATATYPE.get(numpy_array.dtype)
+        if type(numpy_array) is _ndarray and type(name) is str:  # what models pass: the checks below, in short
+            datatype = _numeric_datatype(numpy_array.dtype)
             if datatype is not None:
                 self._name = name
                 self._array = numpy_array

@@ -1,8 +1,8 @@
 """The worker's short paths for a batch sent by columns hold to the general ones: the objects built without
 their __init__ (backends.base.requests_by_columns, python_plain.plain_results) are the objects __init__
 makes, pb_utils' batch of requests reads as one made request by request, a Python model's usual answer
-converts as the general path converts it (and anything unusual is left to that path), and the one-output
-columns of columns.output_columns are the general loop's."""
+converts as the general path converts it (and anything unusual is left to that path), AlikeResults read
+as those Responses, and the one-output columns of columns.output_columns are the general loop's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from inferd.worker import columns, tensors
 from inferd.worker.backends import python_plain
-from inferd.worker.backends.base import Request, Response, Tensor, requests_by_columns
+from inferd.worker.backends.base import AlikeResults, Request, Response, Tensor, requests_by_columns
 from inferd.worker.compat import load_pb_utils
 
 pb = load_pb_utils()
@@ -204,9 +204,76 @@ def test_the_columns_of_a_python_model_batch_are_its_rows_in_order():
     pb_requests = pb_batch(requests)
     returned = [pb.InferenceResponse(output_tensors=[pb.Tensor("OUT", pb.get_input_tensor_by_name(r, "IN")
                                                                .as_numpy())]) for r in pb_requests]
-    results = python_plain.plain_results(pb_requests, returned, pb.InferenceResponse)
-    assert results is not None
+    results = python_plain.alike_results(pb_requests, returned, pb.InferenceResponse)
+    assert type(results) is AlikeResults
     specs = tensors.output_specs({"output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}]})
     found = columns.output_columns(requests, results, specs, ["OUT", "EXTRA"], "m", tensors.output_as_returned)
     assert found is not None
     assert found[0] == [("OUT", "FP32", (4,))] and bytes(found[1][0]) == np.stack(rows).tobytes()
+
+
+def answered_alike(arrays: list[Any], names: Any = None, wanted: Any = None) -> tuple[list[Any], list[Any]]:
+    names = names or ["OUT"] * len(arrays)
+    pb_requests = pb_batch([Request(i, "", [], wanted if wanted is not None else []) for i in range(len(arrays))])
+    return pb_requests, [pb.InferenceResponse(output_tensors=[pb.Tensor(n, a)]) for n, a in zip(names, arrays)]
+
+
+def test_alike_results_read_as_the_general_conversion():
+    pb_requests, returned = answered_alike(CASES["alike"])
+    alike = python_plain.alike_results(pb_requests, returned, pb.InferenceResponse)
+    assert type(alike) is AlikeResults and len(alike) == 3 and alike.arrays[1] is CASES["alike"][1]
+    want = general(pb_requests, returned)
+    as_read = [list(alike), [alike[i] for i in range(3)], alike[:]]
+    assert as_read[0] is not want and as_read[0][0] is as_read[1][0]  # built once
+    for got in as_read:
+        assert [[slots(t) for t in r.outputs] for r in got] == [[slots(t) for t in r.outputs] for r in want]
+        assert [(r.error, r.parameters) for r in got] == [(r.error, r.parameters) for r in want]
+
+
+@pytest.mark.parametrize("case", ["two outputs", "other name", "unwanted", "other shape", "other dtype",
+                                  "not arrays", "error", "none", "sender", "empty"])
+def test_alike_results_only_for_one_wanted_output_alike(case):
+    arrays = list(CASES["alike"])
+    names = wanted = None
+    if case == "other name":
+        names = ["OUT", "OUT", "EXTRA"]
+    elif case == "unwanted":
+        wanted = ["EXTRA"]
+    elif case in ("other shape", "other dtype"):
+        arrays = CASES[case]
+    elif case == "not arrays":
+        arrays[2] = np.float32(1.5)  # a numpy scalar: pb_utils takes it, it is no ndarray
+    elif case == "empty":
+        arrays = []
+    pb_requests, returned = answered_alike(arrays, names, wanted)
+    if case == "two outputs":
+        returned[1] = pb.InferenceResponse(output_tensors=[pb.Tensor("OUT", arrays[1]), pb.Tensor("EXTRA", arrays[1])])
+    elif case == "error":
+        returned[1] = pb.InferenceResponse(output_tensors=[pb.Tensor("OUT", arrays[1])], error=pb.TritonError("no"))
+    elif case == "none":
+        returned[1] = None
+    elif case == "sender":
+        pb_requests[1].get_response_sender()
+    assert python_plain.alike_results(pb_requests, returned, pb.InferenceResponse) is None
+
+
+def alike_both_ways(arrays: list[Any], wanted: Any = None) -> tuple[Any, Any]:
+    requests = [Request(i, "", [], wanted if wanted is not None else []) for i in range(len(arrays))]
+    results = AlikeResults("Y", "FP32", list(arrays))
+    short = columns.output_columns(requests, results, SPECS, ["Y"], "m", tensors.output_as_returned)
+    long = columns.output_columns(requests, list(results), SPECS, ["Y"], "m", tensors.output_as_returned)
+    return short, long
+
+
+@pytest.mark.parametrize("case", ["alike", "later strided", "first strided", "big endian"])
+def test_alike_results_go_by_columns_as_the_general_loop_sends_them(case):
+    short, long = alike_both_ways(CASES[case])
+    assert frames(short) == frames(long) and short is not None
+
+
+def test_alike_results_keep_the_wanted_outputs_rule():
+    short, long = alike_both_ways(CASES["alike"], wanted=["S"])
+    assert frames(short) == frames(long) == ([], [])  # no request wanted it: no column (the general rule)
+    requests = [Request(i, "", [], ["Y"] if i != 1 else ["S"]) for i in range(3)]
+    assert columns.output_columns(requests, AlikeResults("Y", "FP32", list(CASES["alike"])), SPECS, ["Y"], "m",
+                                  tensors.output_as_returned) is None
