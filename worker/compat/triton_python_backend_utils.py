@@ -487,6 +487,8 @@ class InferenceRequest:
     _release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
     _sender: Optional[InferenceResponseSender] = None
     _stream: Optional[Callable[[Optional[InferenceResponse], bool], None]] = None
+    _cancel_probe: Optional[Callable[[], bool]] = None
+    _cancelled_of: Any = None  # a worker request (backends.base.Request) asked instead of _cancel_probe
 
     def __init__(
         self,
@@ -523,7 +525,7 @@ class InferenceRequest:
         self._trace = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._cancel_probe: Optional[Callable[[], bool]] = None
+        self._cancel_probe = None
         self._sender = None
         self._stream = None
 
@@ -597,7 +599,7 @@ class InferenceRequest:
             if trace:
                 req._trace = InferenceTrace(trace)
             req._parameters = r.parameters
-            req._cancel_probe = r.is_cancelled
+            req._cancelled_of = r  # (its bound is_cancelled made only if asked: see is_cancelled)
             out.append(req)
         return out
 
@@ -632,7 +634,11 @@ class InferenceRequest:
         return list(self._requested)  # a new list each call, as Triton's binding gives
 
     def is_cancelled(self) -> bool:
-        return bool(self._cancel_probe is not None and self._cancel_probe())
+        probe = self._cancel_probe
+        if probe is None:
+            of = self._cancelled_of
+            return bool(of is not None and of.is_cancelled())
+        return bool(probe())
 
     def set_release_flags(self, flags: int) -> None:
         """RESCHEDULE: run this request again (iterative_sequence models; worker/backends/python_reschedule.py)."""

@@ -277,3 +277,12 @@ def test_alike_results_keep_the_wanted_outputs_rule():
     requests = [Request(i, "", [], ["Y"] if i != 1 else ["S"]) for i in range(3)]
     assert columns.output_columns(requests, AlikeResults("Y", "FP32", list(CASES["alike"])), SPECS, ["Y"], "m",
                                   tensors.output_as_returned) is None
+
+
+def test_batch_requests_ask_their_worker_request_whether_cancelled():
+    cancelled = {11}
+    requests = [Request(rid, "", [], [], cancelled=cancelled.__contains__) for rid in (10, 11)]
+    batch = pb_batch(requests + [Request(12, "", [], [])])
+    assert [q.is_cancelled() for q in batch] == [False, True, False]
+    cancelled.add(10)
+    assert batch[0].is_cancelled() is True
