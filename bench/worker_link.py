@@ -1,12 +1,16 @@
-"""The supervisor's CPU cost of reading one batch's answer, warm and in one process: the ExecuteResultColumns
-that bench/worker_hotpath.py's worker writes for a batch of 32 (bench/batching.py's fixed_cost model),
-from the bytes its socket read to the batch's responses: the worker channel's ZMTP reader
-(instances/channel.py's connection, `data_received`), then what WorkerProcess._on_message and
-BatchPipeline.on_result do with it (results.read, results.batch_result). The scheduler's part of
-on_result (freeing the slot, settling the batch) is left out; bench/hotpath.py measures the batcher.
+"""The supervisor's CPU cost on its side of the worker link for one batch of 32 (bench/batching.py's
+fixed_cost model), warm and in one process (bench/worker_hotpath.py is the worker's side):
 
-    .venv/bin/python bench/result_read.py              # median µs per batch
-    .venv/bin/python bench/result_read.py --profile    # the same under cProfile, top functions by own time
+- reading the answer: the ExecuteResultColumns that worker_hotpath's worker writes, from the bytes its
+  socket read to the batch's responses: the worker channel's ZMTP reader (instances/channel.py's
+  connection, `data_received`), then what WorkerProcess._on_message and BatchPipeline.on_result do with
+  it (results.read, results.batch_result). The scheduler's part of on_result (freeing the slot, settling
+  the batch) is left out; bench/hotpath.py measures the batcher.
+- sending the Execute: InputPacker.pack (an ExecuteColumns), its header and ZMTP encoding (Channel.send
+  without the socket write).
+
+    .venv/bin/python bench/worker_link.py              # median µs per batch, each side
+    .venv/bin/python bench/worker_link.py --profile    # reading under cProfile, top functions by own time
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ def main() -> int:
         msg, parts = results.read(frames)
         got.append(results.batch_result(requests, ids, msg, parts, "1", None))
 
+    packer = InputPacker(None)
+    pack_times: list[float] = []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter_ns()
+        packed = packer.pack(requests)
+        zmtp.encode([packed.header(1), *packed.frames])
+        pack_times.append((time.perf_counter_ns() - t0) / 1000)
+        if packed.columns is None:
+            raise SystemExit("the batch did not go by columns")
     peer = connection(on_message)
     times: list[float] = []
     profiler = cProfile.Profile() if args.profile else None
@@ -94,6 +107,8 @@ def main() -> int:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     kept = times[args.rounds // 5:]
     print("supervisor µs per answer of %d (median of %d): %.1f" % (BATCH, len(kept), statistics.median(kept)))
+    print("supervisor µs per Execute of %d (pack, header, ZMTP): %.1f"
+          % (BATCH, statistics.median(pack_times[args.rounds // 5:])))
     return 0
 
 
