@@ -216,9 +216,10 @@ class PythonBackend:
             if type(returned) is not list:
                 returned = self._resolve(returned)
             if not self._iterative:  # the usual answers, checked and converted in one pass
-                alike = alike_results(pb_requests, returned, pb.InferenceResponse)
-                if alike is not None:
-                    return alike
+                if len(pb_requests) > 1:  # (a batch of one goes request by request: no columns)
+                    alike = alike_results(pb_requests, returned, pb.InferenceResponse)
+                    if alike is not None:
+                        return alike
                 plain = plain_results(pb_requests, returned, pb.InferenceResponse)
                 if plain is not None:
                     return plain
