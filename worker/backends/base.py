@@ -66,6 +66,7 @@ class Tensor:
     array (object array of bytes for BYTES, raw uint16 for BF16), or a `device.DeviceArray` for a
     tensor in GPU memory."""
 
+    # (also built without __init__, by requests_by_columns and python_plain: a new field goes there too)
     __slots__ = ("name", "datatype", "array")
 
     def __init__(self, name: str, datatype: str, array: np.ndarray) -> None:
@@ -75,6 +76,7 @@ class Tensor:
 
 
 class Request:
+    # (also built without __init__, by requests_by_columns: a new field goes there too)
     __slots__ = (
         "request_id", "id", "inputs", "requested_outputs", "parameters", "correlation_id", "flags",
         "timeout_us", "_cancelled", "device_outputs", "trace",
@@ -110,16 +112,25 @@ class Request:
         return bool(self._cancelled and self._cancelled(self.request_id))
 
 
+class PlainRequests(list):  # type: ignore[type-arg]
+    """The requests of a batch whose fields other than request_id, id, inputs, requested_outputs and the
+    cancellation probe are all at their defaults (`requests_by_columns` makes them): a backend may leave
+    those fields unread. A list of Requests like any other."""
+
+    __slots__ = ()
+
+
 def requests_by_columns(request_ids: list[int], ids: Iterable[str],
                         columns: list[tuple[str, str, list[np.ndarray]]], wanted: list[str],
                         cancelled: Optional[Callable[[int], bool]]) -> list[Request]:
-    """The requests of a batch sent by columns: request i is `Request(request_ids[i], ids[i], inputs,
-    wanted, cancelled=cancelled)`, every other field at its default, its inputs `Tensor(name, datatype,
-    rows[i])` per column (name, datatype, rows). Built in one loop without an __init__ call per object
-    (a batch of 32 is 64 objects or more); tests/unit/worker/test_plain_objects.py holds the objects to
-    what __init__ makes, so a new field of Request or Tensor fails there until it is set here too."""
+    """The requests of a batch sent by columns, as a PlainRequests: request i is `Request(request_ids[i],
+    ids[i], inputs, wanted, cancelled=cancelled)`, every other field at its default, its inputs
+    `Tensor(name, datatype, rows[i])` per column (name, datatype, rows). Built in one loop without an
+    __init__ call per object (a batch of 32 is 64 objects or more); tests/unit/worker/test_batch_fast_paths.py
+    holds the objects to what __init__ makes, so a new field of Request or Tensor fails there until it is
+    set here too."""
     new = object.__new__
-    out: list[Request] = []
+    out: list[Request] = PlainRequests()
     append = out.append
     if len(columns) == 1:  # what most models take
         (name, datatype, rows), = columns
@@ -158,6 +169,7 @@ def requests_by_columns(request_ids: list[int], ids: Iterable[str],
 
 
 class Response:
+    # (also built without __init__, by python_plain: a new field goes there too)
     __slots__ = ("outputs", "error", "parameters")
 
     def __init__(

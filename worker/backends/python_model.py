@@ -28,7 +28,7 @@ from ..compat import load_pb_utils
 from ..wire.errors import ErrorCode, InferdError
 from . import python_reschedule as reschedule
 from . import python_senders as senders
-from .base import ModelSpec, Request, Response, Tensor, WorkerContext
+from .base import ModelSpec, PlainRequests, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
 from .python_plain import alike_results, plain_results
 
@@ -203,7 +203,8 @@ class PythonBackend:
             raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
         pb = self._pb
         version = self._version
-        pb_requests = pb.InferenceRequest._batch_from_worker(requests, self._output_names, spec.model_name, version)
+        pb_requests = pb.InferenceRequest._batch_from_worker(requests, self._output_names, spec.model_name, version,
+                                                             type(requests) is PlainRequests)
         if self._emit is not None:
             return self._execute_decoupled(requests, pb_requests)
         try:

@@ -488,7 +488,11 @@ class InferenceRequest:
     _sender: Optional[InferenceResponseSender] = None
     _stream: Optional[Callable[[Optional[InferenceResponse], bool], None]] = None
     _cancel_probe: Optional[Callable[[], bool]] = None
-    _cancelled_of: Any = None  # a worker request (backends.base.Request) asked instead of _cancel_probe
+    _cancelled_of: Any = None
+    _correlation_id: Any = 0  # (for the requests of a plain batch: see _batch_from_worker)
+    _flags = 0
+    _timeout = 0
+    _parameters = "{}"  # a worker request (backends.base.Request) asked instead of _cancel_probe
 
     def __init__(
         self,
@@ -554,12 +558,14 @@ class InferenceRequest:
 
     @classmethod
     def _batch_from_worker(cls, requests: list[Any], output_names: list[str], model_name: str,
-                           model_version: int) -> list[InferenceRequest]:
+                           model_version: int, plain: bool = False) -> list[InferenceRequest]:
         """`_from_worker` of each of a batch's worker requests (backends.base.Request), their inputs
         wrapped as by `Tensor._wrap_inputs`: one call per batch, not two per request. A batch's requests
         usually share one list of wanted outputs: they then share its copy too (never changed: the
         accessor hands out copies). Trace, release flags, sender and stream are left at the class's
-        defaults (None, RELEASE_ALL, None, None) unless the request has a trace."""
+        defaults (None, RELEASE_ALL, None, None) unless the request has a trace; `plain` (every request's
+        correlation id, flags, timeout, parameters and trace at their defaults: backends.base.PlainRequests)
+        leaves correlation id, flags, timeout and parameters to the class's defaults too."""
         new = object.__new__
         tensor_cls = Tensor
         out: list[InferenceRequest] = []
@@ -588,18 +594,24 @@ class InferenceRequest:
                 requested = list(wanted or output_names)
             req = new(cls)
             req._request_id = r.id
-            req._correlation_id = r.correlation_id
             req._inputs = wrapped
             req._requested = requested
             req._model_name = model_name
             req._model_version = model_version
-            req._flags = r.flags
-            req._timeout = r.timeout_us
-            trace = r.trace
-            if trace:
-                req._trace = InferenceTrace(trace)
-            req._parameters = r.parameters
             req._cancelled_of = r  # (its bound is_cancelled made only if asked: see is_cancelled)
+            if plain:  # (the same attributes in the same order either way: Python shares their keys)
+                req._correlation_id = 0
+                req._flags = 0
+                req._timeout = 0
+                req._parameters = "{}"
+            else:
+                req._correlation_id = r.correlation_id
+                req._flags = r.flags
+                req._timeout = r.timeout_us
+                req._parameters = r.parameters
+                trace = r.trace
+                if trace:
+                    req._trace = InferenceTrace(trace)
             out.append(req)
         return out
 

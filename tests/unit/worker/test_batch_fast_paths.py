@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from inferd.worker import columns, tensors
 from inferd.worker.backends import python_plain
-from inferd.worker.backends.base import AlikeResults, Request, Response, Tensor, requests_by_columns
+from inferd.worker.backends.base import AlikeResults, PlainRequests, Request, Response, Tensor, requests_by_columns
 from inferd.worker.compat import load_pb_utils
 
 pb = load_pb_utils()
@@ -286,3 +286,20 @@ def test_batch_requests_ask_their_worker_request_whether_cancelled():
     assert [q.is_cancelled() for q in batch] == [False, True, False]
     cancelled.add(10)
     assert batch[0].is_cancelled() is True
+
+
+def test_a_plain_batch_reads_as_any_other():
+    """requests_by_columns' requests come as PlainRequests: pb_utils then leaves their default fields to
+    the class, and they read the same."""
+    rows = list(np.arange(8, dtype="<f4").reshape(2, 4))
+    requests = requests_by_columns([1, 2], ["a", ""], [("IN", "FP32", rows)], ["OUT"], None)
+    assert type(requests) is PlainRequests and isinstance(requests, list)
+    plain = pb.InferenceRequest._batch_from_worker(requests, ["OUT"], "m", 3, True)
+    other = pb.InferenceRequest._batch_from_worker(list(requests), ["OUT"], "m", 3, False)
+    for p, o in zip(plain, other):
+        for method in ("request_id", "correlation_id", "flags", "timeout", "parameters", "model_name",
+                       "requested_output_names", "release_flags", "is_cancelled"):
+            assert getattr(p, method)() == getattr(o, method)(), method
+        assert p.trace().get_context() == o.trace().get_context() is None
+    plain[0].set_flags(3)
+    assert plain[0].flags() == 3 and plain[1].flags() == 0
