@@ -32,26 +32,26 @@ def alike_results(pb_requests: list[Any], returned: Any, response_type: type[Any
     shape, dtype = array.shape, array.dtype
     arrays: list[Any] = []
     append = arrays.append
-    release_all = RELEASE_ALL
+    release_all, ndarray = RELEASE_ALL, _ndarray
     seen: Any = arrays  # the last list of wanted outputs found to hold `name` (requests share one)
-    for req, resp in zip(pb_requests, returned):  # a loop, not a comprehension: no call per response
-        if (type(resp) is not response_type or resp._error is not None or resp._parameters != "{}"
-                or req._sender is not None or req._release_flags != release_all):
-            return None
-        outs = resp._outputs
-        if len(outs) != 1:
-            return None
-        out = outs[0]
-        array = out._array
-        if (out._name != name or out._datatype != datatype or type(array) is not _ndarray
-                or array.shape != shape or (array.dtype is not dtype and array.dtype != dtype)):
-            return None
-        wanted = req._requested
-        if wanted is not seen:
-            if name not in wanted:
+    try:
+        for req, resp in zip(pb_requests, returned):  # a loop, not a comprehension: no call per response
+            if (type(resp) is not response_type or resp._error is not None or resp._parameters != "{}"
+                    or req._sender is not None or req._release_flags != release_all):
                 return None
-            seen = wanted
-        append(array)
+            out, = resp._outputs  # (ValueError unless exactly one)
+            array = out._array
+            if (out._name != name or out._datatype != datatype or type(array) is not ndarray
+                    or array.shape != shape or (array.dtype is not dtype and array.dtype != dtype)):
+                return None
+            wanted = req._requested
+            if wanted is not seen:
+                if name not in wanted:
+                    return None
+                seen = wanted
+            append(array)
+    except ValueError:  # a response of more or fewer outputs
+        return None
     return AlikeResults(name, datatype, arrays)
 
 
