@@ -256,8 +256,8 @@ class Backend(Protocol):
         ...
 
     def execute(self, requests: list[Request]) -> Sequence[Response]:
-        """One Response per Request, same order (a list, or AlikeResults). Never raises for model errors: they become
-        per-request errors (a backend bug may still raise; the runtime then fails the batch).
+        """One Response per Request, same order (a list, or AlikeResults). Never raises for model errors:
+        they become per-request errors (a backend bug may still raise; the runtime then fails the batch).
         Decoupled models (`supports_decoupled`): responses go out through `WorkerContext.emit`;
         the returned Response of a request is empty while it streams on, or carries the error
         that ends a request which has not sent its final response."""

@@ -488,11 +488,7 @@ class InferenceRequest:
     _sender: Optional[InferenceResponseSender] = None
     _stream: Optional[Callable[[Optional[InferenceResponse], bool], None]] = None
     _cancel_probe: Optional[Callable[[], bool]] = None
-    _cancelled_of: Any = None
-    _correlation_id: Any = 0  # (for the requests of a plain batch: see _batch_from_worker)
-    _flags = 0
-    _timeout = 0
-    _parameters = "{}"  # a worker request (backends.base.Request) asked instead of _cancel_probe
+    _cancelled_of: Any = None  # a worker request (backends.base.Request) asked instead of _cancel_probe
 
     def __init__(
         self,
@@ -563,9 +559,9 @@ class InferenceRequest:
         wrapped as by `Tensor._wrap_inputs`: one call per batch, not two per request. A batch's requests
         usually share one list of wanted outputs: they then share its copy too (never changed: the
         accessor hands out copies). Trace, release flags, sender and stream are left at the class's
-        defaults (None, RELEASE_ALL, None, None) unless the request has a trace; `plain` (every request's
-        correlation id, flags, timeout, parameters and trace at their defaults: backends.base.PlainRequests)
-        leaves correlation id, flags, timeout and parameters to the class's defaults too."""
+        defaults (None, RELEASE_ALL, None, None) unless the request has a trace. `plain`: every request's
+        correlation id, flags, timeout, parameters and trace are at their defaults (backends.base.PlainRequests),
+        which are then written without reading them."""
         new = object.__new__
         tensor_cls = Tensor
         out: list[InferenceRequest] = []
