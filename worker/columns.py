@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .backends.base import Request, Response, Tensor
+from .backends.base import AlikeResults, Request, Response, Tensor
 from .tensors import BF16_VIEW, OutputSpec, check_output, check_shape, output_data
 from .wire import dtypes
 from .wire.errors import internal
@@ -42,13 +42,21 @@ def input_columns(columns: Sequence[TensorColumn], frames: Sequence[memoryview],
     return arrays
 
 
-def output_columns(requests: list[Request], results: list[Response], specs: dict[str, OutputSpec],
+def output_columns(requests: list[Request], results: Sequence[Response], specs: dict[str, OutputSpec],
                    output_names: list[str], model: str, check: Callable[..., np.ndarray] = check_output,
                    ) -> Optional[tuple[Layout, list[bytes]]]:
     """(layout, one frame per output) when every result can go by columns: no error, no parameters, and
     the same checked outputs (name, datatype, shape; numeric, small) in the same order. None otherwise:
     the batch goes request by request, which reports the errors. `check` is the runtime's output check
     (tensors.check_output or tensors.output_as_returned)."""
+    if type(results) is AlikeResults:
+        found = _alike_columns(requests, results, specs, output_names, model, check)
+        if found is not None:
+            return found
+    else:
+        found = _one_output_alike(requests, results, specs, output_names, model, check)
+        if found is not None:
+            return found
     layout: Optional[Layout] = None
     columns: list[list[Any]] = []
     # per column, the first request's array when the checks left it as it was: a later array of the
@@ -99,6 +107,81 @@ def output_columns(requests: list[Request], results: list[Response], specs: dict
     except Exception:  # noqa: BLE001 - a failed check: the request-by-request path reports it
         return None
     return layout or [], [b"".join(column) for column in columns]
+
+
+def _alike_columns(requests: list[Request], results: AlikeResults, specs: dict[str, OutputSpec],
+                   output_names: list[str], model: str, check: Callable[..., np.ndarray],
+                   ) -> Optional[tuple[Layout, list[bytes]]]:
+    """`output_columns` of results a backend found alike (backends.base.AlikeResults): what is left to
+    check is that every request wanted the output and that the checks leave the first array as it was
+    (then they would leave the others too). None: the general loop decides."""
+    name, arrays = results.name, results.arrays
+    if not arrays:
+        return None
+    seen: Any = arrays  # the last list of wanted outputs found to hold `name` (requests share one)
+    for request in requests:
+        wanted = request.requested_outputs
+        if wanted is not seen:
+            if name not in (wanted or output_names):
+                return None
+            seen = wanted
+    array0 = arrays[0]
+    try:
+        checked = _checked(Tensor(name, results.datatype, array0), specs, model, check)
+        if checked is None or checked[3] is not array0:
+            return None
+        frame = b"".join(arrays)  # refuses an array that is not C-contiguous
+    except Exception:  # noqa: BLE001 - a failed check or a non-contiguous array: the general loop decides
+        return None
+    return [checked[:3]], [frame]
+
+
+def _one_output_alike(requests: list[Request], results: Sequence[Response], specs: dict[str, OutputSpec],
+                      output_names: list[str], model: str, check: Callable[..., np.ndarray],
+                      ) -> Optional[tuple[Layout, list[bytes]]]:
+    """`output_columns` of the usual batch, in short: every result one wanted output of the same name,
+    datatype, shape and dtype, the first left as it was by the checks (so the others would be too).
+    None: not such a batch, and the general loop decides. Contiguity is not looked at per array: joining
+    the arrays refuses one that is not C-contiguous (numpy's buffer of a plain request)."""
+    if not results:
+        return None
+    first = results[0].outputs
+    if len(first) != 1:
+        return None
+    out0 = first[0]
+    name, datatype, array0 = out0.name, out0.datatype, out0.array
+    ndarray = np.ndarray
+    if type(array0) is not ndarray:
+        return None
+    shape, dtype = array0.shape, array0.dtype
+    arrays: list[Any] = []
+    append = arrays.append
+    seen: Any = arrays  # the last list of wanted outputs found to hold `name` (requests share one)
+    try:
+        for request, result in zip(requests, results):
+            if result.error is not None or result.parameters:
+                return None
+            outs = result.outputs
+            if len(outs) != 1:
+                return None
+            out = outs[0]
+            array = out.array
+            if (out.name != name or out.datatype != datatype or type(array) is not ndarray
+                    or array.shape != shape or array.dtype != dtype):
+                return None
+            wanted = request.requested_outputs
+            if wanted is not seen:
+                if name not in (wanted or output_names):
+                    return None
+                seen = wanted
+            append(array)
+        checked = _checked(out0, specs, model, check)
+        if checked is None or checked[3] is not array0:
+            return None
+        frame = b"".join(arrays)
+    except Exception:  # noqa: BLE001 - a failed check or a non-contiguous array: the general loop decides
+        return None
+    return [checked[:3]], [frame]
 
 
 def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str,

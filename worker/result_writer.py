@@ -81,7 +81,7 @@ class ResultWriter:
 
     # ---- messages -------------------------------------------------------------------------------
 
-    def batch(self, batch_id: int, entries: list[Any], runnable: list[Request], results: list[Response],
+    def batch(self, batch_id: int, entries: list[Any], runnable: list[Request], results: Sequence[Response],
               times: tuple[int, int, int], failed: Optional[list[int]] = None) -> tuple[bytes, list[Any]]:
         """(ExecuteResult header, data frames) of one batch: `entries` per request its Request (answered by
         the next of `results`) or (request_id, WireError); `times` (decoded, executed, now) in ns. Ids of

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import zmq
 
 from . import backends, columns, log_levels, tensors
-from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext
+from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext, requests_by_columns
 from .channel import Channel, Outbox
 from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
@@ -49,6 +49,7 @@ from .wire.messages import (
 _now_ns = time.perf_counter_ns
 _input_tensors = tensors.input_tensors
 _frame_buffers = tensors.frame_buffers
+_requests_by_columns = requests_by_columns
 
 
 def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Tensor:
@@ -317,19 +318,22 @@ class Runtime:
         probe = self._is_cancelled
         cancelled = self._cancelled
         reshapes = self._reshapes
-        # per request its inputs, built column by column: `list(array)` makes the row views in C, and
-        # a comprehension over the columns per request cost more than the rows themselves
+        # `list(array)` makes the row views in C
+        if not cancelled and not reshapes:  # the usual batch: every request runs, as it came
+            # every request shares the list of wanted outputs: backends only read it
+            runnable = _requests_by_columns(
+                request_ids, ids or _NO_IDS,
+                [(column.name, column.datatype, list(array)) for column, array in zip(message.inputs, arrays)],
+                wanted, probe)
+            self._run_entries(message.batch_id, runnable, runnable, t0, request_ids[-1] if count else None)
+            return
+        # per request its inputs, built column by column: a comprehension over the columns per request
+        # cost more than the rows themselves
         per_request: list[list[Tensor]] = [[] for _ in range(count)]
         for column, array in zip(message.inputs, arrays):
             name, datatype = column.name, column.datatype
             for inputs, row in zip(per_request, list(array)):  # a loop, not a comprehension: no call
                 inputs.append(Tensor(name, datatype, row))
-        if not cancelled and not reshapes:  # the usual batch: every request runs, as it came
-            # every request shares the list of wanted outputs: backends only read it
-            for rid, inputs, cid in zip(request_ids, per_request, ids or _NO_IDS):
-                runnable.append(Request(rid, cid, inputs, wanted, "{}", 0, 0, 0, probe))
-            self._run_entries(message.batch_id, runnable, runnable, t0, request_ids[-1] if count else None)
-            return
         for i, rid in enumerate(request_ids):
             if cancelled and rid in cancelled:
                 entries.append((rid, _CANCELLED))
@@ -420,7 +424,7 @@ class Runtime:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _run_backend(self, requests: list[Request]) -> list[Response]:
+    def _run_backend(self, requests: list[Request]) -> Sequence[Response]:
         if not requests:
             return []
         backend = self._backend

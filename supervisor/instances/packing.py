@@ -199,26 +199,16 @@ class InputPacker:
             layout.append((t.name, t.datatype, t.shape, nbytes))
         wanted = [o.name for o in first.outputs]
         columns: list[list[Any]] = [[] for _ in layout]
-        ids = []
-        one = layout[0] if len(layout) == 1 else None  # one input: what most models take
+        ids: list[str] = []
+        if len(layout) == 1:  # one input: what most models take
+            if not self._one_input_column(requests, layout[0], wanted, columns[0], ids):
+                return None
+            requests = ()  # (all taken)
         for req in requests:
             if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us or req.device_outputs
                     or not (type(req.correlation_id) is int and req.correlation_id == 0)
                     or len(req.inputs) != len(layout) or len(req.outputs) != len(wanted)):
                 return None
-            if one is not None:  # the loop below for one input, without the zip and with no memoryview of bytes
-                t = req.inputs[0]
-                data = t.data
-                kind = type(data)
-                if (t.name != one[0] or t.datatype != one[1] or t.shape != one[2] or t.shm_ref is not None
-                        or (len(data) if kind is bytes else data.nbytes if kind is memoryview
-                            else -1 if kind is CudaSpan else memoryview(data).nbytes) != one[3]):
-                    return None
-                columns[0].append(data)
-                if wanted and [o.name for o in req.outputs] != wanted:
-                    return None
-                ids.append(req.id)
-                continue
             for t, (name, datatype, shape, nbytes), column in zip(req.inputs, layout, columns):
                 data = t.data
                 if (t.name != name or t.datatype != datatype or t.shape != shape or t.shm_ref is not None
@@ -229,7 +219,36 @@ class InputPacker:
             if wanted and [o.name for o in req.outputs] != wanted:
                 return None
             ids.append(req.id)
-        request_ids = list(itertools.islice(self._request_ids, len(requests)))
+        request_ids = list(itertools.islice(self._request_ids, len(ids)))
         inputs = [(name, datatype, shape) for name, datatype, shape, _ in layout]
         return Packed(frames=[b"".join(column) for column in columns], ids=request_ids,
                       columns=(request_ids, inputs, ids, wanted))
+
+    @staticmethod
+    def _one_input_column(requests: Sequence[InferRequest], layout: tuple[str, str, list[int], int],
+                          wanted: list[str], column: list[Any], ids: list[str]) -> bool:
+        """`_pack_columns`' loop for a model of one input, its checks in short (no zip, no memoryview of
+        bytes, look-ups out of the loop): False when a request does not fit, else `column` and `ids`
+        filled."""
+        name, datatype, shape, nbytes = layout
+        n_wanted = len(wanted)
+        append, append_id, span = column.append, ids.append, CudaSpan
+        for req in requests:
+            if (req.response_sink is not None or req.parameters or req.flags or req.timeout_us or req.device_outputs
+                    or not (type(req.correlation_id) is int and req.correlation_id == 0)):
+                return False
+            inputs, outputs = req.inputs, req.outputs
+            if len(inputs) != 1 or len(outputs) != n_wanted:
+                return False
+            t = inputs[0]
+            data = t.data
+            kind = type(data)
+            if (t.name != name or t.datatype != datatype or t.shape != shape or t.shm_ref is not None
+                    or (len(data) if kind is bytes else data.nbytes if kind is memoryview
+                        else -1 if kind is span else memoryview(data).nbytes) != nbytes):
+                return False
+            if n_wanted and [o.name for o in outputs] != wanted:
+                return False
+            append(data)
+            append_id(req.id)
+        return True

@@ -8,7 +8,7 @@ A backend never touches sockets, frames or shared memory.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -66,6 +66,7 @@ class Tensor:
     array (object array of bytes for BYTES, raw uint16 for BF16), or a `device.DeviceArray` for a
     tensor in GPU memory."""
 
+    # (also built without __init__, by requests_by_columns and python_plain: a new field goes there too)
     __slots__ = ("name", "datatype", "array")
 
     def __init__(self, name: str, datatype: str, array: np.ndarray) -> None:
@@ -75,6 +76,7 @@ class Tensor:
 
 
 class Request:
+    # (also built without __init__, by requests_by_columns: a new field goes there too)
     __slots__ = (
         "request_id", "id", "inputs", "requested_outputs", "parameters", "correlation_id", "flags",
         "timeout_us", "_cancelled", "device_outputs", "trace",
@@ -110,7 +112,64 @@ class Request:
         return bool(self._cancelled and self._cancelled(self.request_id))
 
 
+class PlainRequests(list):  # type: ignore[type-arg]
+    """The requests of a batch whose fields other than request_id, id, inputs, requested_outputs and the
+    cancellation probe are all at their defaults (`requests_by_columns` makes them): a backend may leave
+    those fields unread. A list of Requests like any other."""
+
+    __slots__ = ()
+
+
+def requests_by_columns(request_ids: list[int], ids: Iterable[str],
+                        columns: list[tuple[str, str, list[np.ndarray]]], wanted: list[str],
+                        cancelled: Optional[Callable[[int], bool]]) -> list[Request]:
+    """The requests of a batch sent by columns, as a PlainRequests: request i is `Request(request_ids[i],
+    ids[i], inputs, wanted, cancelled=cancelled)`, every other field at its default, its inputs
+    `Tensor(name, datatype, rows[i])` per column (name, datatype, rows). Built in one loop without an
+    __init__ call per object (a batch of 32 is 64 objects or more); tests/unit/worker/test_batch_fast_paths.py
+    holds the objects to what __init__ makes, so a new field of Request or Tensor fails there until it is
+    set here too."""
+    new = object.__new__
+    out: list[Request] = PlainRequests()
+    append = out.append
+    if len(columns) == 1:  # what most models take
+        (name, datatype, rows), = columns
+        per_request: Iterable[Any] = rows
+    else:
+        per_request = [[] for _ in request_ids]
+        for name, datatype, rows in columns:
+            for inputs, row in zip(per_request, rows):
+                tensor = new(Tensor)
+                tensor.name = name
+                tensor.datatype = datatype
+                tensor.array = row
+                inputs.append(tensor)
+    one = len(columns) == 1
+    for request_id, id, item in zip(request_ids, ids, per_request):
+        if one:
+            tensor = new(Tensor)
+            tensor.name = name
+            tensor.datatype = datatype
+            tensor.array = item
+            item = [tensor]
+        request = new(Request)
+        request.request_id = request_id
+        request.id = id
+        request.inputs = item
+        request.requested_outputs = wanted
+        request.parameters = "{}"
+        request.correlation_id = 0
+        request.flags = 0
+        request.timeout_us = 0
+        request._cancelled = cancelled
+        request.device_outputs = False
+        request.trace = ""
+        append(request)
+    return out
+
+
 class Response:
+    # (also built without __init__, by python_plain: a new field goes there too)
     __slots__ = ("outputs", "error", "parameters")
 
     def __init__(
@@ -122,6 +181,38 @@ class Response:
         self.outputs = outputs if outputs is not None else []
         self.error = error
         self.parameters = parameters if parameters is not None else {}
+
+
+class AlikeResults(Sequence[Response]):
+    """What `Backend.execute` may return for a batch whose every request got one output of the same name
+    and datatype, as numpy arrays of one shape and dtype, without error or parameters: the arrays in request
+    order, which columns.output_columns sends as one column without a Response per request. Read any other
+    way, it is the list of those Responses (`Response([Tensor(name, datatype, array)])` each), built once on
+    first use."""
+
+    __slots__ = ("name", "datatype", "arrays", "_responses")
+
+    def __init__(self, name: str, datatype: str, arrays: list[Any]) -> None:
+        self.name = name
+        self.datatype = datatype
+        self.arrays = arrays
+        self._responses: Optional[list[Response]] = None
+
+    def responses(self) -> list[Response]:
+        responses = self._responses
+        if responses is None:
+            name, datatype = self.name, self.datatype
+            responses = self._responses = [Response([Tensor(name, datatype, a)]) for a in self.arrays]
+        return responses
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.responses()[index]
+
+    def __iter__(self) -> Iterator[Response]:
+        return iter(self.responses())
 
 
 # emit(request, response, final): one response of a decoupled request (None: a flag-only final)
@@ -164,9 +255,9 @@ class Backend(Protocol):
         """Import / build the model and run its initialization; raise InferdError on failure."""
         ...
 
-    def execute(self, requests: list[Request]) -> list[Response]:
-        """One Response per Request, same order. Never raises for model errors: they become
-        per-request errors (a backend bug may still raise; the runtime then fails the batch).
+    def execute(self, requests: list[Request]) -> Sequence[Response]:
+        """One Response per Request, same order (a list, or AlikeResults). Never raises for model errors:
+        they become per-request errors (a backend bug may still raise; the runtime then fails the batch).
         Decoupled models (`supports_decoupled`): responses go out through `WorkerContext.emit`;
         the returned Response of a request is empty while it streams on, or carries the error
         that ends a request which has not sent its final response."""

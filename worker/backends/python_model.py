@@ -21,15 +21,16 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from ..compat import load_pb_utils
 from ..wire.errors import ErrorCode, InferdError
 from . import python_reschedule as reschedule
 from . import python_senders as senders
-from .base import ModelSpec, Request, Response, Tensor, WorkerContext
+from .base import ModelSpec, PlainRequests, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
+from .python_plain import alike_results, plain_results
 
 DEFAULT_MODEL_FILENAME = "model.py"
 _RESCHEDULE = reschedule.RESCHEDULE
@@ -196,13 +197,14 @@ class PythonBackend:
         self._model = instance
         self._pb._state["bls_allowed"] = True  # as Triton's stub: BLS only once initialized, until finalize
 
-    def execute(self, requests: list[Request]) -> list[Response]:
+    def execute(self, requests: list[Request]) -> Sequence[Response]:
         spec = self._spec
         if spec is None or self._model is None:
             raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
         pb = self._pb
         version = self._version
-        pb_requests = pb.InferenceRequest._batch_from_worker(requests, self._output_names, spec.model_name, version)
+        pb_requests = pb.InferenceRequest._batch_from_worker(requests, self._output_names, spec.model_name, version,
+                                                             type(requests) is PlainRequests)
         if self._emit is not None:
             return self._execute_decoupled(requests, pb_requests)
         try:
@@ -214,6 +216,14 @@ class PythonBackend:
             returned = execute(pb_requests)
             if type(returned) is not list:
                 returned = self._resolve(returned)
+            if not self._iterative:  # the usual answers, checked and converted in one pass
+                if len(pb_requests) > 1:  # (a batch of one goes request by request: no columns)
+                    alike = alike_results(pb_requests, returned, pb.InferenceResponse)
+                    if alike is not None:
+                        return alike
+                plain = plain_results(pb_requests, returned, pb.InferenceResponse)
+                if plain is not None:
+                    return plain
             pb_responses = self._check_returned(pb_requests, returned)
             if self._iterative:
                 pb_responses = reschedule.run_again(pb_requests, pb_responses, lambda again: self._check_returned(

@@ -136,6 +136,8 @@ def _datatype_of(array: np.ndarray) -> str:
 # numeric dtype -> protocol name, filled as models build their outputs (one dict look-up per Tensor);
 # BYTES arrays (kinds O, S, U) are left to _datatype_of: their dtypes vary with the length of the items
 _NUMERIC_DATATYPE: dict[np.dtype, str] = {}
+_numeric_datatype = _NUMERIC_DATATYPE.get
+_ndarray = np.ndarray
 
 
 _DL_UINT = 1  # DLDataTypeCode kDLUInt
@@ -181,8 +183,8 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, numpy_array: Any) -> None:
-        if type(name) is str and type(numpy_array) is np.ndarray:  # what models pass: the checks below, in short
-            datatype = _NUMERIC_DATATYPE.get(numpy_array.dtype)
+        if type(numpy_array) is _ndarray and type(name) is str:  # what models pass: the checks below, in short
+            datatype = _numeric_datatype(numpy_array.dtype)
             if datatype is not None:
                 self._name = name
                 self._array = numpy_array
@@ -480,6 +482,13 @@ class InferenceRequest:
     """A request as `execute` sees it; also constructible by a model (BLS, not supported yet)."""
 
     _preferred_memory: Optional[PreferredMemory] = None  # (kept, never read: a worker's requests leave it unset)
+    # what a worker's request holds unless told otherwise (`_batch_from_worker` leaves them to the class)
+    _trace: Optional[InferenceTrace] = None
+    _release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+    _sender: Optional[InferenceResponseSender] = None
+    _stream: Optional[Callable[[Optional[InferenceResponse], bool], None]] = None
+    _cancel_probe: Optional[Callable[[], bool]] = None
+    _cancelled_of: Any = None  # a worker request (backends.base.Request) asked instead of _cancel_probe
 
     def __init__(
         self,
@@ -516,9 +525,9 @@ class InferenceRequest:
         self._trace = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._cancel_probe: Optional[Callable[[], bool]] = None
-        self._sender: Optional[InferenceResponseSender] = None
-        self._stream: Optional[Callable[[Optional[InferenceResponse], bool], None]] = None
+        self._cancel_probe = None
+        self._sender = None
+        self._stream = None
 
     @classmethod
     def _from_worker(
@@ -545,37 +554,60 @@ class InferenceRequest:
 
     @classmethod
     def _batch_from_worker(cls, requests: list[Any], output_names: list[str], model_name: str,
-                           model_version: int) -> list[InferenceRequest]:
+                           model_version: int, plain: bool = False) -> list[InferenceRequest]:
         """`_from_worker` of each of a batch's worker requests (backends.base.Request), their inputs
-        wrapped as by `Tensor._wrap_inputs`: one call per batch, not two per request."""
+        wrapped as by `Tensor._wrap_inputs`: one call per batch, not two per request. A batch's requests
+        usually share one list of wanted outputs: they then share its copy too (never changed: the
+        accessor hands out copies). Trace, release flags, sender and stream are left at the class's
+        defaults (None, RELEASE_ALL, None, None) unless the request has a trace. `plain`: every request's
+        correlation id, flags, timeout, parameters and trace are at their defaults (backends.base.PlainRequests),
+        which are then written without reading them."""
         new = object.__new__
         tensor_cls = Tensor
-        release_all = TRITONSERVER_REQUEST_RELEASE_ALL
-        out = []
+        out: list[InferenceRequest] = []
+        copied_from: Any = out  # the list of wanted outputs last copied (not yet any)
+        requested: list[str] = []
         for r in requests:  # loops, not comprehensions: no function call per request
-            wrapped = []
-            for t in r.inputs:
+            inputs = r.inputs
+            if len(inputs) == 1:  # what most models take
+                t = inputs[0]
                 tensor = new(tensor_cls)
                 tensor._name = t.name
                 tensor._array = t.array
                 tensor._datatype = t.datatype
-                wrapped.append(tensor)
+                wrapped = [tensor]
+            else:
+                wrapped = []
+                for t in inputs:
+                    tensor = new(tensor_cls)
+                    tensor._name = t.name
+                    tensor._array = t.array
+                    tensor._datatype = t.datatype
+                    wrapped.append(tensor)
+            wanted = r.requested_outputs
+            if wanted is not copied_from:
+                copied_from = wanted
+                requested = list(wanted or output_names)
             req = new(cls)
             req._request_id = r.id
-            req._correlation_id = r.correlation_id
             req._inputs = wrapped
-            req._requested = list(r.requested_outputs or output_names)
+            req._requested = requested
             req._model_name = model_name
             req._model_version = model_version
-            req._flags = r.flags
-            req._timeout = r.timeout_us
-            trace = r.trace
-            req._trace = InferenceTrace(trace) if trace else None  # type: ignore[assignment]
-            req._parameters = r.parameters
-            req._release_flags = release_all
-            req._cancel_probe = r.is_cancelled
-            req._sender = None
-            req._stream = None
+            req._cancelled_of = r  # (its bound is_cancelled made only if asked: see is_cancelled)
+            if plain:  # (the same attributes in the same order either way: Python shares their keys)
+                req._correlation_id = 0
+                req._flags = 0
+                req._timeout = 0
+                req._parameters = "{}"
+            else:
+                req._correlation_id = r.correlation_id
+                req._flags = r.flags
+                req._timeout = r.timeout_us
+                req._parameters = r.parameters
+                trace = r.trace
+                if trace:
+                    req._trace = InferenceTrace(trace)
             out.append(req)
         return out
 
@@ -607,10 +639,14 @@ class InferenceRequest:
         return self._model_name
 
     def requested_output_names(self) -> list[str]:
-        return self._requested
+        return list(self._requested)  # a new list each call, as Triton's binding gives
 
     def is_cancelled(self) -> bool:
-        return bool(self._cancel_probe is not None and self._cancel_probe())
+        probe = self._cancel_probe
+        if probe is None:
+            of = self._cancelled_of
+            return bool(of is not None and of.is_cancelled())
+        return bool(probe())
 
     def set_release_flags(self, flags: int) -> None:
         """RESCHEDULE: run this request again (iterative_sequence models; worker/backends/python_reschedule.py)."""

@@ -344,8 +344,48 @@ def _execute_result_columns_fast(header: dict[str, Any]) -> Optional[ExecuteResu
     return message
 
 
+def decode_execute_result_columns(header: dict[str, Any]) -> Optional[ExecuteResultColumns]:
+    """`decode_header`'s message of an ExecuteResultColumns header as parsed (its "t" included), for a
+    reader that parsed it already; None (`header` unchanged) for anything the generic decoder should
+    judge."""
+    tag = header.pop("t")
+    message = _execute_result_columns_fast(header)
+    if message is None:
+        header["t"] = tag
+    return message
+
+
+_EXECUTE_COLUMNS_KEYS = frozenset(_field_names(ExecuteColumns))
+_EXECUTE_COLUMNS_REQUIRED = _required(ExecuteColumns)
+_EXECUTE_COLUMNS_LISTS = tuple(sorted(_EXECUTE_COLUMNS_KEYS - _EXECUTE_COLUMNS_REQUIRED))  # default_factory=list
+
+
+def _execute_columns_fast(header: dict[str, Any]) -> Optional[ExecuteColumns]:
+    """An ExecuteColumns as the supervisor sends it (`execute_columns_header`; the worker reads one per batch):
+    its optional fields (lists) filled in where left out."""
+    if not _EXECUTE_COLUMNS_REQUIRED <= header.keys() <= _EXECUTE_COLUMNS_KEYS:
+        return None
+    inputs = header["inputs"]
+    if type(inputs) is not list:
+        return None
+    for fields in inputs:
+        if type(fields) is not dict or fields.keys() != _COLUMN_KEYS:
+            return None
+    new = _new
+    for i, fields in enumerate(inputs):
+        column = inputs[i] = new(TensorColumn)
+        column.__dict__ = fields
+    for name in _EXECUTE_COLUMNS_LISTS:
+        if name not in header:
+            header[name] = []
+    message = new(ExecuteColumns)
+    message.__dict__ = header
+    return message
+
+
 _FAST_DECODERS: dict[type[Any], Callable[[dict[str, Any]], Any]] = {
     Execute: _execute_fast,
+    ExecuteColumns: _execute_columns_fast,
     ExecuteResult: _execute_result_fast,
     ExecuteResultColumns: _execute_result_columns_fast,
 }

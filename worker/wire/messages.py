@@ -4,7 +4,15 @@ contract."""
 
 from __future__ import annotations
 
-from .codec import ProtocolError, decode, decode_header, encode, encode_header, json_loads
+from .codec import (
+    ProtocolError,
+    decode,
+    decode_execute_result_columns,
+    decode_header,
+    encode,
+    encode_header,
+    json_loads,
+)
 from .schema import (
     INLINE_MAX_BYTES,
     MESSAGE_TYPES,
@@ -62,6 +70,7 @@ __all__ = [
     "encode_header",
     "decode",
     "decode_header",
+    "decode_execute_result_columns",
     "json_loads",
     "FramePacker",
     "tensor_ref",

@@ -203,6 +203,24 @@ def execute_result_header(batch_id: int, items: Sequence[str], compute_input_ns:
                 batch_id, ",".join(items), compute_input_ns, compute_infer_ns, compute_output_ns)).encode()
 
 
+def _int_list_text(values: Sequence[int]) -> str:
+    """`[1,2,3]`: a JSON list of ints (the worker's request ids), by orjson where installed (a tenth of the
+    cost of str() per value for a batch of 32), else by str(); the same text."""
+    return "[%s]" % ",".join(map(str, values))
+
+
+def _int_list_orjson(values: Sequence[int]) -> str:
+    if type(values) is list:
+        try:
+            return _orjson_dumps(values).decode()  # type: ignore[misc]
+        except TypeError:  # (an int beyond 64 bits, or a value that is not an int): str() below
+            pass
+    return _int_list_text(values)
+
+
+_int_list: Callable[[Sequence[int]], str] = _int_list_orjson if _orjson_dumps is not None else _int_list_text
+
+
 def execute_result_columns_header(batch_id: int, request_ids: Sequence[int],
                                   outputs: Sequence[tuple[str, str, Sequence[int]]], compute_input_ns: int = 0,
                                   compute_infer_ns: int = 0, compute_output_ns: int = 0) -> bytes:
@@ -210,9 +228,9 @@ def execute_result_columns_header(batch_id: int, request_ids: Sequence[int],
     columns = ",".join('{"name":%s,"datatype":%s,"shape":[%s],"frame":%d}' % (
         _json_str(name), _json_str(datatype), ",".join(map(str, shape)), frame)
         for frame, (name, datatype, shape) in enumerate(outputs))
-    return ('{"batch_id":%d,"request_ids":[%s],"outputs":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
+    return ('{"batch_id":%d,"request_ids":%s,"outputs":[%s],"compute_input_ns":%d,"compute_infer_ns":%d,'
             '"compute_output_ns":%d,"t":"execute_result_columns"}' % (
-                batch_id, ",".join(map(str, request_ids)), columns, compute_input_ns, compute_infer_ns,
+                batch_id, _int_list(request_ids), columns, compute_input_ns, compute_infer_ns,
                 compute_output_ns)).encode()
 
 

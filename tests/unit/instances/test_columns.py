@@ -15,7 +15,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
+from inferd.supervisor.inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
 from inferd.supervisor.instances import results
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.worker import columns as worker_columns
@@ -295,3 +295,44 @@ def test_one_output_per_request_goes_by_columns_only_when_every_request_wanted_i
     layout, frames = run([["Y"]] * 3)
     assert layout == [("Y", "FP32", (1, 2))] and frames == [y.tobytes() * 3]
     assert run([["Y"], ["S"], ["Y"]]) is None
+
+
+def test_one_output_columns_read_as_the_responses_init_makes():
+    """results' one-output reader builds its InferResponses and Tensors without their __init__: every field
+    is set, as __init__ sets it, and no two responses share a list or dict."""
+    requests = [request(i, outputs=[RequestedOutput("Y")]) for i in range(3)]
+    _, msg, result, _ = round_trip(requests)
+    assert type(msg) is m.ExecuteResultColumns and len(msg.outputs) == 1
+    for req, got in zip(requests, result.responses):
+        t = got.outputs[0]
+        made = InferResponse(req.model_name, "1", req.id, [Tensor(t.name, t.datatype, [1, 2], bytes(t.data))], {})
+        assert [getattr(got, f.name) for f in dataclasses.fields(InferResponse)] == \
+            [getattr(made, f.name) for f in dataclasses.fields(InferResponse)]
+        assert [getattr(t, f.name) for f in dataclasses.fields(Tensor)] == \
+            [getattr(made.outputs[0], f.name) for f in dataclasses.fields(Tensor)]
+    first, second = result.responses[0], result.responses[1]
+    assert first.parameters is not second.parameters and first.outputs[0].shape is not second.outputs[0].shape
+    assert first.outputs[0].parameters is not second.outputs[0].parameters
+
+
+@pytest.mark.parametrize("change", [None, "extra field", "column field", "no batch id", "outputs not a list"])
+def test_the_reader_decodes_column_results_as_decode_does(change):
+    header = json.loads(m.execute_result_columns_header(3, [5, 6], [("Y", "FP32", (1, 2))], 1, 2, 3))
+    if change == "extra field":
+        header["extra"] = 1
+    elif change == "column field":
+        header["outputs"][0]["extra"] = 1
+    elif change == "no batch id":
+        del header["batch_id"]
+    elif change == "outputs not a list":
+        header["outputs"] = {"a": 1}
+    raw = json.dumps(header).encode()
+    frames = [raw, memoryview(bytes(16))]
+    if change is None:
+        assert results.read(frames)[0] == m.decode(frames)[0]
+        return
+    with pytest.raises(m.ProtocolError) as expected:
+        m.decode(frames)
+    with pytest.raises(m.ProtocolError) as got:
+        results.read(frames)
+    assert str(got.value) == str(expected.value)

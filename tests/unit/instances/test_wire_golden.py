@@ -211,6 +211,15 @@ def test_execute_writer_without_orjson_gives_the_same_bytes(monkeypatch):
         assert _fast()[name] == GOLDEN_FAST[name], name
 
 
+def test_result_columns_writer_without_orjson_gives_the_same_bytes(monkeypatch):
+    """The request ids of an ExecuteResultColumns: orjson's text where installed, str()'s without; the same."""
+    monkeypatch.setattr(writers, "_int_list", writers._int_list_text)
+    assert _fast()["wrk_execute_result_columns"] == GOLDEN_FAST["wrk_execute_result_columns"]
+    ids = [0, 1, 2 ** 63 - 1, 2 ** 64, -(2 ** 63), 7]  # (beyond 64 bits: orjson refuses, str() writes it)
+    assert writers._int_list_orjson(ids) == writers._int_list_text(ids) == json.dumps(ids, separators=(",", ":"))
+    assert writers._int_list_orjson(list(range(40))) == json.dumps(list(range(40)), separators=(",", ":"))
+
+
 @pytest.mark.parametrize("name", ["execute_result", "stream_response", "stream_response_final"])
 def test_result_objects_take_the_writer_and_the_generic_path_alike(name, monkeypatch):
     """encode_header writes an ExecuteResult / StreamResponse with the worker's writers (every field);

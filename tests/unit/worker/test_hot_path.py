@@ -150,6 +150,48 @@ def test_execute_unusual_headers_match_generic(path, value):
         assert m.decode([raw])[0] == expected
 
 
+def execute_columns_json() -> dict:
+    """An ExecuteColumns as the supervisor writes it (ids and requested outputs given)."""
+    return json.loads(m.execute_columns_header(3, [1, 2], [("X", "FP32", [1, 2]), ("N", "INT64", [1])],
+                                               ["a", ""], ["Y"], ["r1"]))
+
+
+COLUMN = {"name": "X", "datatype": "FP32", "shape": [1], "frame": 0}
+
+
+@pytest.mark.parametrize("path,value", [
+    ((), None),  # as written
+    (("ids",), KeyError),  # optional fields left out: their defaults (new lists)
+    (("requested_outputs",), KeyError),
+    (("forget_regions",), KeyError),
+    (("inputs",), []),
+    (("inputs", 1), {**COLUMN, "extra": 1}),
+    (("inputs", 1), {k: v for k, v in COLUMN.items() if k != "frame"}),
+    (("inputs", 1), ["not", "an", "object"]),
+    (("inputs",), "nope"),
+    (("inputs",), KeyError),
+    (("request_ids",), KeyError),
+    (("batch_id",), KeyError),
+    (("extra",), 1),
+])
+def test_execute_columns_headers_match_generic(path, value):
+    doc = execute_columns_json()
+    raw = broken(doc, path, value) if path else json.dumps(doc).encode()
+    try:
+        expected = generic_decode(raw)
+    except (ValueError, KeyError, TypeError) as exc:
+        with pytest.raises(m.ProtocolError) as got:
+            m.decode([raw])
+        assert str(got.value) == "malformed message: %s" % exc
+    else:
+        for loads in (None, header_loads):
+            got_message = m.decode_header(raw, loads)
+            assert got_message == expected and repr(got_message) == repr(expected)
+            assert all(type(column) is m.TensorColumn for column in got_message.inputs)
+        left_out = [m.decode_header(raw) for _ in range(2)]  # defaults are lists of their own
+        assert left_out[0].ids is not left_out[1].ids
+
+
 def execute_result_json() -> dict:
     """An ExecuteResult as the worker writes it: items of request_id + outputs only, frame outputs."""
     return json.loads(m.execute_result_header(4, [
