@@ -28,6 +28,7 @@ from inferd.worker.wire.errors import internal, invalid_arg
 
 from . import templates
 from .json_request import parse_plain
+from .json_template import JsonTemplates
 from .parsed import OutputPlan, ParsedInfer
 from .server import Response
 
@@ -93,10 +94,19 @@ class InferCodec:
         self.dp = dataplane
         self.limits = limits or Limits()
         self._templates: dict[tuple[str, str, int, bytes], templates.HeaderTemplate] = {}
+        self._json_templates = JsonTemplates()
 
     def parse(self, model: str, version: str, headers: dict[str, str], body: Any) -> ParsedInfer:
         hlen_text = headers.get("inference-header-content-length")
-        if hlen_text is None:  # a JSON body: the simple form in one pass, anything else by _parse_doc
+        if hlen_text is None:  # a JSON body: seen before, or the simple form in one pass, or _parse_doc
+            plain_body = type(body) is bytes
+            if plain_body:
+                seen = self._json_templates.by_model.get((model, version))
+                if seen is not None:
+                    for pattern in seen:
+                        plain = pattern.fill(model, version, body)
+                        if plain is not None:
+                            return plain
             try:
                 doc = orjson.loads(body)
             except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
@@ -105,6 +115,8 @@ class InferCodec:
                 raise invalid_arg("the inference request must be a JSON object")
             plain = parse_plain(model, version, doc, self.limits)
             if plain is not None:
+                if plain_body:
+                    self._json_templates.learn(model, version, body, doc, plain)
                 return plain
             total = len(body) if not isinstance(body, memoryview) else body.nbytes
             return self._parse_doc(model, version, doc, body, -1, total)

@@ -35,7 +35,26 @@ _FLOAT = {float}
 _EXACT_INT = 1 << 53  # ints up to this size convert to a float exactly (tensors.pack_plain's rule)
 _EXACT_LO = -_EXACT_INT
 # datatype -> (array typecode, item size, whether a float type) for the numeric types the array module packs
-_PLAIN = {name: (code, BY_NAME[name].itemsize, code in "fd") for name, code in ARRAY_CODES.items()}
+PLAIN = {name: (code, BY_NAME[name].itemsize, code in "fd") for name, code in ARRAY_CODES.items()}
+
+
+def pack_numbers(data: list[Any], code: str, is_float: bool) -> bytes | None:
+    """`data` packed with the array module (typecode `code`) when that gives exactly numpy's bytes
+    (tensors.pack_plain's rule): only floats, or ints exact as floats, for FP32/FP64; only ints, in range,
+    for the integer types; else None (the general parser's case)."""
+    types = set(map(type, data))
+    if types == _INT:
+        if is_float and not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
+            return None
+    elif types == _FLOAT:
+        if not is_float:
+            return None
+    elif not is_float or not types <= _NUMBER or not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
+        return None
+    try:
+        return array(code, data).tobytes()
+    except OverflowError:  # out of range for an integer type
+        return None
 
 
 def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> ParsedInfer | None:
@@ -60,7 +79,7 @@ def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> P
         data = item.get("data")
         if type(name) is not str or not name or len(name) > max_name:
             return None
-        plain = _PLAIN.get(datatype) if type(datatype) is str else None
+        plain = PLAIN.get(datatype) if type(datatype) is str else None
         if plain is None or type(shape) is not list or len(shape) > MAX_DIMS or type(data) is not list or not data:
             return None
         count = 1
@@ -71,20 +90,8 @@ def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> P
         code, itemsize, is_float = plain
         if count != len(data) or count * itemsize > INT64_MAX:
             return None
-        # tensors.pack_plain, inline: only floats, or exactly convertible ints, for FP32/FP64; only ints
-        # (in range: array refuses the rest) for the integer types; anything else is the general parser's
-        types = set(map(type, data))
-        if types == _INT:
-            if is_float and not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
-                return None
-        elif types == _FLOAT:
-            if not is_float:
-                return None
-        elif not is_float or not types <= _NUMBER or not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
-            return None
-        try:
-            packed = array(code, data).tobytes()
-        except OverflowError:
+        packed = pack_numbers(data, code, is_float)
+        if packed is None:
             return None
         tensors.append(Tensor(name, datatype, shape, packed, {}))
     if len(tensors) > 1 and len({t.name for t in tensors}) != len(tensors):
