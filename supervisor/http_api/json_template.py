@@ -15,7 +15,8 @@ and appears once: there the holes are found by their keys alone.
 from __future__ import annotations
 
 import re
-from array import array
+import struct
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -39,12 +40,13 @@ class JsonTemplate:
     __slots__ = ("pattern", "id_group", "rid", "inputs", "outputs")
 
     def __init__(self, pattern: re.Pattern[bytes], id_group: int, rid: str,
-                 inputs: list[tuple[str, str, list[int], str, bool, int, int]],
+                 inputs: list[tuple[str, str, list[int], Callable[..., bytes], str, bool, int, int]],
                  outputs: list[tuple[str, bool | None]]) -> None:
         self.pattern = pattern
         self.id_group = id_group  # the id's group, 0 if the document has no id (`rid` then)
         self.rid = rid
-        self.inputs = inputs  # (name, datatype, shape, typecode, float type, element count, group)
+        # (name, datatype, shape, struct packer of its `count` values, array typecode, float type, count, group)
+        self.inputs = inputs
         self.outputs = outputs  # (name, binary_data or None)
 
     def fill(self, model: str, version: str, body: bytes) -> ParsedInfer | None:
@@ -58,22 +60,21 @@ class JsonTemplate:
             if self.id_group:
                 rid = orjson.loads(m.group(self.id_group))
             tensors = []
-            for name, datatype, shape, code, is_float, count, group in self.inputs:
+            for name, datatype, shape, pack, code, is_float, count, group in self.inputs:
                 hole = m.group(group)
                 data = orjson.loads(hole)  # numbers only: the hole holds no string, true, false or null
-                if len(data) != count:
-                    return None
-                if not is_float:
-                    packed = array(code, data).tobytes()  # a float, or an int out of range, raises
-                elif _LONG_INT.search(hole) is None:
-                    packed = array(code, data).tobytes()  # ints of 15 digits at most are exact as floats
-                else:
-                    checked = pack_numbers(data, code, is_float)  # ... longer ones are checked
+                if not is_float or _LONG_INT.search(hole) is None:
+                    # exactly `count` values, as the array module packs them (ints of 15 digits at most are
+                    # exact as floats); a float for an integer type, an int out of its range, a float beyond
+                    # FP32's range (array makes it inf: parse_plain's way does) raise
+                    packed = pack(*data)
+                else:  # ints that may not be exact as floats are checked as parse_plain checks them
+                    checked = pack_numbers(data, code, is_float) if len(data) == count else None
                     if checked is None:
                         return None
                     packed = checked
                 tensors.append(Tensor(name, datatype, list(shape), packed, {}))
-        except (orjson.JSONDecodeError, TypeError, OverflowError):
+        except (orjson.JSONDecodeError, struct.error, OverflowError, TypeError):
             return None
         request = InferRequest(model, version, rid, tensors)
         parsed = ParsedInfer(request)
@@ -111,7 +112,8 @@ class JsonTemplate:
             count = 1
             for d in t.shape:
                 count *= d
-            inputs.append((t.name, t.datatype, list(t.shape), code, is_float, count, groups["data", i]))
+            pack = struct.Struct("<%d%s" % (count, code)).pack  # little-endian, standard sizes: the wire form
+            inputs.append((t.name, t.datatype, list(t.shape), pack, code, is_float, count, groups["data", i]))
         outputs = [(o.name, parsed.plans[o.name].binary) for o in parsed.request.outputs]
         tpl = cls(pattern, groups.get(("id", 0), 0), parsed.request.id, inputs, outputs)
         # the pattern reads this body back as parse_plain did, or it is not kept
