@@ -112,14 +112,14 @@ class DynamicBatcher(QueueLifecycle):
             loop = self._loop = asyncio.get_running_loop()
         rules = self.rules
         inputs = request.inputs  # rules.items_of, inline
-        shape = inputs[0].shape if inputs and rules.batched else None
+        items = inputs[0].shape[0] if inputs and rules.batched and inputs[0].shape else 1
         item = Pending(loop=loop)
         item._scheduler = self
         item.request = request
         item.executor = None
         item.eager = None
         item.level = level
-        item.items = max(1, shape[0]) if shape else 1
+        item.items = items if items > 1 else 1
         item.key = rules.key_of(request) if self._keyed else None
         item.arrival_ns = request.arrival_ns
         item.timer = None
