@@ -100,7 +100,13 @@ def test_every_numeric_datatype_with_ids_and_outputs(datatype: str) -> None:
                    _doc(datatype, [4, 5, 6], "r2", outputs),
                    _doc(datatype, [4, 5, 6], 'q"uo\\te \u00e9', outputs),
                    _doc(datatype, [4, 5, 6], "", outputs),
+                   _doc(datatype, [4, 5, 6], "ends in a backslash \\", outputs),
+                   _doc(datatype, [4, 5, 6], "\\\"", outputs),
+                   _doc(datatype, [4, 5, 6], 7, outputs),  # not a string
+                   _doc(datatype, [4, 5, 6], ["r"], outputs),
                    _doc(datatype, [1.5, 2, 3], "r3", outputs),  # a float for an integer type
+                   _doc(datatype, [True, 2, 3], "r3", outputs),  # booleans are not numbers here
+                   _doc(datatype, [1, 2, None], "r3", outputs),
                    _doc(datatype, [-1, 2, 3], "r4", outputs),  # negative for an unsigned one
                    _doc(datatype, [300, 2, 3], "r5", outputs),  # beyond 8 bits
                    _doc(datatype, [2 ** 63, 2, 3], "r6", outputs),
