@@ -66,6 +66,13 @@ REQUESTS = [
     _req(("A", "FP32", [9, 4], _f(36)), ("B", "FP32", [9, 1], _f(9)), ("O", "FP32", [9, 2], _f(18))),
     _req(("A", "FP32", [1, 4], bytearray(_f(4))), ("B", "FP32", [1, 3], memoryview(_f(3)))),
     _req(("A", "FP32", [1, 4], bytearray(_f(5))), ("B", "FP32", [1, 3], _f(3))),
+    # views of a body (binary requests): counted in bytes, whatever their format
+    _req(("A", "FP32", [1, 4], memoryview(_f(4))), ("B", "FP32", [1, 3], memoryview(_f(9))[4:16])),
+    _req(("A", "FP32", [1, 4], memoryview(_f(5))), ("B", "FP32", [1, 3], memoryview(_f(3)))),
+    _req(("A", "FP32", [1, 4], memoryview(_f(4))), ("B", "FP32", [1, 3], memoryview(_f(4))[:8])),
+    _req(("A", "FP32", [1, 4], memoryview(_f(4)).cast("f")), ("B", "FP32", [1, 3], memoryview(_f(3)).cast("i"))),
+    _req(("A", "FP32", [1, 4], memoryview(_f(2)).cast("d")), ("B", "FP32", [1, 3], memoryview(_f(3)))),
+    _req(("A", "FP32", [1, 4], memoryview(_f(16)).cast("i")), ("B", "FP32", [1, 3], memoryview(_f(3)))),  # 16 items
     _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), outputs=("OUT", "NOPE")),
 ]
 
