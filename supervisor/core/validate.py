@@ -40,10 +40,10 @@ class IOSpec:
     injected: frozenset[str] = frozenset()
 
     @cached_property
-    def passed(self) -> dict[tuple[str, str, tuple[int, ...]], tuple[int | None, int, int]]:
+    def passed(self) -> dict[tuple[str, str, tuple[int, ...]], tuple[int | None, int, int, int]]:
         """(input name, datatype, shape) -> (its batch dimension or None, element count, byte size or -1 for
-        BYTES) for the inputs of this spec that passed every check but the bytes': a tensor seen before is
-        not walked again."""
+        BYTES, 1 if a required input else 0) for the inputs of this spec that passed every check but the
+        bytes': a tensor seen before is not walked again."""
         return {}
 
     @cached_property
@@ -81,6 +81,46 @@ def _shape_matches(dims: tuple[int, ...], shape: list[int]) -> bool:
 
 
 def validate_request(spec: IOSpec, request: InferRequest) -> None:
+    # the usual request: every input passed before (name, datatype, shape), its bytes exactly the size
+    # seen then, each required input given once, batch sizes that agree, known outputs; anything else
+    # (a first sight, any error) runs every check in order below, which gives the messages
+    passed = spec.passed
+    inputs = request.inputs
+    batch_size = -1
+    required = 0
+    for tensor in inputs:
+        shape = tensor.shape
+        known = passed.get((tensor.name, tensor.datatype, tuple(shape)))
+        if known is None:
+            break
+        data = tensor.data
+        if type(data) is bytes:
+            if len(data) != known[2]:
+                break
+        elif type(data) is not memoryview or not data.c_contiguous or data.nbytes != known[2]:
+            break  # (a binary request's tensor is a view of its body: bytes counted as _check_size counts)
+        if tensor.device_ref is not None:
+            break
+        batch = known[0]
+        if batch is not None:
+            if batch_size < 0:
+                batch_size = batch
+            elif batch != batch_size:
+                break
+        required += known[3]
+    else:
+        if (required == len(spec.required) and batch_size <= spec.max_batch_size
+                and (len(inputs) < 2 or len({t.name for t in inputs}) == len(inputs))):
+            outputs = request.outputs
+            if not outputs:
+                return
+            spec_outputs = spec.outputs
+            for out in outputs:
+                if out.name not in spec_outputs:
+                    break
+            else:
+                if len(outputs) < 2 or len({o.name for o in outputs}) == len(outputs):
+                    return
     try:
         _validate(spec, request)
     except InferdError as exc:
@@ -120,7 +160,7 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         key = (name, datatype, tuple(shape))
         known = passed.get(key)
         if known is not None:  # the checks below passed for this name, datatype and shape before
-            batch, count, nbytes = known
+            batch, count, nbytes, _required = known
             if batch is not None:
                 if batch_size is None:
                     batch_size = batch
@@ -161,7 +201,8 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         if len(passed) >= _PASSED_MAX:
             passed.clear()
         passed[key] = (shape[0] if max_batch > 0 else None, count,
-                       -1 if datatype == "BYTES" else count * dtypes.BY_NAME[datatype].itemsize)
+                       -1 if datatype == "BYTES" else count * dtypes.BY_NAME[datatype].itemsize,
+                       int(not ts.optional))
     if batch_size is not None and batch_size > max_batch:
         raise invalid_arg("inference request batch-size must be <= %d for '%s'" % (max_batch, model))
     outputs = request.outputs

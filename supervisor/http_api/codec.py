@@ -28,6 +28,7 @@ from inferd.worker.wire.errors import internal, invalid_arg
 
 from . import templates
 from .json_request import parse_plain
+from .json_template import JsonTemplates
 from .parsed import OutputPlan, ParsedInfer
 from .server import Response
 
@@ -93,22 +94,43 @@ class InferCodec:
         self.dp = dataplane
         self.limits = limits or Limits()
         self._templates: dict[tuple[str, str, int, bytes], templates.HeaderTemplate] = {}
+        self._json_templates = JsonTemplates()
 
     def parse(self, model: str, version: str, headers: dict[str, str], body: Any) -> ParsedInfer:
-        total = len(body) if not isinstance(body, memoryview) else body.nbytes
         hlen_text = headers.get("inference-header-content-length")
-        hlen = -1
-        if hlen_text is not None:
-            t = hlen_text.strip()
-            hlen = int(t) if t.isascii() and t.isdigit() and len(t) <= 20 else -1
-            if hlen < 0 or hlen > total:
-                raise invalid_arg(f"invalid 'Inference-Header-Content-Length' {hlen_text[:32]!r}: must be an "
-                                  f"integer between 0 and the body size {total}")
-            if hlen == 0:
-                return self._parse_raw(model, version, body, total)
-        head = body if hlen < 0 or hlen == total else memoryview(body)[:hlen]
+        if hlen_text is None:  # a JSON body: seen before, or the simple form in one pass, or _parse_doc
+            plain_body = type(body) is bytes
+            if plain_body:
+                seen = self._json_templates.by_model.get((model, version))
+                if seen is not None:
+                    for pattern in seen:
+                        plain = pattern.fill(model, version, body)
+                        if plain is not None:
+                            return plain
+            try:
+                doc = orjson.loads(body)
+            except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
+                raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+            if type(doc) is not dict:
+                raise invalid_arg("the inference request must be a JSON object")
+            plain = parse_plain(model, version, doc, self.limits)
+            if plain is not None:
+                if plain_body:
+                    self._json_templates.learn(model, version, body, doc, plain)
+                return plain
+            total = len(body) if not isinstance(body, memoryview) else body.nbytes
+            return self._parse_doc(model, version, doc, body, -1, total)
+        total = len(body) if not isinstance(body, memoryview) else body.nbytes
+        t = hlen_text.strip()
+        hlen = int(t) if t.isascii() and t.isdigit() and len(t) <= 20 else -1
+        if hlen < 0 or hlen > total:
+            raise invalid_arg(f"invalid 'Inference-Header-Content-Length' {hlen_text[:32]!r}: must be an "
+                              f"integer between 0 and the body size {total}")
+        if hlen == 0:
+            return self._parse_raw(model, version, body, total)
+        head = body if hlen == total else memoryview(body)[:hlen]
         key = None
-        if 0 < hlen <= templates.MAX_HEADER:  # a binary request: its header may have been seen before
+        if hlen <= templates.MAX_HEADER:  # a binary request: its header may have been seen before
             key = (model, version, total, bytes(head))
             tpl = self._templates.get(key)
             if tpl is not None:
@@ -122,10 +144,6 @@ class InferCodec:
             raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
         if not isinstance(doc, dict):
             raise invalid_arg("the inference request must be a JSON object")
-        if hlen < 0:  # a JSON body: the simple form in one pass, anything else below
-            plain = parse_plain(model, version, doc, self.limits)
-            if plain is not None:
-                return plain
         parsed = self._parse_doc(model, version, doc, body, hlen, total)
         if key is not None:
             tpl = templates.HeaderTemplate.of(parsed, body, hlen)

@@ -10,9 +10,10 @@ their messages come from one place.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any, Protocol
 
-from inferd.supervisor.inference.tensors import ARRAY_CODES, INT64_MAX, MAX_DIMS, pack_plain
+from inferd.supervisor.inference.tensors import ARRAY_CODES, INT64_MAX, MAX_DIMS
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 from inferd.worker.wire.dtypes import BY_NAME
 
@@ -27,10 +28,33 @@ class Limits(Protocol):
     @property
     def max_name_len(self) -> int: ...
 
-_INPUT_KEYS = frozenset(("name", "datatype", "shape", "data"))
 _DOC_KEYS = frozenset(("id", "inputs", "outputs"))
-# datatype -> (array typecode, item size) for the numeric types the array module packs
-_PLAIN = {name: (code, BY_NAME[name].itemsize) for name, code in ARRAY_CODES.items()}
+_INT = {int}
+_NUMBER = frozenset((float, int))
+_FLOAT = {float}
+_EXACT_INT = 1 << 53  # ints up to this size convert to a float exactly (tensors.pack_plain's rule)
+_EXACT_LO = -_EXACT_INT
+# datatype -> (array typecode, item size, whether a float type) for the numeric types the array module packs
+PLAIN = {name: (code, BY_NAME[name].itemsize, code in "fd") for name, code in ARRAY_CODES.items()}
+
+
+def pack_numbers(data: list[Any], code: str, is_float: bool) -> bytes | None:
+    """`data` packed with the array module (typecode `code`) when that gives exactly numpy's bytes
+    (tensors.pack_plain's rule): only floats, or ints exact as floats, for FP32/FP64; only ints, in range,
+    for the integer types; else None (the general parser's case)."""
+    types = set(map(type, data))
+    if types == _INT:
+        if is_float and not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
+            return None
+    elif types == _FLOAT:
+        if not is_float:
+            return None
+    elif not is_float or not types <= _NUMBER or not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
+        return None
+    try:
+        return array(code, data).tobytes()
+    except OverflowError:  # out of range for an integer type
+        return None
 
 
 def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> ParsedInfer | None:
@@ -45,18 +69,17 @@ def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> P
         return None
     max_name = lim.max_name_len
     tensors = []
-    seen = set()
     for item in inputs:
-        if type(item) is not dict or len(item) != 4 or item.keys() != _INPUT_KEYS:
+        # exactly four keys, each one of the four (a missing one reads None, which no check below passes)
+        if type(item) is not dict or len(item) != 4:
             return None
-        name = item["name"]
-        if type(name) is not str or not name or len(name) > max_name or name in seen:
+        name = item.get("name")
+        datatype = item.get("datatype")
+        shape = item.get("shape")
+        data = item.get("data")
+        if type(name) is not str or not name or len(name) > max_name:
             return None
-        seen.add(name)
-        datatype = item["datatype"]
-        plain = _PLAIN.get(datatype) if type(datatype) is str else None
-        shape = item["shape"]
-        data = item["data"]
+        plain = PLAIN.get(datatype) if type(datatype) is str else None
         if plain is None or type(shape) is not list or len(shape) > MAX_DIMS or type(data) is not list or not data:
             return None
         count = 1
@@ -64,12 +87,15 @@ def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> P
             if type(d) is not int or d < 0:
                 return None
             count *= d
-        if count != len(data) or count * plain[1] > INT64_MAX or type(data[0]) is list:
+        code, itemsize, is_float = plain
+        if count != len(data) or count * itemsize > INT64_MAX:
             return None
-        packed = pack_plain(plain[0], data)
+        packed = pack_numbers(data, code, is_float)
         if packed is None:
             return None
         tensors.append(Tensor(name, datatype, shape, packed, {}))
+    if len(tensors) > 1 and len({t.name for t in tensors}) != len(tensors):
+        return None  # an input given twice
     request = InferRequest(model, version, rid, tensors)
     parsed = ParsedInfer(request)
     outputs = doc.get("outputs")

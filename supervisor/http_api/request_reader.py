@@ -30,6 +30,9 @@ BUSY = 503  # too many requests pipelined on one connection, or too many connect
 _HEADER_NAMES: dict[bytes, str] = {}
 _TARGETS: dict[bytes, tuple[str, str]] = {}  # request target -> (path, query), the same way
 _CACHE_MAX = 256
+# method bytes -> str (llhttp accepts only the methods it knows: a few dozen at most)
+_METHODS = {m: m.decode() for m in (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH")}
+_new_request = object.__new__
 
 
 class Abort(Exception):
@@ -167,8 +170,14 @@ class RequestReader(ConnectionState):
             body = b""
         elif self._blen != len(body):
             body = memoryview(body)[: self._blen]
-        req = Request(parser.get_method().decode("latin-1"), target[0], target[1], self._headers, body,
-                      parser.should_keep_alive(), self._raw)
+        method = parser.get_method()
+        req = _new_request(Request)  # Request's fields set here: a frame less per request than Request(...)
+        req.method = _METHODS.get(method) or method.decode("latin-1")
+        req.path, req.query = target
+        req.headers = self._headers
+        req.body = body
+        req.keep_alive = parser.should_keep_alive()
+        req.raw_headers = self._raw
         self._body = None
         self._expect = False
         self.state = IDLE

@@ -56,6 +56,7 @@ TRACE = "trace"
 LOGGING = "logging"
 
 Route = tuple[str, frozenset[str], Callable[..., HandlerResult], tuple[Any, ...]]
+_new_deferred = object.__new__
 
 
 def _is_version(v: str) -> bool:
@@ -89,6 +90,7 @@ class Router:
         self.restricted = access.http_restrictions(restricted or {})
         self.forward = access.forward_pattern(header_forward_pattern)
         self._routes: dict[str, Route] = {}  # path -> route (a route depends on the path alone)
+        self._done = self._infer_done  # bound once: an inference's Deferred finishes with it
 
     # ------------------------------------------------------------ dispatch
     def __call__(self, req: Request) -> HandlerResult:
@@ -258,7 +260,11 @@ class Router:
         accept = req.headers.get("accept-encoding")
         if accept is None or pick_encoding(accept) is None:
             # the common case: no task per request, the response is built in a done-callback
-            return Deferred(self.dp.infer_nowait(parsed.request), self._infer_done, parsed)
+            deferred = _new_deferred(Deferred)  # its fields set here: a frame less than Deferred(...)
+            deferred.future = self.dp.infer_nowait(parsed.request)
+            deferred.finish = self._done
+            deferred.context = parsed
+            return deferred
         return self._infer_run(req, parsed)
 
     def _infer_done(self, parsed: ParsedInfer, future: asyncio.Future[InferResponse]) -> Response:

@@ -14,7 +14,8 @@ CONFIG: dict[str, Any] = {
     "name": "m", "max_batch_size": 8,
     "input": [{"name": "A", "data_type": "TYPE_FP32", "dims": [4]},
               {"name": "B", "data_type": "TYPE_FP32", "dims": [-1]},
-              {"name": "S", "data_type": "TYPE_STRING", "dims": [1], "optional": True}],
+              {"name": "S", "data_type": "TYPE_STRING", "dims": [1], "optional": True},
+              {"name": "O", "data_type": "TYPE_FP32", "dims": [2], "optional": True}],
     "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [4]}],
 }
 
@@ -56,6 +57,23 @@ REQUESTS = [
     _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), outputs=("OUT",)),
     _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), outputs=("NOPE",)),
     _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), outputs=("OUT", "OUT")),
+    # every tensor below seen before: an optional input in place of a required one, repeats, batch sizes
+    _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), ("O", "FP32", [1, 2], _f(2))),
+    _req(("A", "FP32", [1, 4], _f(4)), ("O", "FP32", [1, 2], _f(2))),
+    _req(("O", "FP32", [1, 2], _f(2)), ("A", "FP32", [1, 4], _f(4)), ("O", "FP32", [1, 2], _f(2))),
+    _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), ("B", "FP32", [1, 3], _f(3))),
+    _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), ("O", "FP32", [2, 2], _f(4))),
+    _req(("A", "FP32", [9, 4], _f(36)), ("B", "FP32", [9, 1], _f(9)), ("O", "FP32", [9, 2], _f(18))),
+    _req(("A", "FP32", [1, 4], bytearray(_f(4))), ("B", "FP32", [1, 3], memoryview(_f(3)))),
+    _req(("A", "FP32", [1, 4], bytearray(_f(5))), ("B", "FP32", [1, 3], _f(3))),
+    # views of a body (binary requests): counted in bytes, whatever their format
+    _req(("A", "FP32", [1, 4], memoryview(_f(4))), ("B", "FP32", [1, 3], memoryview(_f(9))[4:16])),
+    _req(("A", "FP32", [1, 4], memoryview(_f(5))), ("B", "FP32", [1, 3], memoryview(_f(3)))),
+    _req(("A", "FP32", [1, 4], memoryview(_f(4))), ("B", "FP32", [1, 3], memoryview(_f(4))[:8])),
+    _req(("A", "FP32", [1, 4], memoryview(_f(4)).cast("f")), ("B", "FP32", [1, 3], memoryview(_f(3)).cast("i"))),
+    _req(("A", "FP32", [1, 4], memoryview(_f(2)).cast("d")), ("B", "FP32", [1, 3], memoryview(_f(3)))),
+    _req(("A", "FP32", [1, 4], memoryview(_f(16)).cast("i")), ("B", "FP32", [1, 3], memoryview(_f(3)))),  # 16 items
+    _req(("A", "FP32", [1, 4], _f(4)), ("B", "FP32", [1, 3], _f(3)), outputs=("OUT", "NOPE")),
 ]
 
 

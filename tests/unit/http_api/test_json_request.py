@@ -59,6 +59,8 @@ PLAIN = [  # the one-pass parser takes these
     {"inputs": [_inp()], "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}},
                                      {"name": "OUTPUT1", "parameters": {"binary_data": False}}]},
     {"inputs": [_inp(data=[-(1 << 53)] + I16[1:])]},  # ints still exact as floats
+    {"inputs": [_inp(data=[1 << 53] + F16[1:])]},  # ints and floats for a float type
+    {"inputs": [_inp(datatype="FP64", data=[3] + F16[1:])]},
 ] + [{"inputs": [_inp(datatype=dt)]} for dt in ("FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
                                                  "UINT32", "UINT64")]
 
@@ -70,6 +72,11 @@ OTHER = [  # the general parser reads these (some fail, with its messages)
     {"inputs": [_inp(datatype="FP16")]},
     {"inputs": [_inp(data=[True] * 16)]},
     {"inputs": [_inp(data=[1 << 60] * 16)]},  # beyond exact floats: numpy's conversion
+    {"inputs": [_inp(data=[(1 << 53) + 1] + F16[1:])]},  # ... among floats too
+    {"inputs": [_inp(data=[True] + F16[1:])]},
+    {"inputs": [_inp(datatype="INT64", data=[1] * 15 + [1.0])]},
+    {"inputs": [{"nam": "INPUT0", "datatype": "FP32", "shape": [16], "data": I16}]},  # four keys, one wrong
+    {"inputs": [_inp("INPUT0"), _inp("INPUT1"), _inp("INPUT0")]},  # twice, not in a row
     {"inputs": [_inp(datatype="INT8", data=[300] * 16)]},  # out of range
     {"inputs": [_inp(datatype="UINT8", data=[-1] * 16)]},
     {"inputs": [_inp(datatype="INT32", data=F16)]},  # floats for an integer type
