@@ -325,21 +325,28 @@ def _response_fields(item: dict[str, Any]) -> bool:
     return True
 
 
+def _columns_in_place(items: Any) -> bool:
+    """A header's list of column fields turned into TensorColumns in place; False (nothing changed) unless
+    every item holds exactly a column's fields."""
+    if type(items) is not list:
+        return False
+    for fields in items:
+        if type(fields) is not dict or fields.keys() != _COLUMN_KEYS:
+            return False
+    new = _new
+    for i, fields in enumerate(items):
+        column = items[i] = new(TensorColumn)
+        column.__dict__ = fields
+    return True
+
+
 def _execute_result_columns_fast(header: dict[str, Any]) -> Optional[ExecuteResultColumns]:
     """An ExecuteResultColumns as the worker sends it (`execute_result_columns_header`)."""
     if not _COLUMNS_RESULT_REQUIRED <= header.keys() <= _COLUMNS_RESULT_KEYS:
         return None
-    outputs = header["outputs"]
-    if type(outputs) is not list:
+    if not _columns_in_place(header["outputs"]):
         return None
-    for fields in outputs:
-        if type(fields) is not dict or fields.keys() != _COLUMN_KEYS:
-            return None
-    new = _new
-    for i, fields in enumerate(outputs):
-        column = outputs[i] = new(TensorColumn)
-        column.__dict__ = fields
-    message = new(ExecuteResultColumns)
+    message = _new(ExecuteResultColumns)
     message.__dict__ = header
     return message
 
@@ -365,20 +372,12 @@ def _execute_columns_fast(header: dict[str, Any]) -> Optional[ExecuteColumns]:
     its optional fields (lists) filled in where left out."""
     if not _EXECUTE_COLUMNS_REQUIRED <= header.keys() <= _EXECUTE_COLUMNS_KEYS:
         return None
-    inputs = header["inputs"]
-    if type(inputs) is not list:
+    if not _columns_in_place(header["inputs"]):
         return None
-    for fields in inputs:
-        if type(fields) is not dict or fields.keys() != _COLUMN_KEYS:
-            return None
-    new = _new
-    for i, fields in enumerate(inputs):
-        column = inputs[i] = new(TensorColumn)
-        column.__dict__ = fields
     for name in _EXECUTE_COLUMNS_LISTS:
         if name not in header:
             header[name] = []
-    message = new(ExecuteColumns)
+    message = _new(ExecuteColumns)
     message.__dict__ = header
     return message
 
