@@ -577,13 +577,7 @@ class InferenceRequest:
                 tensor._datatype = t.datatype
                 wrapped = [tensor]
             else:
-                wrapped = []
-                for t in inputs:
-                    tensor = new(tensor_cls)
-                    tensor._name = t.name
-                    tensor._array = t.array
-                    tensor._datatype = t.datatype
-                    wrapped.append(tensor)
+                wrapped = tensor_cls._wrap_inputs(inputs)
             wanted = r.requested_outputs
             if wanted is not copied_from:
                 copied_from = wanted
