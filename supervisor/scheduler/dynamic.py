@@ -37,6 +37,9 @@ from .queue import PriorityQueue
 log = logging.getLogger("inferd.scheduler")
 
 _UNSET = object()
+# `_refill` waits a loop pass for the clients just answered only when batches run this many times longer than
+# answering one takes: the wait (about an answer pass and a read pass) then costs at most a few % of a batch
+WAIT_RATIO = 10
 
 
 class Pending(QueuedRequest):
@@ -69,6 +72,9 @@ class DynamicBatcher(QueueLifecycle):
         self._next = 0  # round-robin start among equally loaded instances
         self._order: deque[Pending] = deque()  # preserve_ordering: dispatched, not yet released
         self._kicked = False
+        # moving averages of a batch's run and of answering it (ns), for `_refill`
+        self._run_ns = 0
+        self._answer_ns = 0
         self._timer: asyncio.TimerHandle | None = None
         # what `submit` may skip for the usual config (one level, no queue bound or timeout, any requests
         # batch together): decided once here
@@ -182,16 +188,30 @@ class DynamicBatcher(QueueLifecycle):
             self._loop.call_soon(self._dispatch)
 
     def _refill(self) -> None:
-        """An instance has room again. A full batch waiting goes at once; otherwise forming waits for the
-        loop to read the requests already at the door (the answers just written bring their clients'
-        next ones), so clients answered together stay in one batch instead of splitting into cohorts."""
+        """An instance has room again. A full batch waiting goes at once. Otherwise, for a model whose
+        batches run long next to the time answering one takes (`_run_ns` >= WAIT_RATIO x `_answer_ns`),
+        forming waits for the loop to read the requests already at the door (the answers just written
+        bring their clients' next ones), so clients answered together stay in one batch instead of
+        splitting into cohorts; that wait is then a small part of a batch's time. A fast model's queued
+        requests leave at once: keeping its instance busy is worth more than a bigger batch."""
         queued = len(self.queue)
         if not queued:
             return  # (an arrival forms its own)
-        if queued >= self.rules.max_items or self._loop is None:
+        answer_ns = self._answer_ns
+        if (queued >= self.rules.max_items or self._loop is None or not answer_ns
+                or self._run_ns < WAIT_RATIO * answer_ns):
             self._dispatch()
         else:
             self._loop.call_soon(self._kick)  # _kick's own call_soon: forming runs after the next I/O poll
+
+    def _timed(self, run_ns: int, answered_from: int) -> None:
+        """A batch's run (launch to answer) and the time its answering took, into moving averages."""
+        answer_ns = time.monotonic_ns() - answered_from
+        if not self._answer_ns:
+            self._run_ns, self._answer_ns = run_ns, max(1, answer_ns)
+        else:
+            self._run_ns += (run_ns - self._run_ns) // 4
+            self._answer_ns += (answer_ns - self._answer_ns) // 4
 
     def _dispatch(self) -> None:
         self._kicked = False
@@ -238,6 +258,7 @@ class DynamicBatcher(QueueLifecycle):
             self._refill()
 
     def _finished(self, launched: _Launched, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
+        now = time.monotonic_ns()
         self._running.discard(fut)
         executor = launched.executor
         if not launched.freed:
@@ -253,7 +274,9 @@ class DynamicBatcher(QueueLifecycle):
         self._refill()
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         if result is not None and not self.preserve_ordering:
+            answering = time.monotonic_ns()
             outcomes.record_and_settle(self.stats, result, answers, batch, start)
+            self._timed(now - start, answering)
             self._check_idle()
             return
         items = sum(p.items for p, a in zip(batch, answers) if not isinstance(a, InferdError))

@@ -4,6 +4,7 @@ batches form, how they spread, answer order, cancellation, queue limits and time
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -305,25 +306,60 @@ async def test_an_instance_freed_as_its_answer_arrives_gets_the_next_batch_befor
     assert batcher._held[id(ex)] == 0 and batcher.running == 0
 
 
+async def warm_up(batcher: DynamicBatcher, ex: FreesEarly, run_s: float, answer_s: float = 0.0) -> None:
+    """One batch that runs `run_s` and whose answering takes `answer_s`: what `_refill` goes by."""
+    warm = batcher.submit(request("warm"))
+    await until(lambda: ex.batches, "the warm-up batch")
+    if answer_s:
+        def slow_answer(fut: Any) -> None:
+            time.sleep(answer_s)
+        warm.add_done_callback(slow_answer)
+        warm.eager = slow_answer  # run within the batch's answering, as the HTTP connection's is
+    await asyncio.sleep(run_s)
+    ex.answer_arrives(len(ex.batches) - 1)
+    await warm
+    await until(lambda: batcher.running == 0, "the warm-up batch to finish")
+
+
 async def test_a_freed_instance_with_a_partial_queue_first_reads_what_arrives_in_the_next_pass():
-    # the clients answered by a batch send their next requests at once: forming waits for the loop's next
-    # read, so they join the requests already queued instead of splitting off into a cohort of their own
+    # batches that run long next to answering them (a fixed-cost model): the clients answered by a batch
+    # send their next requests at once, and forming waits for the loop's next read, so they join the
+    # requests already queued instead of splitting off into a cohort of their own
     ex = FreesEarly("a")
     batcher, _ = make([ex], max_batch_size=4)
+    await warm_up(batcher, ex, run_s=0.1)
     first = [batcher.submit(request(f"a{i}")) for i in range(2)]
-    await until(lambda: ex.batches, "the first batch")
+    await until(lambda: len(ex.batches) == 2, "the first batch")
     queued = batcher.submit(request("b0"))
     await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
-    ex.answer_arrives(0)
+    ex.answer_arrives(1)
     assert batcher.running == 2  # b0 alone does not leave at once
     late = []
     loop.call_soon(lambda: late.append(batcher.submit(request("c0"))))  # read on the next pass
-    await until(lambda: len(ex.batches) == 2, "the second batch")
-    assert ex.batches[1] == ["b0", "c0"]
+    await until(lambda: len(ex.batches) == 3, "the second batch")
+    assert ex.batches[2] == ["b0", "c0"]
     await asyncio.gather(*first)
-    ex.answer_arrives(1)
+    ex.answer_arrives(2)
     await asyncio.gather(queued, *late)
+
+
+async def test_a_fast_model_s_queued_requests_leave_at_once_when_its_instance_frees():
+    # batches that run briefly next to answering them: keeping the instance busy is worth more
+    ex = FreesEarly("a")
+    batcher, _ = make([ex], max_batch_size=4)
+    await warm_up(batcher, ex, run_s=0.0, answer_s=0.05)
+    first = [batcher.submit(request(f"a{i}")) for i in range(2)]
+    await until(lambda: len(ex.batches) == 2, "the first batch")
+    queued = batcher.submit(request("b0"))
+    await asyncio.sleep(0)
+    ex.answer_arrives(1)
+    assert batcher.running == 3  # b0 left at once, synchronously
+    await until(lambda: len(ex.batches) == 3, "the second batch")
+    assert ex.batches[2] == ["b0"]
+    await asyncio.gather(*first)
+    ex.answer_arrives(2)
+    await queued
 
 
 class EagerAnswers(HeldExecutor):
