@@ -159,3 +159,27 @@ def test_a_body_over_the_size_limit_is_parsed_each_time() -> None:
     assert len(body) > json_template.MAX_BODY
     codec = _check(body, body)
     assert _patterns(codec) == 0
+
+
+def test_random_mutations_of_a_learnt_body_read_as_a_fresh_parse_reads_them() -> None:
+    # a client's bytes, cut, grown and changed at random around and inside the holes: the learnt codec must
+    # answer each exactly as a codec that never saw the original does (same request, or same error)
+    import random
+    rnd = random.Random(25)
+    learnt = b'{"id": "r1", "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}'
+    codec = InferCodec(FakeDataPlane())
+    assert _outcome(codec, learnt)[0] == "ok"
+    alphabet = b'0123456789.-+eE,[]{}": \\tnulx'
+    for _ in range(3000):
+        body = bytearray(learnt)
+        for _ in range(rnd.randint(1, 3)):
+            at = rnd.randrange(len(body) + 1)
+            kind = rnd.randrange(3)
+            if kind == 0 and at < len(body):
+                body[at] = rnd.choice(alphabet)
+            elif kind == 1:
+                body[at:at] = bytes([rnd.choice(alphabet)])
+            elif at < len(body):
+                del body[at]
+        case = bytes(body)
+        assert _outcome(codec, case) == _outcome(InferCodec(FakeDataPlane()), case), case
