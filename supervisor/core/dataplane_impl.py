@@ -159,10 +159,6 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         return self.resolve(name, version).config
 
     def model_is_decoupled(self, name: str, version: str = "") -> bool:
-        if not version:  # resolve's remembered ready version, inline (asked once per HTTP inference)
-            cached = self._ready.get(name)
-            if cached is not None:
-                return cached.decoupled
         return self.resolve(name, version).decoupled
 
     # ---- inference ----
@@ -172,14 +168,7 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
         """The request checked and queued at once: its scheduler's future, whose response carries the model's
         name and version and the request id (no task or coroutine per request: cheaper)."""
-        # _resolve, inline (the remembered ready version first): the one request path pays no extra calls
-        if self.draining:
-            raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
-        mv = None if request.model_version else self._ready.get(request.model_name)
-        if mv is None:
-            mv = self.resolve_ready(request.model_name, request.model_version)
-        if self.busy_poll is not None:
-            self.busy_poll.poke(mv.scheduler.idle)
+        mv = self._resolve(request)
         if mv.decoupled:
             raise InferdError(ErrorCode.UNSUPPORTED,
                               "ModelInfer RPC doesn't support models with decoupled transaction policy")

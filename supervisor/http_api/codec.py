@@ -39,6 +39,17 @@ _SHM_KEYS = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte
 _OUTPUT_TYPES = {name: (dt.itemsize, tensors.ARRAY_CODES.get(name)) for name, dt in BY_NAME.items()}
 
 
+def _load_doc(head: Any) -> dict[str, Any]:
+    """A request's JSON header as a dict; 400 for anything else."""
+    try:
+        doc = orjson.loads(head)
+    except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    if type(doc) is not dict:
+        raise invalid_arg("the inference request must be a JSON object")
+    return doc
+
+
 @dataclass(frozen=True)
 class Limits:
     max_input_size: int = 64 * 1024 * 1024  # body cap, after decompression (--http-max-input-size)
@@ -107,12 +118,7 @@ class InferCodec:
                         plain = pattern.fill(model, version, body)
                         if plain is not None:
                             return plain
-            try:
-                doc = orjson.loads(body)
-            except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
-                raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
-            if type(doc) is not dict:
-                raise invalid_arg("the inference request must be a JSON object")
+            doc = _load_doc(body)
             plain = parse_plain(model, version, doc, self.limits)
             if plain is not None:
                 if plain_body:
@@ -138,13 +144,7 @@ class InferCodec:
                 if tpl.shm_outputs:
                     self._ask_device_outputs(parsed)
                 return parsed
-        try:
-            doc = orjson.loads(head)
-        except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
-            raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
-        if not isinstance(doc, dict):
-            raise invalid_arg("the inference request must be a JSON object")
-        parsed = self._parse_doc(model, version, doc, body, hlen, total)
+        parsed = self._parse_doc(model, version, _load_doc(head), body, hlen, total)
         if key is not None:
             tpl = templates.HeaderTemplate.of(parsed, body, hlen)
             if tpl is not None:
