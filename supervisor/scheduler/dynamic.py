@@ -7,8 +7,9 @@ batch the rules allow now; an instance already running a batch (up to the worker
 takes one that cannot get better by waiting, so a backlog keeps the worker busy while a light load
 still forms big batches. Forming runs once per event-loop pass after arrivals, completions, readiness
 changes and delay timers, so requests arriving together are considered together. A batch's answers
-leave within the call that reads them (`eager`); an instance freed with less than a full batch queued
-takes its next one after the loop's next read, which brings the requests of the clients just answered.
+leave within the call that reads them (`eager`); an instance of a model whose batches run long next to
+answering them, freed with less than a full batch queued, takes its next one after the loop's next read,
+which brings the requests of the clients just answered (`_refill`).
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ class DynamicBatcher(QueueLifecycle):
         now = time.monotonic_ns()
         self._running.discard(fut)
         executor = launched.executor
-        if not launched.freed:
+        freed_here = not launched.freed  # (else `_freed` refilled when the answer arrived)
+        if freed_here:
             launched.freed = True
             self._held[id(executor)] -= 1
         self.running -= len(batch)
@@ -271,7 +273,8 @@ class DynamicBatcher(QueueLifecycle):
                 settle(item, error)
             self._check_idle()
             return
-        self._refill()
+        if freed_here:
+            self._refill()
         result, answers = outcomes.answers_of(fut, len(batch), executor.name)
         if result is not None and not self.preserve_ordering:
             answering = time.monotonic_ns()
