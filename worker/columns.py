@@ -156,32 +156,20 @@ def _one_output_alike(requests: list[Request], results: Sequence[Response], spec
     shape, dtype = array0.shape, array0.dtype
     arrays: list[Any] = []
     append = arrays.append
-    seen: Any = arrays  # the last list of wanted outputs found to hold `name` (requests share one)
-    try:
-        for request, result in zip(requests, results):
-            if result.error is not None or result.parameters:
-                return None
-            outs = result.outputs
-            if len(outs) != 1:
-                return None
-            out = outs[0]
-            array = out.array
-            if (out.name != name or out.datatype != datatype or type(array) is not ndarray
-                    or array.shape != shape or array.dtype != dtype):
-                return None
-            wanted = request.requested_outputs
-            if wanted is not seen:
-                if name not in (wanted or output_names):
-                    return None
-                seen = wanted
-            append(array)
-        checked = _checked(out0, specs, model, check)
-        if checked is None or checked[3] is not array0:
+    for result in results:
+        if result.error is not None or result.parameters:
             return None
-        frame = b"".join(arrays)
-    except Exception:  # noqa: BLE001 - a failed check or a non-contiguous array: the general loop decides
-        return None
-    return [checked[:3]], [frame]
+        outs = result.outputs
+        if len(outs) != 1:
+            return None
+        out = outs[0]
+        array = out.array
+        if (out.name != name or out.datatype != datatype or type(array) is not ndarray
+                or array.shape != shape or array.dtype != dtype):
+            return None
+        append(array)
+    # alike: the rest (every request wanted it, the checks leave the first as it was) as for AlikeResults
+    return _alike_columns(requests, AlikeResults(name, datatype, arrays), specs, output_names, model, check)
 
 
 def _checked(out: Tensor, specs: dict[str, OutputSpec], model: str,
