@@ -157,6 +157,8 @@ class KeepCaseConnection(HttpConnection):
     spelling (Request.raw_headers): Triton forwards header names as sent (--http-header-forward-pattern).
     A subclass, so that servers without a forward pattern pay nothing per header."""
 
+    _learns = False  # every request goes through the parser, which gathers the raw headers
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._raw = []

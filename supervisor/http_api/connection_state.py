@@ -84,6 +84,10 @@ class ConnectionState(asyncio.Protocol):
         self._body: Any = None
         self._blen = 0
         self._expect = False
+        # the last request's head, when it can be read again without the parser (request_reader.py)
+        self._head: bytes | None = None
+        self._head_parsed: tuple[str, str, str, dict[str, str], int] | None = None
+        self._read: bytes | None = None  # the read being parsed, when it began at a request's start
         self._max_pipelined = server.max_pipelined
         self._max_header_size = server.max_header_size
         self._max_headers = server.max_headers

@@ -6,6 +6,13 @@ turn without running).
 The body cap (--http-max-input-size) applies as Triton applies it: to the JSON of a request, and
 separately to the bytes after it, so a binary request may be its `Inference-Header-Content-Length`
 (at most the cap) plus the cap.
+
+A client sends the same head again and again (a closed loop of one request per connection: wrk,
+perf_analyzer, tritonclient), so each connection keeps the head of its last request when that request
+came as one whole read: the head bytes, as httptools parsed them, with a Content-Length body, keep-alive
+and nothing that changes how it is read (no Expect, Transfer-Encoding or Upgrade). A later read that is
+exactly those head bytes and a body of that length becomes its Request without the parser: the same
+bytes at a request's start parse the same way, and the caps were checked when they were parsed.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ _CACHE_MAX = 256
 # method bytes -> str (llhttp accepts only the methods it knows: a few dozen at most)
 _METHODS = {m: m.decode() for m in (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH")}
 _new_request = object.__new__
+HEAD_MAX = 1024  # longest head kept for reading again (one per connection)
 
 
 class Abort(Exception):
@@ -57,6 +65,15 @@ class RequestReader(ConnectionState):
         if self._coalescer.waiting:
             self._coalescer.flush()  # answers first, then the request just read
         self.last_read = time.monotonic()
+        if self.state == IDLE:
+            head = self._head
+            if (head is not None and data.startswith(head)
+                    and len(data) - len(head) == self._head_parsed[4]):  # type: ignore[index]
+                self._again(data, len(head))
+                return
+            self._read = data  # (a head to keep, if it is one request: on_message_complete)
+        else:
+            self._read = None
         completed = self._completed
         try:
             self._parser.feed_data(data)
@@ -158,11 +175,15 @@ class RequestReader(ConnectionState):
     def on_message_complete(self) -> None:
         self._completed += 1
         parser = self._parser
+        read, self._read = self._read, None
+        if read is not None and self._learns:
+            self._keep_head(read)
+        elif self._head is not None and not parser.should_keep_alive():
+            self._head = None
         url = self._url
         target = _TARGETS.get(url)
         if target is None:
-            path, _, query = url.partition(b"?")
-            target = path.decode("latin-1"), query.decode("latin-1")
+            target = self._target()
             if len(_TARGETS) < _CACHE_MAX and len(url) <= 256:
                 _TARGETS[url] = target
         body = self._body
@@ -182,6 +203,51 @@ class RequestReader(ConnectionState):
         self._expect = False
         self.state = IDLE
         self.since = self.last_read
+        self._complete(req)
+
+    _learns = True  # (KeepCaseConnection: its raw headers come from the parser)
+
+    def _keep_head(self, read: bytes) -> None:
+        """`read` began at this request's start: keep the request's head if the read was all of it and it
+        may be read again without the parser (see the module's docstring). Else the head kept before
+        stays, unless this request ends the connection (no keep-alive: the parser refuses what follows)."""
+        parser = self._parser
+        if not parser.should_keep_alive():
+            self._head = None
+            return
+        blen = self._blen
+        end = len(read) - blen
+        headers = self._headers
+        if (self._clen != blen or end > HEAD_MAX
+                or read.find(b"\r\n\r\n") != end - 4 or read.count(b"\n", 0, end) != read.count(b"\r\n", 0, end)
+                or "expect" in headers or "transfer-encoding" in headers or "upgrade" in headers):
+            return
+        method = parser.get_method()
+        path, query = _TARGETS.get(self._url) or self._target()
+        self._head = read[:end]
+        self._head_parsed = (_METHODS.get(method) or method.decode("latin-1"), path, query, headers.copy(), blen)
+
+    def _again(self, data: bytes, start: int) -> None:
+        """A request whose head is the one kept (`_keep_head`) and its body, read without the parser."""
+        self._completed += 1
+        self.since = self.last_read
+        method, path, query, headers, blen = self._head_parsed  # type: ignore[misc]
+        req = _new_request(Request)
+        req.method = method
+        req.path = path
+        req.query = query
+        req.headers = headers.copy()  # (the handler's own: one request's changes stay its own)
+        req.body = data[start:] if blen else b""
+        req.keep_alive = True
+        req.raw_headers = None
+        self._complete(req)
+
+    def _target(self) -> tuple[str, str]:
+        path, _, query = self._url.partition(b"?")
+        return path.decode("latin-1"), query.decode("latin-1")
+
+    def _complete(self, req: Request) -> None:
+        """Run `req` now, or queue it behind the one running."""
         if self._busy:
             if len(self._queue) >= self._max_pipelined:  # not run: answered 503 in its turn
                 self._queue.append(self._too_many(req))
