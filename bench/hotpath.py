@@ -4,7 +4,9 @@ benchmarks (run.py, batching.py) are the measure.
 
 32 HttpConnections (with in-memory transports) each take one KServe v2 JSON request per round; the real
 Router, InferCodec, ServerDataPlane and DynamicBatcher queue them as one batch of 32, which a stand-in
-instance answers at once; the answers are built and written by the same code as when served.
+instance answers at once; the answers are built and written by the same code as when served. Each
+connection sends the same bytes every round, as wrk and perf_analyzer do, so from the second round on its
+requests are read through the head it kept (http_api/request_reader.py), not httptools.
 
     .venv/bin/python bench/hotpath.py               # median µs per request: intake, answer, total
     .venv/bin/python bench/hotpath.py --profile     # the same under cProfile, top functions by own time
