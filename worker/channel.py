@@ -78,6 +78,10 @@ class Channel:
             return None
         return decode_header(bytes(parts[0]), header_loads), parts[1:]
 
+    def poll_next(self, us: int) -> None:
+        """`recv` polls for up to `us` µs before it sleeps (DealerSocket.poll_next)."""
+        self._sock.poll_next(us)
+
     def recv(self) -> tuple[Any, Sequence[Any]]:
         """Next (message, data frames); blocks. Raises ProtocolError on a malformed message."""
         if self._pending:

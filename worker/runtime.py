@@ -59,6 +59,7 @@ def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Te
     return Tensor(tensor.name, tensor.datatype, tensors.reshape_input(tensor.array, tensor.name, *rule))
 
 _INT, _STR = frozenset((int,)), frozenset((str,))
+_EXECUTES = frozenset((Execute, ExecuteColumns))  # (the messages whose poll_us asks the worker to poll next)
 _NO_IDS = itertools.repeat("")  # the client ids of a batch sent without any
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
 
@@ -78,9 +79,12 @@ class Runtime:
     def __init__(
         self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
         metrics: Optional[Callable[[], None]] = None,
-        backend_factory: Optional[Callable[[str], Backend]] = None,
+        backend_factory: Optional[Callable[[str], Backend]] = None, polls: bool = True,
     ) -> None:
+        """`polls`: an Execute's poll_us is honoured (False for a worker thread hosted in the API user's
+        process, worker/pytriton/host.py: its polling would take the interpreter from the user's threads)."""
         self._channel = channel
+        self._polls = polls
         # sends the custom metrics' changes before an answer leaves (worker/metrics_sender.py)
         self._flush_metrics = metrics or (lambda: None)
         # the Python API (inferd.pytriton) runs Runtimes in its user's process, with backends of its own;
@@ -128,6 +132,11 @@ class Runtime:
             if handler is None:
                 raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
             handler(message, frames)
+            if type(message) in _EXECUTES and message.poll_us and self._polls and self._outbox is None:
+                poll_us = message.poll_us
+                if type(poll_us) is not int:
+                    raise ProtocolError("malformed poll_us %r in an Execute" % (poll_us,))
+                self._channel.poll_next(poll_us)  # answered: the next request is expected soon
 
     def _recv_streaming(self) -> tuple[Any, Sequence[Any]]:
         """Next message, sending what the Outbox holds meanwhile (decoupled models)."""

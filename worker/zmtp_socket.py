@@ -12,6 +12,7 @@ BLS thread's socket stay libzmq's.
 from __future__ import annotations
 
 import collections
+import os
 import select
 import socket
 import time
@@ -29,6 +30,7 @@ _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
 _MORE, _LONG, _COMMAND = zmtp.MORE, zmtp.LONG, zmtp.COMMAND
 _unpack_size = zmtp.LONG_SIZE.unpack_from
 _DONTWAIT = socket.MSG_DONTWAIT
+MAX_POLL_US = 1_000_000  # the most an Execute may ask the worker to poll for its next message
 
 
 class LinkClosed(ProtocolError):
@@ -49,6 +51,7 @@ class DealerSocket:
         self._assembler = zmtp.Messages(self._on_command, self._on_message)
         self._reader = zmtp.Reader(zmtp.check_greeting, self._assembler.on_frame, max_frame)
         self._steady = False  # no partial frame or message held by the reader: see recv_one
+        self._poll_until = 0.0  # recv_one polls (instead of sleeping in poll()) until then: poll_next
         self._poller = select.poll()  # POLLIN (POLLHUP and POLLERR end a wait too): poll() and recv_one
         self._poller.register(self._sock.fileno(), select.POLLIN)
         self._wait_readable = self._poller.poll
@@ -98,6 +101,10 @@ class DealerSocket:
                 # wakes every sleeper on the socket): in lock step, once per request, a wake-up and a
                 # sleep for nothing. poll()'s wait is keyed to POLLIN and ignores those.
                 while True:
+                    if self._poll_until:
+                        n = self._polled(buf)
+                        if n >= 0:
+                            break
                     self._wait_readable()
                     try:
                         n = self._sock.recv_into(buf, 0, _DONTWAIT)
@@ -122,6 +129,23 @@ class DealerSocket:
         while not messages:
             self._read(True)
         return messages.popleft()
+
+    def poll_next(self, us: int) -> None:
+        """The next `recv_one` tries to read for up to `us` µs, yielding the CPU between tries, before it
+        sleeps (the supervisor asked: it polls too, and the next request is expected within that time)."""
+        self._poll_until = time.monotonic() + min(us, MAX_POLL_US) / 1e6
+
+    def _polled(self, buf: bytearray) -> int:
+        """Read into `buf` as soon as there is something, until `_poll_until` (then -1; the poll is over)."""
+        until, self._poll_until = self._poll_until, 0.0
+        recv_into, now, give_way = self._sock.recv_into, time.monotonic, os.sched_yield
+        while True:
+            try:
+                return recv_into(buf, 0, _DONTWAIT)
+            except BlockingIOError:
+                if now() >= until:
+                    return -1
+                give_way()  # a runnable process on this CPU goes first
 
     def send_multipart(self, frames: Sequence[Any]) -> None:
         """Blocks until the whole message is in the kernel's buffer. Raises LinkClosed."""

@@ -11,6 +11,9 @@ polling vCPU only takes from its neighbours (bench/RESULTS.md: -2 to -7% at conc
 While a window is open the loop keeps passing (epoll with no timeout), yielding the CPU first on each
 pass. While more processes are runnable than there are CPUs, polling would take a CPU from a worker:
 the loop sleeps instead and looks again 1 ms later. An idle server sleeps once the window has passed.
+
+While the loop polls, each Execute asks its worker to poll for the next one as well (instances/poll_hint.py):
+a worker asleep between requests would cost the same wake-up on its side.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import logging
 import os
 import time
 from pathlib import Path
+
+from ..instances.poll_hint import HINT
 
 log = logging.getLogger("inferd.busy_poll")
 
@@ -113,8 +118,11 @@ class BusyPoll:
         if self._handle is not None:
             if alone:
                 self._until = now + self._window_s
+                if HINT.until:  # (not while the loop sleeps for load)
+                    HINT.until = self._until
         elif start and not self._off:
-            self._until = now + self._window_s
+            self._until = HINT.until = now + self._window_s
+            HINT.window_us = round(self._window_s * 1e6)
             if self._loop is None:
                 self._loop = asyncio.get_running_loop()
             self._next_check = now
@@ -122,6 +130,7 @@ class BusyPoll:
 
     def close(self) -> None:
         self._off = True
+        HINT.until = 0.0
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -130,12 +139,16 @@ class BusyPoll:
         now = time.monotonic()
         if now >= self._until:
             self._handle = None  # the loop sleeps in its next poll; a request soon after the last opens it again
+            HINT.until = 0.0
             return
         assert self._loop is not None
         if now >= self._next_check and self._cpus_all_wanted(now):
-            # the loop sleeps until I/O or this timer: the CPU goes to whoever was waiting for it
+            # the loop sleeps until I/O or this timer: the CPU goes to whoever was waiting for it (workers
+            # too: they are not asked to poll meanwhile)
+            HINT.until = 0.0
             self._handle = self._loop.call_later(_LOAD_BACKOFF_S, self._pass)
             return
+        HINT.until = self._until
         self.passes += 1
         os.sched_yield()  # a runnable process on this CPU goes first
         self._handle = self._loop.call_soon(self._pass)
@@ -143,7 +156,8 @@ class BusyPoll:
     def _cpus_all_wanted(self, now: float) -> bool:
         self._next_check = now + _LOAD_CHECK_S
         try:
-            busy = runnable_processes() > self._cpus  # this process counts itself
+            # this process counts itself, and a worker polling at its request counts as its own
+            busy = runnable_processes() > self._cpus + HINT.worker_may_poll(now)
         except (OSError, ValueError, IndexError):
             log.warning("cannot read /proc/loadavg: busy polling is off from now on")
             self._off = True

@@ -50,11 +50,12 @@ class Packed:
     # an ExecuteColumns instead of `items`: (request ids, inputs (name, datatype, shape), client ids, outputs)
     columns: tuple[list[int], list[tuple[str, str, list[int]]], list[str], list[str]] | None = None
 
-    def header(self, batch_id: int) -> bytes:
-        """The Execute (or ExecuteColumns) header frame of this batch; `frames` follow it."""
+    def header(self, batch_id: int, poll_us: int = 0) -> bytes:
+        """The Execute (or ExecuteColumns) header frame of this batch; `frames` follow it. `poll_us`: how
+        long the worker polls for its next message once this batch is answered (0: it sleeps)."""
         if self.columns is None:
-            return m.execute_header(batch_id, self.items, self.forget)
-        return m.execute_columns_header(batch_id, *self.columns, self.forget)
+            return m.execute_header(batch_id, self.items, self.forget, poll_us)
+        return m.execute_columns_header(batch_id, *self.columns, self.forget, poll_us)
 
 
 def request_item(request_id: int, req: InferRequest, inputs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from inferd.supervisor.inference.types import InferRequest
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import results
+from . import poll_hint, results
 from .outputs import WorkerOutputs
 from .packing import InputPacker, release_leases
 from .results import BatchResult
@@ -148,7 +148,7 @@ class BatchPipeline:
         if streams:
             self.streams.add(streams)
         try:
-            self._send([packed.header(batch_id), *packed.frames], hold)
+            self._send([packed.header(batch_id, poll_hint.poll_us()), *packed.frames], hold)
         except InferdError:
             self._batches.pop(batch_id, None)
             release_leases(leases)

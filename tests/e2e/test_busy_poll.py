@@ -69,3 +69,28 @@ def test_default_window_is_quiet_at_rest(server_factory):
     time.sleep(1.0)
     spent = cpu_seconds(default.pid) - before
     assert spent < 0.3, f"the idle server spent {spent:.2f} s of CPU in 1 s"
+
+
+def workers_cpu(pid: int) -> float:
+    return sum(cpu_seconds(child.pid) for child in psutil.Process(pid).children(recursive=True))
+
+
+def test_workers_poll_with_the_loop_then_go_quiet(server_factory):
+    """Requests one at a time open the loop's window, and each Execute sent meanwhile asks its worker to
+    poll for the next one too: once it has answered, the worker spends CPU waiting (instead of sleeping)
+    until the window has passed, then none. (A long window: CPU time is counted in 10 ms ticks.)"""
+    window_s = 0.4
+    polled = server_factory(["add_sub"], inferd_args=["--busy-poll-us", str(int(window_s * 1e6))])
+    a = np.ones(16, dtype=np.float32)
+    client = polled.http_client()
+    for _ in range(5):  # back to back: the window is open when the last ones are sent
+        client.infer("add_sub", add_sub_inputs(HttpInput, a, a))
+    before = workers_cpu(polled.pid)
+    time.sleep(window_s / 2)  # within the window after the last answer
+    polling = workers_cpu(polled.pid) - before
+    time.sleep(window_s)
+    before = workers_cpu(polled.pid)
+    time.sleep(1.0)
+    resting = workers_cpu(polled.pid) - before
+    assert polling > 0.02, f"the worker spent {polling * 1e3:.0f} ms of CPU in half its window"
+    assert resting < 0.1, f"the idle worker spent {resting:.2f} s of CPU in 1 s"

@@ -53,9 +53,9 @@ async def test_gpu_worker_with_an_unopenable_client_handle(env, monkeypatch):
     sent: list[list[str]] = []
     real_header = m.execute_header  # what instances/packing.py writes the Execute with
 
-    def spy(batch_id, items, forget):
+    def spy(batch_id, items, forget, poll_us=0):
         sent.append(list(forget))
-        return real_header(batch_id, items, forget)
+        return real_header(batch_id, items, forget, poll_us)
 
     monkeypatch.setattr(m, "execute_header", spy)
     result = await asyncio.wait_for(inst.execute([request("sleep", [0.0, 1.0])]), 30)  # carries the forget

@@ -63,7 +63,7 @@ class _Instance:
                                     python_version="%d.%d.%d" % sys.version_info[:3],
                                     numpy_version=_numpy_version(), zmq_version=zmq.pyzmq_version()))
             runtime = Runtime(self.channel, int(self.boot.get("log_verbose") or 0), _log,
-                              backend_factory=lambda name: FunctionBackend(self.model, self.func))
+                              backend_factory=lambda name: FunctionBackend(self.model, self.func), polls=False)
             runtime.run()
         except ProtocolError as exc:
             if not self.killed and not self.host.closed:

@@ -224,7 +224,7 @@ def _execute_fast(header: dict[str, Any]) -> Optional[Execute]:
     Checked and built in one pass, the common shapes (an item of the four fields `request_item` always
     writes, an input in a data frame) told by one key-set comparison each: None may leave `header` half
     changed, and `decode_header` parses the frame again for `_build`."""
-    if header.keys() != _EXECUTE_KEYS:
+    if header.keys() != _EXECUTE_KEYS or type(header["poll_us"]) is not int:
         return None
     items = header["requests"]
     if type(items) is not list:
@@ -364,7 +364,7 @@ def decode_execute_result_columns(header: dict[str, Any]) -> Optional[ExecuteRes
 
 _EXECUTE_COLUMNS_KEYS = frozenset(_field_names(ExecuteColumns))
 _EXECUTE_COLUMNS_REQUIRED = _required(ExecuteColumns)
-_EXECUTE_COLUMNS_LISTS = tuple(sorted(_EXECUTE_COLUMNS_KEYS - _EXECUTE_COLUMNS_REQUIRED))  # default_factory=list
+_EXECUTE_COLUMNS_LISTS = tuple(sorted(_EXECUTE_COLUMNS_KEYS - _EXECUTE_COLUMNS_REQUIRED - {"poll_us"}))  # default []
 
 
 def _execute_columns_fast(header: dict[str, Any]) -> Optional[ExecuteColumns]:
@@ -377,6 +377,8 @@ def _execute_columns_fast(header: dict[str, Any]) -> Optional[ExecuteColumns]:
     for name in _EXECUTE_COLUMNS_LISTS:
         if name not in header:
             header[name] = []
+    if type(header.setdefault("poll_us", 0)) is not int:
+        return None
     message = _new(ExecuteColumns)
     message.__dict__ = header
     return message

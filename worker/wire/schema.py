@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-WIRE_VERSION = 5  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
+WIRE_VERSION = 6  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
 # 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device;
-# 5: LogSettings
+# 5: LogSettings; 6: Execute/ExecuteColumns.poll_us
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -187,6 +187,9 @@ class Execute:
     requests: list[RequestItem]
     # shm regions the supervisor has unlinked since the last Execute: unmap them if cached
     forget_regions: list[str] = field(default_factory=list)
+    # > 0: once this batch is answered, poll for the next message for up to this many µs instead of sleeping
+    # (the supervisor polls too: requests come one at a time; supervisor/core/busy_poll.py)
+    poll_us: int = 0
 
 
 @dataclass
@@ -201,6 +204,7 @@ class ExecuteColumns:
     ids: list[str] = field(default_factory=list)
     requested_outputs: list[str] = field(default_factory=list)
     forget_regions: list[str] = field(default_factory=list)
+    poll_us: int = 0  # as Execute's
 
 
 @dataclass

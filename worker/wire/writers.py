@@ -88,15 +88,17 @@ def request_item(request_id: int, id: str, inputs: list[dict[str, Any]], request
     return item
 
 
-def execute_header(batch_id: int, items: list[dict[str, Any]], forget_regions: list[str]) -> bytes:
+def execute_header(batch_id: int, items: list[dict[str, Any]], forget_regions: list[str], poll_us: int = 0) -> bytes:
     """The header frame of an Execute; `items` from `request_item`."""
-    return _dumpb({"batch_id": batch_id, "requests": items, "forget_regions": forget_regions, "t": "execute"})
+    return _dumpb({"batch_id": batch_id, "requests": items, "forget_regions": forget_regions, "poll_us": poll_us,
+                   "t": "execute"})
 
 
 def execute_columns_header(batch_id: int, request_ids: list[int], inputs: Sequence[tuple[str, str, Sequence[int]]],
-                           ids: list[str], requested_outputs: list[str], forget_regions: list[str]) -> bytes:
+                           ids: list[str], requested_outputs: list[str], forget_regions: list[str],
+                           poll_us: int = 0) -> bytes:
     """The header frame of an ExecuteColumns whose input i (name, datatype, shape) is data frame i; `ids`
-    all "" and `requested_outputs` empty are left out (their defaults)."""
+    all "", `requested_outputs` empty and `poll_us` 0 are left out (their defaults)."""
     header: dict[str, Any] = {
         "batch_id": batch_id, "request_ids": request_ids,
         "inputs": [{"name": name, "datatype": datatype, "shape": list(shape), "frame": i}
@@ -106,6 +108,8 @@ def execute_columns_header(batch_id: int, request_ids: list[int], inputs: Sequen
     if requested_outputs:
         header["requested_outputs"] = requested_outputs
     header["forget_regions"] = forget_regions
+    if poll_us:
+        header["poll_us"] = poll_us
     header["t"] = "execute_columns"
     return _dumpb(header)
 

@@ -198,3 +198,22 @@ def test_other_messages_are_read_as_decode_reads_them(raw):
         return
     message, data = results.read(frames)
     assert type(message) is type(expected) and message == expected and list(data) == [b"1234"]
+
+
+def test_poll_us_reaches_the_worker_in_both_execute_forms():
+    """An Execute's `poll_us` (the worker polls for its next message once it has answered) is read alike by
+    the fast decoders and the generic one; left out of an ExecuteColumns it is 0; one that is not a number
+    is left to the generic decoder, which keeps it as it is (the worker's runtime refuses it)."""
+    item = request_item(1, InferRequest("m"), [m.tensor_ref("IN", "FP32", (2,), "frame", 0, "", 0, 8)])
+    for poll_us in (0, 250):
+        fast, _ = m.decode([Frame(m.execute_header(3, [item], [], poll_us))])
+        assert fast.poll_us == poll_us
+        assert fast == m.decode([Frame(m.encode(fast)[0])])[0]
+        header = m.execute_columns_header(4, [1, 2], [("IN", "FP32", [1, 2])], ["", ""], [], [], poll_us)
+        assert ("poll_us" in json.loads(header)) == bool(poll_us)
+        columns, _ = m.decode([Frame(header)])
+        assert columns.poll_us == poll_us and columns.ids == [] and columns.forget_regions == []
+        assert columns == m.decode([Frame(m.encode(columns)[0])])[0]
+    bad = json.loads(m.execute_header(3, [item], [], 5))
+    bad["poll_us"] = "soon"
+    assert m.decode([Frame(json.dumps(bad).encode())])[0].poll_us == "soon"

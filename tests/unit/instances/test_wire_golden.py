@@ -1,6 +1,6 @@
 """Golden bytes: the wire encoding of every supervisor<->worker message, pinned (docs/worker-protocol.md).
 
-The literals were produced by the encoders as of WIRE_VERSION 5. A change here is a wire change: it
+The literals were produced by the encoders as of WIRE_VERSION 6. A change here is a wire change: it
 needs a WIRE_VERSION bump and a docs update, never a silent edit. Covers the generic encoder for every
 message type (ExecuteResult and StreamResponse through the worker's writers, and without them), the
 supervisor's hot-path Execute / ExecuteColumns headers (fields at their default left out, loc "cuda" refs
@@ -103,7 +103,7 @@ def _fast():
 
 
 GOLDEN = {
-    'hello': b'{"wire_version":5,"pid":1234,"instance_name":"m_0","python_version":"3.9.18","numpy_version":"1.26.4","zmq_version":"25.1.2","t":"hello"}',
+    'hello': b'{"wire_version":6,"pid":1234,"instance_name":"m_0","python_version":"3.9.18","numpy_version":"1.26.4","zmq_version":"25.1.2","t":"hello"}',
     'autocomplete_result': b'{"config_json":"{\\"name\\":\\"m\\"}","error":null,"t":"autocomplete_result"}',
     'autocomplete_result_error': b'{"config_json":"","error":{"code":3,"message":"bad \\"input\\" \\u2603"},"t":"autocomplete_result"}',
     'load_result': b'{"error":null,"backend":"python","t":"load_result"}',
@@ -115,8 +115,8 @@ GOLDEN = {
     'bye': b'{"error":{"code":3,"message":"bad \\"input\\" \\u2603"},"t":"bye"}',
     'autocomplete': b'{"model_name":"m","model_dir":"/repo/m","version":"1","config_json":"{}","backend":"python","t":"autocomplete"}',
     'load_model': b'{"model_name":"m","model_dir":"/repo/m","version":"1","config_json":"{\\"name\\":\\"m\\"}","backend":"python","instance_name":"m_0","instance_kind":"GPU","device_id":1,"t":"load_model"}',
-    'execute': b'{"batch_id":9,"requests":[{"request_id":11,"id":"req-\\u00e9","inputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""},{"name":"BIG","datatype":"UINT8","shape":[131072],"loc":"shm","frame":-1,"region":"inferd_7_3","offset":4096,"nbytes":131072,"device":0,"owner":""},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":256,"nbytes":8,"device":1,"owner":"client:r\\u00e9gion"}],"requested_outputs":["OUT","OUT2"],"parameters":"{\\"p\\":1}","correlation_id":"seq-1","flags":3,"timeout_us":500,"device_outputs":true,"trace":"42"},{"request_id":12,"id":"","inputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""}],"requested_outputs":[],"parameters":"{}","correlation_id":0,"flags":0,"timeout_us":0,"device_outputs":false,"trace":""}],"forget_regions":["inferd_1_9"],"t":"execute"}',
-    'execute_columns': b'{"batch_id":10,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0}],"ids":["a","b"],"requested_outputs":["OUT"],"forget_regions":["inferd_1_1"],"t":"execute_columns"}',
+    'execute': b'{"batch_id":9,"requests":[{"request_id":11,"id":"req-\\u00e9","inputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""},{"name":"BIG","datatype":"UINT8","shape":[131072],"loc":"shm","frame":-1,"region":"inferd_7_3","offset":4096,"nbytes":131072,"device":0,"owner":""},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":256,"nbytes":8,"device":1,"owner":"client:r\\u00e9gion"}],"requested_outputs":["OUT","OUT2"],"parameters":"{\\"p\\":1}","correlation_id":"seq-1","flags":3,"timeout_us":500,"device_outputs":true,"trace":"42"},{"request_id":12,"id":"","inputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""}],"requested_outputs":[],"parameters":"{}","correlation_id":0,"flags":0,"timeout_us":0,"device_outputs":false,"trace":""}],"forget_regions":["inferd_1_9"],"poll_us":0,"t":"execute"}',
+    'execute_columns': b'{"batch_id":10,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0}],"ids":["a","b"],"requested_outputs":["OUT"],"forget_regions":["inferd_1_1"],"poll_us":0,"t":"execute_columns"}',
     'cancel': b'{"request_ids":[1,2],"t":"cancel"}',
     'release_outputs': b'{"regions":["inferd_2_1"],"device":["abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab:256"],"t":"release_outputs"}',
     'shutdown': b'{"t":"shutdown"}',
@@ -133,8 +133,8 @@ GOLDEN = {
 }
 
 GOLDEN_FAST = {
-    'sup_execute': b'{"batch_id":7,"requests":[{"request_id":11,"id":"abc","inputs":[{"name":"IN","datatype":"FP32","shape":[2],"frame":0,"offset":0,"nbytes":8},{"name":"S","datatype":"UINT8","shape":[131072],"loc":"shm","frame":-1,"region":"inferd_7_3","offset":64,"nbytes":131072},{"name":"BIG","datatype":"INT8","shape":[1048576],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":0,"nbytes":1048576,"device":1,"owner":"p_0"}],"requested_outputs":["OUT"],"parameters":"{\\"p\\": 1}","correlation_id":"seq-1","flags":3,"timeout_us":5,"device_outputs":true,"trace":"42"},{"request_id":12,"id":"","inputs":[{"name":"IN","datatype":"FP32","shape":[2],"frame":0,"offset":0,"nbytes":8}],"requested_outputs":[]}],"forget_regions":["inferd_1_9"],"t":"execute"}',
-    'sup_execute_utf8': b'{"batch_id":3,"requests":[{"request_id":1,"id":"r\xc3\xa9q \\"1\\"","inputs":[{"name":"\xc3\xa9","datatype":"BYTES","shape":[],"frame":1,"offset":0,"nbytes":0}],"requested_outputs":["\xe2\x98\x83"],"correlation_id":9223372036854775808}],"forget_regions":[],"t":"execute"}',  # UTF-8 as is (orjson's way)
+    'sup_execute': b'{"batch_id":7,"requests":[{"request_id":11,"id":"abc","inputs":[{"name":"IN","datatype":"FP32","shape":[2],"frame":0,"offset":0,"nbytes":8},{"name":"S","datatype":"UINT8","shape":[131072],"loc":"shm","frame":-1,"region":"inferd_7_3","offset":64,"nbytes":131072},{"name":"BIG","datatype":"INT8","shape":[1048576],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":0,"nbytes":1048576,"device":1,"owner":"p_0"}],"requested_outputs":["OUT"],"parameters":"{\\"p\\": 1}","correlation_id":"seq-1","flags":3,"timeout_us":5,"device_outputs":true,"trace":"42"},{"request_id":12,"id":"","inputs":[{"name":"IN","datatype":"FP32","shape":[2],"frame":0,"offset":0,"nbytes":8}],"requested_outputs":[]}],"forget_regions":["inferd_1_9"],"poll_us":0,"t":"execute"}',
+    'sup_execute_utf8': b'{"batch_id":3,"requests":[{"request_id":1,"id":"r\xc3\xa9q \\"1\\"","inputs":[{"name":"\xc3\xa9","datatype":"BYTES","shape":[],"frame":1,"offset":0,"nbytes":0}],"requested_outputs":["\xe2\x98\x83"],"correlation_id":9223372036854775808}],"forget_regions":[],"poll_us":0,"t":"execute"}',  # UTF-8 as is (orjson's way)
     'sup_execute_columns_plain': b'{"batch_id":8,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0},{"name":"Y","datatype":"FP64","shape":[],"frame":1}],"forget_regions":[],"t":"execute_columns"}',
     'sup_execute_columns': b'{"batch_id":8,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0}],"ids":["a","b"],"requested_outputs":["OUT"],"forget_regions":["inferd_1_1"],"t":"execute_columns"}',
     'wrk_execute_result': b'{"batch_id":9,"responses":[{"request_id":11,"outputs":[{"name":"OUT","datatype":"FP32","shape":[1,4],"frame":0,"offset":16,"nbytes":16},{"name":"OUT\\u00e9","datatype":"BYTES","shape":[2],"frame":1,"offset":0,"nbytes":12},{"name":"BIG","datatype":"UINT8","shape":[131072],"loc":"shm","region":"inferd_3_1","offset":0,"nbytes":131072},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","region":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd","offset":512,"nbytes":8,"device":1,"owner":"m_0"}],"parameters":{"k":"v"}},{"request_id":12,"outputs":[],"error":{"code":13,"message":"no \\"way\\""}}],"compute_input_ns":1,"compute_infer_ns":2,"compute_output_ns":3,"t":"execute_result"}',
@@ -146,7 +146,7 @@ GOLDEN_FAST = {
 
 
 def test_wire_version_is_pinned():
-    assert m.WIRE_VERSION == 5
+    assert m.WIRE_VERSION == 6
 
 
 def test_every_message_type_has_a_golden():
