@@ -308,6 +308,15 @@ def test_main_loop_wait_is_not_woken_when_the_supervisor_reads(tmp_path):
     listener.close()
 
 
+def _steady(router) -> tuple:
+    """The router and a dealer that has read one message (the link in its steady state: recv_one's path)."""
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 1 << 20)
+    sock.send_multipart([b"w", b"first"])
+    assert [bytes(f) for f in dealer.recv_one()] == [b"first"]
+    return sock, dealer
+
+
 def _recv_one_timed(dealer: DealerSocket, after_s: float, send) -> tuple[list, float]:
     """recv_one in this thread while another sends after `after_s`: (frames, this thread's CPU seconds)."""
     timer = threading.Timer(after_s, send)
@@ -322,10 +331,7 @@ def _recv_one_timed(dealer: DealerSocket, after_s: float, send) -> tuple[list, f
 def test_poll_next_polls_for_the_next_message_then_sleeps_again(router):
     """Asked to (an Execute's poll_us), the next recv_one reads as soon as a message is there instead of
     sleeping in poll(): it spends CPU while it waits. The one after sleeps as before."""
-    sock, endpoint = router
-    dealer = DealerSocket(endpoint, b"w", 1 << 20)
-    sock.send_multipart([b"w", b"first"])
-    assert [bytes(f) for f in dealer.recv_one()] == [b"first"]  # (the link in its steady state)
+    sock, dealer = _steady(router)
 
     dealer.poll_next(5_000_000)  # more than the most: capped at MAX_POLL_US (1 s)
     got, polling_cpu = _recv_one_timed(dealer, 0.2, lambda: sock.send_multipart([b"w", b"polled"]))
@@ -337,10 +343,7 @@ def test_poll_next_polls_for_the_next_message_then_sleeps_again(router):
 
 
 def test_a_poll_that_ends_without_a_message_sleeps_until_one_comes(router):
-    sock, endpoint = router
-    dealer = DealerSocket(endpoint, b"w", 1 << 20)
-    sock.send_multipart([b"w", b"first"])
-    dealer.recv_one()
+    sock, dealer = _steady(router)
     dealer.poll_next(20_000)  # 20 ms, then poll()
     got, cpu = _recv_one_timed(dealer, 0.3, lambda: sock.send_multipart([b"w", b"late"]))
     assert [bytes(f) for f in got] == [b"late"]
@@ -349,10 +352,7 @@ def test_a_poll_that_ends_without_a_message_sleeps_until_one_comes(router):
 
 
 def test_the_supervisor_closing_during_a_poll_is_a_closed_link(router):
-    sock, endpoint = router
-    dealer = DealerSocket(endpoint, b"w", 1 << 20)
-    sock.send_multipart([b"w", b"first"])
-    dealer.recv_one()
+    sock, dealer = _steady(router)
     dealer.poll_next(1_000_000)
     timer = threading.Timer(0.05, sock.close, args=(0,))
     timer.start()
