@@ -10,10 +10,9 @@ their messages come from one place.
 
 from __future__ import annotations
 
-from array import array
 from typing import Any, Protocol
 
-from inferd.supervisor.inference.tensors import ARRAY_CODES, INT64_MAX, MAX_DIMS
+from inferd.supervisor.inference.tensors import ARRAY_CODES, INT64_MAX, MAX_DIMS, pack_plain
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 from inferd.worker.wire.dtypes import BY_NAME
 
@@ -29,32 +28,8 @@ class Limits(Protocol):
     def max_name_len(self) -> int: ...
 
 _DOC_KEYS = frozenset(("id", "inputs", "outputs"))
-_INT = {int}
-_NUMBER = frozenset((float, int))
-_FLOAT = {float}
-_EXACT_INT = 1 << 53  # ints up to this size convert to a float exactly (tensors.pack_plain's rule)
-_EXACT_LO = -_EXACT_INT
 # datatype -> (array typecode, item size, whether a float type) for the numeric types the array module packs
 PLAIN = {name: (code, BY_NAME[name].itemsize, code in "fd") for name, code in ARRAY_CODES.items()}
-
-
-def pack_numbers(data: list[Any], code: str, is_float: bool) -> bytes | None:
-    """`data` packed with the array module (typecode `code`) when that gives exactly numpy's bytes
-    (tensors.pack_plain's rule): only floats, or ints exact as floats, for FP32/FP64; only ints, in range,
-    for the integer types; else None (the general parser's case)."""
-    types = set(map(type, data))
-    if types == _INT:
-        if is_float and not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
-            return None
-    elif types == _FLOAT:
-        if not is_float:
-            return None
-    elif not is_float or not types <= _NUMBER or not _EXACT_LO <= min(data) <= max(data) <= _EXACT_INT:
-        return None
-    try:
-        return array(code, data).tobytes()
-    except OverflowError:  # out of range for an integer type
-        return None
 
 
 def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> ParsedInfer | None:
@@ -87,10 +62,10 @@ def parse_plain(model: str, version: str, doc: dict[str, Any], lim: Limits) -> P
             if type(d) is not int or d < 0:
                 return None
             count *= d
-        code, itemsize, is_float = plain
+        code, itemsize, _ = plain
         if count != len(data) or count * itemsize > INT64_MAX:
             return None
-        packed = pack_numbers(data, code, is_float)
+        packed = pack_plain(code, data)
         if packed is None:
             return None
         tensors.append(Tensor(name, datatype, shape, packed, {}))

@@ -20,9 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from inferd.supervisor.inference.tensors import pack_plain
 from inferd.supervisor.inference.types import InferRequest, RequestedOutput, Tensor
 
-from .json_request import PLAIN, pack_numbers
+from .json_request import PLAIN
 from .parsed import OutputPlan, ParsedInfer
 
 MAX_BODY = 4096  # longer bodies are parsed every time
@@ -69,7 +70,7 @@ class JsonTemplate:
                     # FP32's range (array makes it inf: parse_plain's way does) raise
                     packed = pack(*data)
                 else:  # ints that may not be exact as floats are checked as parse_plain checks them
-                    checked = pack_numbers(data, code, is_float) if len(data) == count else None
+                    checked = pack_plain(code, data) if len(data) == count else None
                     if checked is None:
                         return None
                     packed = checked
