@@ -12,19 +12,11 @@ from typing import Any
 
 import pytest
 from inferd.supervisor.http_api import json_template
-from inferd.supervisor.http_api.codec import InferCodec, ParsedInfer
+from inferd.supervisor.http_api.codec import InferCodec
 from inferd.worker.wire.errors import InferdError
 
 from .fake_dataplane import FakeDataPlane
-
-
-def _fields(p: ParsedInfer) -> tuple[Any, ...]:
-    r = p.request
-    return (r.model_name, r.model_version, r.id,
-            [(t.name, t.datatype, list(t.shape), bytes(t.data), t.parameters, t.shm_ref) for t in r.inputs],
-            [(o.name, o.parameters) for o in r.outputs], r.parameters, r.correlation_id, r.flags, r.priority,
-            r.timeout_us, r.device_outputs, p.binary_default,
-            {k: (v.binary, v.shm) for k, v in p.plans.items()})
+from .parsed_fields import parsed_fields as _fields
 
 
 def _outcome(codec: InferCodec, body: bytes) -> Any:
