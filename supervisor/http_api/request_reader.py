@@ -175,25 +175,26 @@ class RequestReader(ConnectionState):
     def on_message_complete(self) -> None:
         self._completed += 1
         parser = self._parser
-        read, self._read = self._read, None
-        if read is not None and self._learns:
-            self._keep_head(read)
-        elif self._head is not None and not parser.should_keep_alive():
-            self._head = None
         url = self._url
         target = _TARGETS.get(url)
         if target is None:
             target = self._target()
             if len(_TARGETS) < _CACHE_MAX and len(url) <= 256:
                 _TARGETS[url] = target
+        method = parser.get_method()
+        method_name = _METHODS.get(method) or method.decode("latin-1")
+        read, self._read = self._read, None
+        if read is not None and self._learns:
+            self._keep_head(read, method_name, target)
+        elif self._head is not None and not parser.should_keep_alive():
+            self._head = None
         body = self._body
         if body is None:
             body = b""
         elif self._blen != len(body):
             body = memoryview(body)[: self._blen]
-        method = parser.get_method()
         req = _new_request(Request)  # Request's fields set here: a frame less per request than Request(...)
-        req.method = _METHODS.get(method) or method.decode("latin-1")
+        req.method = method_name
         req.path, req.query = target
         req.headers = self._headers
         req.body = body
@@ -207,10 +208,11 @@ class RequestReader(ConnectionState):
 
     _learns = True  # (KeepCaseConnection: its raw headers come from the parser)
 
-    def _keep_head(self, read: bytes) -> None:
-        """`read` began at this request's start: keep the request's head if the read was all of it and it
-        may be read again without the parser (see the module's docstring). Else the head kept before
-        stays, unless this request ends the connection (no keep-alive: the parser refuses what follows)."""
+    def _keep_head(self, read: bytes, method: str, target: tuple[str, str]) -> None:
+        """`read` began at this request's start: keep the request's head (its `method` and `target` as
+        on_message_complete read them) if the read was all of it and it may be read again without the
+        parser (see the module's docstring). Else the head kept before stays, unless this request ends the
+        connection (no keep-alive: the parser refuses what follows)."""
         parser = self._parser
         if not parser.should_keep_alive():
             self._head = None
@@ -222,10 +224,8 @@ class RequestReader(ConnectionState):
                 or read.find(b"\r\n\r\n") != end - 4 or read.count(b"\n", 0, end) != read.count(b"\r\n", 0, end)
                 or "expect" in headers or "transfer-encoding" in headers or "upgrade" in headers):
             return
-        method = parser.get_method()
-        path, query = _TARGETS.get(self._url) or self._target()
         self._head = read[:end]
-        self._head_parsed = (_METHODS.get(method) or method.decode("latin-1"), path, query, headers.copy(), blen)
+        self._head_parsed = (method, *target, headers.copy(), blen)
 
     def _again(self, data: bytes, start: int) -> None:
         """A request whose head is the one kept (`_keep_head`) and its body, read without the parser."""
