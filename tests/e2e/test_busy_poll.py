@@ -78,16 +78,22 @@ def workers_cpu(pid: int) -> float:
 def test_workers_poll_with_the_loop_then_go_quiet(server_factory):
     """Requests one at a time open the loop's window, and each Execute sent meanwhile asks its worker to
     poll for the next one too: once it has answered, the worker spends CPU waiting (instead of sleeping)
-    until the window has passed, then none. (A long window: CPU time is counted in 10 ms ticks.)"""
+    until the window has passed, then none. (A long window: CPU time is counted in 10 ms ticks.) The loop
+    rightly stops asking while more processes are runnable than there are CPUs, which a busy test machine
+    may be at that moment: the burst is tried up to five times, and one of them must show the polling."""
     window_s = 0.4
     polled = server_factory(["add_sub"], inferd_args=["--busy-poll-us", str(int(window_s * 1e6))])
     a = np.ones(16, dtype=np.float32)
     client = polled.http_client()
-    for _ in range(5):  # back to back: the window is open when the last ones are sent
-        client.infer("add_sub", add_sub_inputs(HttpInput, a, a))
-    before = workers_cpu(polled.pid)
-    time.sleep(window_s / 2)  # within the window after the last answer
-    polling = workers_cpu(polled.pid) - before
+    polling = 0.0
+    for _attempt in range(5):
+        for _ in range(5):  # back to back: the window is open when the last ones are sent
+            client.infer("add_sub", add_sub_inputs(HttpInput, a, a))
+        before = workers_cpu(polled.pid)
+        time.sleep(window_s / 2)  # within the window after the last answer
+        polling = workers_cpu(polled.pid) - before
+        if polling > 0.02:
+            break
     time.sleep(window_s)
     before = workers_cpu(polled.pid)
     time.sleep(1.0)
