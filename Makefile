@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PORT_ARGS ?=
 REPO ?= examples
 
-.PHONY: run test lint protos bench venv clean test-all test-gpu azurite
+.PHONY: run test lint protos bench venv clean test-all test-gpu azurite fuzz
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ test-gpu: venv protos
 
 bench: venv protos
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+# coverage-guided fuzzing (atheris), FUZZ_SECONDS per target; FUZZ_TARGETS picks some (fuzz/README.md)
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: venv protos
+	$(BIN)/python fuzz/run.py --seconds $(FUZZ_SECONDS) $(FUZZ_ARGS) $(FUZZ_TARGETS)
 
 clean:
 	rm -rf $(VENV) supervisor/_gen build dist *.egg-info
