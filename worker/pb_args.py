@@ -70,3 +70,25 @@ def correlation_id(value: Any) -> Any:
     except TypeError:
         return None
     return number if UINT64[0] <= number <= UINT64[1] else None
+
+
+class Missing:
+    """The default of an argument python_backend declares without one (pybind11 then requires it)."""
+
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+REQUIRED: Any = Missing()
+
+
+def incompatible(function: str, signature: str, args: tuple = (), kwargs: dict | None = None) -> TypeError:
+    """The TypeError pybind11 raises when no overload takes the arguments, worded as python_backend's
+    bindings word it (`signature` is the one overload, e.g. "(message: str) -> None")."""
+    kind = "constructor" if function == "__init__" else "function"
+    shown = ", ".join(repr(a) for a in args)
+    if kwargs:
+        shown += ("; " if shown else "") + "kwargs: " + ", ".join("%s=%r" % kv for kv in kwargs.items()
+                                                                     if kv[1] is not REQUIRED)
+    return TypeError("%s(): incompatible %s arguments. The following argument types are supported:\n    1. %s\n\n"
+                     "Invoked with: %s" % (function, kind, signature, shown))

@@ -11,6 +11,7 @@ Runs on Python 3.9+ with numpy only (+ inferd.worker.wire).
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
@@ -175,6 +176,9 @@ class _DLPackCapsule:
         return (1, 0)
 
 
+_TENSOR_SIGNATURE = "triton_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
+
+
 class Tensor:
     """`Tensor(name, numpy_array)`: a named tensor in host memory, or (from `from_dlpack` with a CUDA
     tensor, or an input that a GPU produced when FORCE_CPU_ONLY_INPUT_TENSORS is "no") in device
@@ -190,11 +194,17 @@ class Tensor:
                 self._array = numpy_array
                 self._datatype = datatype
                 return
+        if not isinstance(name, (str, bytes, bytearray)) or not isinstance(numpy_array, np.ndarray):
+            # python_backend's binding takes (str, numpy.ndarray) only: None, lists, scalars and device
+            # tensors are a TypeError there (a GPU tensor goes through Tensor.from_dlpack)
+            error = _args.incompatible("__init__", _TENSOR_SIGNATURE, (name, numpy_array))
+            if _device.is_device_object(numpy_array):
+                error.args = (error.args[0] + "\n(use Tensor.from_dlpack for a GPU tensor)",)
+            raise error
         name = _args.text(name, "Tensor name")
-        if not isinstance(numpy_array, np.ndarray) and _device.is_device_object(numpy_array):
-            raise TritonModelException(
-                "Tensor '%s': pb_utils.Tensor takes a numpy array; use Tensor.from_dlpack for a GPU tensor" % name)
-        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        array = numpy_array
         datatype = _datatype_of(array)
         if datatype == "BF16":
             array = array.view(_BF16_STORAGE)
@@ -337,6 +347,10 @@ def _parameters_json(parameters: Any) -> str:
             raise TritonModelException(
                 "Expect parameters values to have type bool/int/str, found type %s" % type(value)
             )
+        if type(value) is not bool and isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:
+            # Triton keeps an int parameter as int64 (and refuses the response otherwise); the supervisor's
+            # reader would take a longer one for a float (fuzz/targets/wire_codec.py)
+            raise TritonModelException("parameter '%s': %d does not fit in int64" % (key, value))
     return json.dumps(parameters)
 
 
@@ -379,14 +393,22 @@ class PreferredMemory:
         self.preferred_device_id = preferred_device_id
 
 
+_RESPONSE_SIGNATURE = ("triton_python_backend_utils.InferenceResponse(output_tensors: List[Tensor] = [], "
+                       "error: TritonError = None, parameters: object = None)")
+_REQUEST_SIGNATURE = (
+    "triton_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
+    "inputs: List[Tensor], requested_output_names: List[str], model_name: str, model_version: int = -1, "
+    "flags: int = 0, timeout: int = 0, preferred_memory: PreferredMemory = PreferredMemory(), "
+    "trace: InferenceTrace = InferenceTrace(), parameters: object = None)")
+
+
 class InferenceResponse:
     """`InferenceResponse(output_tensors=[], error=None, parameters=None)`."""
 
     __slots__ = ("_outputs", "_error", "_parameters")
 
     def __init__(
-        self, output_tensors: Optional[list[Tensor]] = None, error: Optional[TritonError] = None,
-        parameters: Any = None,
+        self, output_tensors: Any = (), error: Optional[TritonError] = None, parameters: Any = None,
     ) -> None:
         if type(output_tensors) is list and error is None and parameters is None:  # the usual response
             for tensor in output_tensors:
@@ -397,9 +419,10 @@ class InferenceResponse:
                 self._error = None
                 self._parameters = "{}"
                 return
-        outputs = (_tensors(output_tensors, "output_tensors",
-                            "Output tensor for inference response should not be empty.")
-                   if output_tensors is not None else [])
+        if output_tensors is None:  # the binding's default is [], and None is no list
+            raise _args.incompatible("__init__", _RESPONSE_SIGNATURE, kwargs={"output_tensors": None})
+        outputs = _tensors(output_tensors, "output_tensors",
+                           "Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             raise TypeError("error must be a pb_utils.TritonError, found %s" % type(error))
         self._outputs = outputs
@@ -494,9 +517,9 @@ class InferenceRequest:
         self,
         request_id: str = "",
         correlation_id: Any = 0,
-        inputs: Optional[list[Tensor]] = None,
-        requested_output_names: Optional[list[str]] = None,
-        model_name: str = "",
+        inputs: list[Tensor] = _args.REQUIRED,
+        requested_output_names: list[str] = _args.REQUIRED,
+        model_name: str = _args.REQUIRED,
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
@@ -504,17 +527,23 @@ class InferenceRequest:
         trace: Optional[InferenceTrace] = None,
         parameters: Any = None,
     ) -> None:
-        # every argument taken as python_backend's bindings take it (inferd/worker/pb_args.py)
+        # every argument taken as python_backend's bindings take it (inferd/worker/pb_args.py): inputs,
+        # requested_output_names and model_name are required, and only `parameters` may be None
+        given = (request_id, correlation_id, inputs, requested_output_names, model_name, model_version, flags,
+                 timeout)
+        if any(value is None or value is _args.REQUIRED for value in given):
+            raise _args.incompatible("__init__", _REQUEST_SIGNATURE, kwargs={
+                "request_id": request_id, "correlation_id": correlation_id, "inputs": inputs,
+                "requested_output_names": requested_output_names, "model_name": model_name,
+                "model_version": model_version, "flags": flags, "timeout": timeout})
         self._request_id = _args.text(request_id, "request_id")
         self._correlation_id = _args.correlation_id(correlation_id)
         if self._correlation_id is None:
             raise TritonModelException("Correlation ID must be integer or string")
         self._model_name = _args.text(model_name, "model_name")
         self._inputs = _tensors(inputs, "inputs", "Input tensor for request with id '%s' and model name '%s' "
-                                "should not be empty." % (self._request_id, self._model_name)
-                                ) if inputs is not None else []
-        self._requested = (_args.texts(requested_output_names, "requested_output_names")
-                           if requested_output_names is not None else [])
+                                "should not be empty." % (self._request_id, self._model_name))
+        self._requested = _args.texts(requested_output_names, "requested_output_names")
         if "" in self._requested:
             raise TritonModelException("Requested output name for request with id '%s' and model name '%s' "
                                        "should not be empty." % (self._request_id, self._model_name))
@@ -809,35 +838,59 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
 # ---- logging -----------------------------------------------------------------------------------
 
 
-class Logger:
-    """Triton-style log lines on stderr (which the supervisor gathers into the server log)."""
+class LogLevel(enum.IntEnum):
+    """`pb_utils.Logger.LogLevel`: Logger.log takes one of these, never a plain int (as python_backend)."""
 
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
 
+
+def _log_message(message: Any, function: str, signature: str, args: tuple) -> str:
+    if isinstance(message, str):
+        return message
+    if isinstance(message, (bytes, bytearray)):  # Triton's std::string: the text, not b'...'
+        return bytes(message).decode("utf-8", "replace")
+    raise _args.incompatible(function, signature, args)
+
+
+_LOG_SIGNATURE = "(message: str, level: triton_python_backend_utils.Logger.LogLevel = <LogLevel.INFO: 0>) -> None"
+
+
+class Logger:
+    """Triton-style log lines on stderr (which the supervisor gathers into the server log)."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
+
     _LETTER = {0: "I", 1: "W", 2: "E", 3: "I"}
 
     @staticmethod
-    def log(message: Any, level: int = 0) -> None:
-        Logger._emit(message, level, 2)
+    def log(message: Any, level: LogLevel = LogLevel.INFO) -> None:
+        if not isinstance(level, LogLevel):
+            raise _args.incompatible("log", _LOG_SIGNATURE, (message, level))
+        Logger._emit(_log_message(message, "log", _LOG_SIGNATURE, (message, level)), level, 2)
 
     @staticmethod
     def log_info(message: Any) -> None:
-        Logger._emit(message, Logger.INFO, 2)
+        Logger._emit(_log_message(message, "log_info", "(message: str) -> None", (message,)), Logger.INFO, 2)
 
     @staticmethod
     def log_warn(message: Any) -> None:
-        Logger._emit(message, Logger.WARNING, 2)
+        Logger._emit(_log_message(message, "log_warn", "(message: str) -> None", (message,)), Logger.WARNING, 2)
 
     @staticmethod
     def log_error(message: Any) -> None:
-        Logger._emit(message, Logger.ERROR, 2)
+        Logger._emit(_log_message(message, "log_error", "(message: str) -> None", (message,)), Logger.ERROR, 2)
 
     @staticmethod
     def log_verbose(message: Any) -> None:
-        Logger._emit(message, Logger.VERBOSE, 2)
+        Logger._emit(_log_message(message, "log_verbose", "(message: str) -> None", (message,)),
+                     Logger.VERBOSE, 2)
 
     @staticmethod
     def _emit(message: Any, level: int, depth: int) -> None:

@@ -15,7 +15,7 @@ FINAL = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 def streaming_request():
     sent = []
-    req = pb.InferenceRequest()
+    req = pb.InferenceRequest(inputs=[], requested_output_names=[], model_name="m")
     req._stream = lambda response, final: sent.append((response, final))
     return req, sent
 
@@ -49,7 +49,7 @@ def test_send_rules_and_messages():
 
 
 def test_non_decoupled_sender_rules():
-    req = pb.InferenceRequest()
+    req = pb.InferenceRequest(inputs=[], requested_output_names=[], model_name="m")
     sender = req.get_response_sender()
     with pytest.raises(pb.TritonModelException, match="cannot send complete final before sending a response"):
         sender.send(flags=FINAL)

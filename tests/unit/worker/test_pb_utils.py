@@ -25,7 +25,8 @@ def test_tensor_basics():
     assert s.triton_dtype() == 13
     assert pb.Tensor("U", np.array(["x"])).triton_dtype() == 13
     assert pb.Tensor("B", np.array([True])).triton_dtype() == 1
-    assert pb.Tensor("L", [1, 2, 3]).as_numpy().tolist() == [1, 2, 3]
+    with pytest.raises(TypeError, match=r"incompatible constructor arguments"):  # as python_backend: ndarray only
+        pb.Tensor("L", [1, 2, 3])
     with pytest.raises(pb.TritonModelException):
         pb.Tensor("C", np.zeros(2, np.complex64))
     with pytest.raises(pb.TritonModelException):
@@ -146,7 +147,7 @@ def test_request_surface():
 
 
 def test_response_sender_one_response():
-    req = pb.InferenceRequest()
+    req = pb.InferenceRequest(inputs=[], requested_output_names=[], model_name="m")
     sender = req.get_response_sender()
     assert req.get_response_sender() is sender
     sender.send(pb.InferenceResponse())
