@@ -117,6 +117,8 @@ class ServerConfig:
     argv: tuple[str, ...] = ()  # the command line this config was parsed from (frontend processes parse it too)
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs
     env_cache_max_bytes: int = 20 << 30  # LRU eviction of environments no loaded model uses beyond this
+    env_unpack_max_bytes: int = 16 << 30  # one environment's files (and its tarball) may take at most this
+    env_unpack_max_members: int = 500_000  # and hold at most this many members
     # cloud repositories (s3://, gs://, as://): their credentials (None when no repository is a URL),
     # where models are copied, and the connect/read timeout of each storage request
     cloud_credentials: cloud_credentials.CloudCredentials | None = None

@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
     p.add_argument("--env-cache-max-gb", type=float, default=20.0,
                    help="evict least recently used environments no loaded model uses beyond this size")
+    p.add_argument("--env-unpack-max-gb", type=float, default=16.0,
+                   help="refuse an environment tarball larger than this or whose files add up to more")
+    p.add_argument("--env-unpack-max-files", type=int, default=500_000,
+                   help="refuse an environment tarball with more members than this")
     p.add_argument("--cloud-cache-dir", default="",
                    help="where models of cloud repositories are copied (default: ~/.cache/inferd/models)")
     p.add_argument("--cloud-timeout-secs", type=float, default=60.0,
@@ -273,6 +277,8 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         errors.append("--model-load-retry-count must not be negative")
     if not args.metrics_interval_ms > 0:
         errors.append("--metrics-interval-ms must be greater than 0")
+    if not args.env_unpack_max_gb > 0 or args.env_unpack_max_files < 1:
+        errors.append("--env-unpack-max-gb and --env-unpack-max-files must be greater than 0")
     fake = environ.get(TEST_ONLY_FAKE_GPUS_ENV, "").strip()
     if fake and not (fake.isdigit() or fake.lower() == "error"):
         errors.append(f"{TEST_ONLY_FAKE_GPUS_ENV}={fake}: expected a number of GPUs or 'error' (tests only)")
@@ -413,6 +419,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),
         env_cache_max_bytes=int(args.env_cache_max_gb * (1 << 30)),
+        env_unpack_max_bytes=int(args.env_unpack_max_gb * (1 << 30)),
+        env_unpack_max_members=args.env_unpack_max_files,
         cloud_credentials=creds,
         cloud_cache_dir=os.path.abspath(os.path.expanduser(args.cloud_cache_dir)) if args.cloud_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "models"),

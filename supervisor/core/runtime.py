@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .. import rundir
 from ..config import ServerConfig
-from ..envs import EnvironmentManager
+from ..envs import EnvironmentManager, EnvLimits
 from ..instances.channel import Channel
 from ..instances.external import HostLink
 from ..instances.launcher import Launcher
@@ -39,7 +39,8 @@ class Runtime:
         channel = Channel(config.run_dir)
         channel.open()
         envs = EnvironmentManager(config.env_cache_dir or os.path.expanduser("~/.cache/inferd/envs"),
-                                  max_bytes=config.env_cache_max_bytes)
+                                  max_bytes=config.env_cache_max_bytes,
+                                  limits=EnvLimits(config.env_unpack_max_bytes, config.env_unpack_max_members))
         launcher = Launcher(config.run_dir, env_overrides=overrides)
         return cls(config.run_dir, config.owns_run_dir, channel, launcher, ShmPool(), ClientShm(), envs)
 

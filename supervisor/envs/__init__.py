@@ -4,6 +4,7 @@
 probed environment in the cache) that the launcher starts workers in.
 """
 
+from .extract import Limits as EnvLimits
 from .manager import EnvError, EnvironmentManager, ExecEnv, default_cache_dir
 
-__all__ = ["EnvError", "EnvironmentManager", "ExecEnv", "default_cache_dir"]
+__all__ = ["EnvError", "EnvLimits", "EnvironmentManager", "ExecEnv", "default_cache_dir"]

@@ -20,15 +20,17 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from . import unpack
+from .extract import Limits, extract_safely, human_bytes, open_tarball
 from .unpack import EnvError
 
 log = logging.getLogger("inferd.envs")
@@ -92,11 +94,18 @@ def read_marker(path: str) -> dict[str, Any] | None:
         return None
 
 
-def sha256_file(path: str) -> str:
+def sha256_file(f: IO[bytes], size: int, timeout_s: float, what: str) -> str:
+    """SHA-256 of the first `size` bytes of `f` (its fstat size: a file still growing is not read on
+    forever), refused when reading takes longer than `timeout_s`."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
+    deadline = time.monotonic() + timeout_s
+    left = size
+    while left > 0 and (chunk := f.read(min(left, 1 << 20))):
+        h.update(chunk)
+        left -= len(chunk)
+        if time.monotonic() > deadline:
+            raise EnvError("reading environment tarball %s took longer than %.0fs (%s of %s read)"
+                           % (what, timeout_s, human_bytes(size - left), human_bytes(size)))
     return h.hexdigest()
 
 
@@ -122,9 +131,12 @@ def _pids_using(roots: list[str]) -> set[str]:
 class EnvironmentManager:
     def __init__(self, cache_dir: str, *, max_bytes: int = 20 << 30, workers: int = 2,
                  conda_unpack_timeout_s: float = 120.0, probe_timeout_s: float = 60.0,
-                 base_env: Mapping[str, str] | None = None) -> None:
+                 base_env: Mapping[str, str] | None = None, limits: Limits | None = None,
+                 hash_timeout_s: float = 600.0) -> None:
         self.cache_dir = os.path.abspath(cache_dir)
         self.max_bytes = max_bytes
+        self.limits = limits or Limits()  # on each unpacked environment (and its tarball's size)
+        self.hash_timeout_s = hash_timeout_s
         self.conda_unpack_timeout_s = conda_unpack_timeout_s
         self.probe_timeout_s = probe_timeout_s
         self._base_env = dict(os.environ if base_env is None else base_env)
@@ -158,9 +170,11 @@ class EnvironmentManager:
             raise EnvError("EXECUTION_ENV_PATH %s does not exist" % path) from None
         except OSError as exc:
             raise EnvError("EXECUTION_ENV_PATH %s cannot be read: %s" % (path, exc.strerror)) from None
-        if os.path.isdir(path):
+        if stat.S_ISDIR(st.st_mode):
             return self._directory_env(path, st)
-        return self._tarball_env(path, st)
+        # a regular file only: a FIFO or a device would block or never end, and hold an executor thread
+        with open_tarball(path, self.limits) as f:
+            return self._tarball_env(path, f)
 
     # ---- directory envs: used in place, probed once per (path, mtime) ----
     def _directory_env(self, path: str, st: os.stat_result) -> ExecEnv:
@@ -175,13 +189,13 @@ class EnvironmentManager:
         return ExecEnv(path, "", path, info, {"probe": time.monotonic() - t0})
 
     # ---- tarballs: content-addressed cache ----
-    def _hash(self, path: str, st: os.stat_result) -> str:
+    def _hash(self, path: str, f: IO[bytes], st: os.stat_result) -> str:
         memo = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             digest = self._hashes.get(memo)
         if digest is None:
             try:
-                digest = sha256_file(path)
+                digest = sha256_file(f, st.st_size, self.hash_timeout_s, path)
             except OSError as exc:
                 raise EnvError("cannot read environment tarball %s: %s" % (path, exc.strerror)) from None
             with self._lock:
@@ -192,9 +206,9 @@ class EnvironmentManager:
         base = os.path.join(self.cache_dir, key)
         return base, base + MARKER_SUFFIX, base + LOCK_SUFFIX
 
-    def _tarball_env(self, path: str, st: os.stat_result) -> ExecEnv:
+    def _tarball_env(self, path: str, f: IO[bytes]) -> ExecEnv:
         t0 = time.monotonic()
-        digest = self._hash(path, st)
+        digest = self._hash(path, f, os.fstat(f.fileno()))
         key = digest[:KEY_LEN]
         root, marker, lock = self._paths(key)
         seconds = {"hash": time.monotonic() - t0}
@@ -211,7 +225,7 @@ class EnvironmentManager:
         with _flock(lock, fcntl.LOCK_EX):
             info = read_marker(marker)
             if info is None or not os.path.isdir(root):
-                info = self._build(path, digest, root, marker, seconds)
+                info = self._build(path, f, digest, root, marker, seconds)
             else:
                 os.utime(marker)
         seconds["total"] = time.monotonic() - t0
@@ -221,7 +235,8 @@ class EnvironmentManager:
             self.evict()
         return ExecEnv(root, key, path, info, seconds)
 
-    def _build(self, path: str, digest: str, root: str, marker: str, seconds: dict[str, float]) -> dict[str, Any]:
+    def _build(self, path: str, f: IO[bytes], digest: str, root: str, marker: str,
+               seconds: dict[str, float]) -> dict[str, Any]:
         """Under the key's exclusive lock: extract, rename into place, relocate, probe, mark ready."""
         unpack.remove_tree(root)  # leftovers of a crash between rename and marker
         tmp_base = os.path.join(self.cache_dir, TMP_DIR)
@@ -229,7 +244,8 @@ class EnvironmentManager:
         tmp = tempfile.mkdtemp(prefix=digest[:8] + "-", dir=tmp_base)
         try:
             t = time.monotonic()
-            unpack.extract_safely(path, tmp)
+            f.seek(0)  # the file that was hashed, not whatever the path names now
+            extract_safely(path, tmp, self.limits, fileobj=f)
             seconds["extract"] = time.monotonic() - t
             top = unpack.find_root(tmp)
             unpack.env_python(top, path)  # refuse before renaming a tree without an interpreter
@@ -250,8 +266,8 @@ class EnvironmentManager:
         info.update({"sha256": digest, "source": path, "bytes": unpack.tree_bytes(root),
                      "created": time.time(), "seconds": {k: round(v, 3) for k, v in seconds.items()}})
         tmp_marker = "%s.%d.tmp" % (marker, os.getpid())
-        with open(tmp_marker, "w") as f:
-            json.dump(info, f, indent=1)
+        with open(tmp_marker, "w") as out:
+            json.dump(info, out, indent=1)
         os.replace(tmp_marker, marker)
         return info
 

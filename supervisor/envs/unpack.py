@@ -1,21 +1,22 @@
-"""Safe extraction of an environment tarball, then relocation (conda-unpack) and a probe of its Python.
+"""An unpacked environment: its root, relocation (conda-unpack) and a probe of its Python (the extraction
+itself is extract.py's).
 
 Every function here is blocking: the manager runs them in its bounded executor.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import posixpath
 import shutil
 import subprocess
-import tarfile
-import zlib
 from collections.abc import Mapping
 
-from inferd.worker.wire.errors import ErrorCode, InferdError
+from .errors import EnvError
+from .extract import Limits, extract_safely
+
+__all__ = ["EnvError", "Limits", "extract_safely", "find_root", "base_env", "env_python", "conda_unpack", "probe",
+           "tree_bytes", "remove_tree"]
 
 MIN_PYTHON = (3, 9)
 
@@ -33,74 +34,6 @@ for mod, key in (("numpy", "numpy"), ("zmq", "pyzmq")):
         out[key + "_error"] = "%s: %s" % (type(exc).__name__, exc)
 sys.stdout.write(json.dumps(out))
 """
-
-
-class EnvError(InferdError):
-    """An environment that cannot be used; the message names the cause and the path."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.INVALID_ARG, message)
-
-
-def _unsafe_reason(member: tarfile.TarInfo) -> str | None:
-    name = member.name
-    if name.startswith("/") or posixpath.isabs(name):
-        return "absolute path %r" % name
-    parts = name.split("/")
-    if ".." in parts:
-        return "path %r leaves the environment ('..')" % name
-    if member.isdev() or member.isfifo():
-        return "device or fifo %r" % name
-    if member.issym():
-        target = member.linkname
-        if posixpath.isabs(target):
-            return "symlink %r points to the absolute path %r" % (name, target)
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-        if resolved == ".." or resolved.startswith("../"):
-            return "symlink %r -> %r leaves the environment" % (name, target)
-    if member.islnk():
-        target = member.linkname
-        if posixpath.isabs(target) or ".." in target.split("/"):
-            return "hard link %r -> %r leaves the environment" % (name, target)
-    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
-        return "unsupported member type for %r" % name
-    return None
-
-
-def _venv_hint(names: set[str]) -> str:
-    if "pyvenv.cfg" in names:
-        return (" (this looks like a venv-pack tarball: a venv is not self-contained, its python is a link "
-                "to the interpreter it was created from; build the environment with conda-pack instead)")
-    return ""
-
-
-def extract_safely(tarball: str, dest: str) -> None:
-    """Pre-scan every member (refusing absolute paths, '..', escaping links, devices), then extract
-    with tarfile's `data` filter into `dest` (a fresh directory). Raises EnvError; `dest` may then
-    hold a partial tree that the caller removes."""
-    try:
-        with tarfile.open(tarball, "r:*") as tar:
-            members = tar.getmembers()  # reads the whole stream: a truncated file fails here
-            names = {m.name.lstrip("./") for m in members}
-            for member in members:
-                reason = _unsafe_reason(member)
-                if reason is not None:
-                    raise EnvError("refusing environment tarball %s: %s%s" % (tarball, reason, _venv_hint(names)))
-            tar.extractall(dest, members=members, filter="data")
-    except EnvError:
-        raise
-    except tarfile.FilterError as exc:
-        raise EnvError("refusing environment tarball %s: %s" % (tarball, exc)) from None
-    except (tarfile.TarError, EOFError, zlib.error) as exc:
-        raise EnvError("environment tarball %s is corrupt or truncated: %s: %s"
-                       % (tarball, type(exc).__name__, exc)) from None
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise EnvError("no space left on device while unpacking environment %s into %s: %s"
-                           % (tarball, os.path.dirname(dest), exc.strerror)) from None
-        if exc.filename == tarball:
-            raise EnvError("cannot read environment tarball %s: %s" % (tarball, exc.strerror)) from None
-        raise EnvError("unpacking environment %s failed: %s" % (tarball, exc)) from None
 
 
 def find_root(extracted: str) -> str:
