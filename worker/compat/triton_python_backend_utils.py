@@ -870,7 +870,7 @@ class Logger:
     _LETTER = {0: "I", 1: "W", 2: "E", 3: "I"}
 
     @staticmethod
-    def log(message: Any, level: LogLevel = LogLevel.INFO) -> None:
+    def log(message: Any, level: Any = LogLevel.INFO) -> None:
         if not isinstance(level, LogLevel):
             raise _args.incompatible("log", _LOG_SIGNATURE, (message, level))
         Logger._emit(_log_message(message, "log", _LOG_SIGNATURE, (message, level)), level, 2)
