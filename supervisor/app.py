@@ -261,6 +261,10 @@ class App:
                 from .grpc_api import frontend as grpc_frontend
 
                 self._servers.append(await grpc_frontend.start(dataplane, cfg))
+        if cfg.openai.port:  # the OpenAI API, in this process whatever the frontend count (openai_api/)
+            from .openai_api import frontend as openai_frontend
+
+            self._servers.append(await openai_frontend.start(dataplane, cfg))
         if cfg.allow_metrics:
             from .http_api import frontend as http_frontend
 

@@ -48,6 +48,27 @@ class GrpcKeepalive:
     max_connection_age_grace_ms: int = 0
 
 
+# API groups --openai-restricted-api names (Triton's OpenAI frontend; "embedding" as its README has it)
+OPENAI_RESTRICTABLE = ("inference", "embedding", "model-repository", "metrics", "health")
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """The OpenAI-compatible API (--openai-port and the flags of Triton's OpenAI frontend; docs/openai.md)."""
+
+    port: int = 0  # 0: not served
+    address: str = "0.0.0.0"
+    tokenizer: str = ""  # local directory or tokenizer.json for every model without its own ("" = none)
+    backend: str = ""  # "" (per model: vllm for backend "vllm", else TensorRT-LLM style) | vllm | tensorrtllm
+    lora_separator: str = ""
+    tool_call_parser: str = ""  # "" | llama3 | mistral
+    chat_template: str = ""  # a Jinja file that replaces the tokenizers' own chat templates
+    default_max_tokens: int = 16
+    max_tool_call_parse_bytes: int = 128 * 1024  # a streamed auto tool call longer than this ends ("length")
+    # API group -> (header, value), from --openai-restricted-api
+    restricted: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     model_repositories: tuple[str, ...]
@@ -133,4 +154,5 @@ class ServerConfig:
     test_only_fake_gpus: str = ""
     notify_socket: str = ""  # $NOTIFY_SOCKET (systemd Type=notify): READY=1 and STOPPING=1 go there
     host_fd: int = -1  # --host-fd: link to the process hosting 'external' models (instances/external.py)
+    openai: OpenAIOptions = field(default_factory=OpenAIOptions)  # --openai-port (openai_api/)
     inert_flags: tuple[str, ...] = ()  # tritonserver flags given that change nothing here (logged at start)

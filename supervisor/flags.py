@@ -15,7 +15,15 @@ from dataclasses import replace
 
 from . import access, rundir, triton_flags
 from .cache import parse_cache_config
-from .config import RESTRICTABLE, TEST_ONLY_FAKE_GPUS_ENV, GrpcKeepalive, ServerConfig, WorkerTimings
+from .config import (
+    OPENAI_RESTRICTABLE,
+    RESTRICTABLE,
+    TEST_ONLY_FAKE_GPUS_ENV,
+    GrpcKeepalive,
+    OpenAIOptions,
+    ServerConfig,
+    WorkerTimings,
+)
 from .core.busy_poll import cpu_quota, default_window_us
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository.cloud import credentials as cloud_credentials
@@ -174,8 +182,74 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-fd", type=int, default=-1,
                    help="inherited Unix socket to the process that hosts the 'external' backend's models (the "
                         "Python API, inferd.pytriton); its EOF shuts the server down")
+    _add_openai(p)
     triton_flags.add_to(p)
     return p
+
+
+def _add_openai(p: argparse.ArgumentParser) -> None:
+    """The flags of Triton's OpenAI frontend (python/openai), served by this process (openai_api/)."""
+    g = p.add_argument_group("OpenAI-compatible API (docs/openai.md)")
+    g.add_argument("--openai-port", type=int, default=0,
+                   help="serve the OpenAI API on this port (Triton's frontend uses 9000; 0: off)")
+    g.add_argument("--openai-address", default="0.0.0.0")
+    g.add_argument("--tokenizer", default="",
+                   help="local directory (or tokenizer.json) of the tokenizer for chat templates and token counts; "
+                        "a model's config parameter 'tokenizer' overrides it. Nothing is downloaded")
+    g.add_argument("--openai-backend", choices=("vllm", "tensorrtllm"), default=None,
+                   help="the input convention for every model (Triton's --backend); default: vllm for models of "
+                        "backend 'vllm', TensorRT-LLM style tensors for the others")
+    g.add_argument("--lora-separator", default="",
+                   help="a LoRA adapter may follow the model name after this separator (model<sep>lora)")
+    g.add_argument("--tool-call-parser", choices=("llama3", "mistral"), default=None,
+                   help="how tool calls are read from the model's text (needed for tools with tool_choice auto)")
+    g.add_argument("--max-tool-call-parse-bytes", type=int, default=128 * 1024,
+                   help="a streamed automatic tool call longer than this ends with finish_reason 'length'")
+    g.add_argument("--chat-template", default="",
+                   help="a Jinja chat template file used instead of the tokenizers' own")
+    g.add_argument("--default-max-tokens", type=int, default=16,
+                   help="max_tokens of a request that sets none")
+    g.add_argument("--openai-restricted-api", action="append", nargs="+", default=[],
+                   metavar="APIS KEY VALUE",
+                   help="'<api>[,<api>...] <header> <value>' (one argument or three): these API groups (inference, "
+                        "embedding, model-repository, metrics, health) answer only requests carrying the header "
+                        "with that value; repeatable")
+
+
+def parse_openai_restrictions(values: list[list[str]]) -> dict[str, tuple[str, str]]:
+    """--openai-restricted-api values, each '<apis> <key> <value>' as one argument or three, as Triton's
+    OpenAI frontend reads them; ValueError with its messages."""
+    restricted: dict[str, tuple[str, str]] = {}
+    for given in values:
+        parts = given[0].split() if len(given) == 1 else list(given)
+        if len(parts) != 3 or not all(parts):
+            raise ValueError(f"--openai-restricted-api {' '.join(given)!r}: expected '<apis> <header> <value>'")
+        apis, key, value = parts
+        for api in apis.split(","):
+            if api not in OPENAI_RESTRICTABLE:
+                raise ValueError(f"--openai-restricted-api: Unknown API '{api}'. "
+                                 f"Available APIs: {list(OPENAI_RESTRICTABLE)}")
+            if api in restricted:
+                raise ValueError(f"--openai-restricted-api: restricted api '{api}' can not be specified in "
+                                 "multiple config groups")
+            restricted[api] = (key, value)
+    return restricted
+
+
+def _openai_errors(args: argparse.Namespace) -> list[str]:
+    errors = []
+    if not 0 <= args.openai_port <= 65535:
+        errors.append("--openai-port must be between 0 and 65535")
+    if args.tokenizer and not os.path.exists(args.tokenizer):
+        errors.append(f"--tokenizer {args.tokenizer}: no such file or directory (inferd reads tokenizers from local "
+                      "files only: download it first, e.g. `hf download <id> --include '*.json' --local-dir DIR`)")
+    if args.chat_template and not os.path.isfile(args.chat_template):
+        errors.append(f"--chat-template {args.chat_template}: no such file")
+    if args.default_max_tokens < 0:
+        errors.append("--default-max-tokens must not be negative")
+    if args.max_tool_call_parse_bytes <= 0:
+        errors.append("--max-tool-call-parse-bytes must be greater than 0")
+    return errors
 
 
 def parse_restrictions(values: list[str], flag: str, categories: tuple[str, ...]) -> dict[str, tuple[str, str]]:
@@ -290,6 +364,7 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         errors.append(f"--frontend-processes must be between 1 and {MAX_FRONTEND_PROCESSES}")
     if args.busy_poll_us is not None and not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
+    errors += _openai_errors(args)
     return errors
 
 
@@ -313,6 +388,11 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api", RESTRICTABLE)
         grpc_restricted = parse_restrictions(args.grpc_restricted_protocol, "--grpc-restricted-protocol",
                                              RESTRICTABLE)
+    except ValueError as exc:
+        errors.append(str(exc))
+    openai_restricted: dict[str, tuple[str, str]] = {}
+    try:
+        openai_restricted = parse_openai_restrictions(args.openai_restricted_api)
     except ValueError as exc:
         errors.append(str(exc))
     metrics_latency, metrics_notes = LatencyMetricsConfig(), list[str]()
@@ -430,4 +510,16 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         cuda_device_order=env.get("CUDA_DEVICE_ORDER"),
         test_only_fake_gpus=env.get(TEST_ONLY_FAKE_GPUS_ENV, "").strip(),
         notify_socket=env.get("NOTIFY_SOCKET", ""),
+        openai=OpenAIOptions(
+            port=args.openai_port,
+            address=args.openai_address,
+            tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",
+            backend=args.openai_backend or "",
+            lora_separator=args.lora_separator,
+            tool_call_parser=args.tool_call_parser or "",
+            chat_template=os.path.abspath(args.chat_template) if args.chat_template else "",
+            default_max_tokens=args.default_max_tokens,
+            max_tool_call_parse_bytes=args.max_tool_call_parse_bytes,
+            restricted=openai_restricted,
+        ),
     )
