@@ -111,6 +111,9 @@ class BlsService:
         caller.waiting += 1
         try:
             request = self._request(caller, msg, data, worker)
+            if not self.dataplane.model_ready(msg.model_name, msg.model_version):  # python_backend asks first, too
+                raise InferdError(ErrorCode.INTERNAL, "Failed for execute the inference request. Model '%s' is "
+                                  "not ready." % msg.model_name)
             self._check_deadlock(identity, request)
             if msg.decoupled:
                 await self._stream(identity, caller, msg, request)

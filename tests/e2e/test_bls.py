@@ -73,6 +73,27 @@ class TritonPythonModel:
             y[: len(got)] = got
             y[15] = len(got)
             return pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)])
+        if mode == "reiterate":  # Triton's qa bls test_response_iterator: counts seen by each way of iterating
+            n = int(x[0])
+            replies = call("decoupled_repeat", [pb_utils.Tensor("IN", np.array([n], np.int32))],
+                           ["OUT"]).exec(decoupled=True)
+            counts = [1 if next(replies) is not None else 0, len(list(replies))]  # next(), then the rest
+            counts += [len(list(replies)), len(list(replies))]  # finished: each `for` sees every response
+            seen = 0
+            for _ in replies:
+                seen += 1
+                if seen == 2:
+                    break
+            next(replies)
+            counts += [len(list(replies))]  # the rest after a break and a next()
+            try:
+                next(replies)
+                counts.append(-1)
+            except StopIteration:
+                counts.append(0)
+            y = np.zeros(16, np.float32)
+            y[: len(counts)] = counts
+            return pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)])
         if mode == "timeout":
             resp = call("sleep", [pb_utils.Tensor("INPUT0", np.array([3.0], np.float32))], ["OUTPUT0"],
                         timeout=200000).exec()
@@ -184,8 +205,16 @@ def test_decoupled_iteration(server):
     assert y[15] == 0
 
 
+def test_a_finished_response_iterator_iterates_again(server):
+    """4 responses then a flag-only final: 5 in all; iterated again, python_backend's iterator yields
+    them all again; after a break and a next(), the rest; exhausted, next() raises StopIteration."""
+    y = _call(server, "reiterate", np.full(16, 4, dtype=np.float32))
+    assert y[:6].tolist() == [1, 4, 5, 5, 2, 0]
+
+
 def test_callee_errors_reach_the_caller(server):
-    assert "callee: Request for unknown model: 'no_such_model' is not found" in _error(server, "missing")
+    # python_backend's wording for a callee that is unknown or not ready (Triton's qa bls test_bls_sync)
+    assert "Failed for execute the inference request. Model 'no_such_model' is not ready." in _error(server, "missing")
     assert "missing required input(s) ['INPUT0']" in _error(server, "bad_input")
     np.testing.assert_array_equal(_call(server, "sync"), np.arange(16, dtype=np.float32) * 2)  # still serving
 

@@ -722,8 +722,10 @@ class InferenceRequest:
 
         client = _bls()
         call_id, call = self._send_bls(decoupled)
-        if decoupled:
-            return _ResponseIterator(client, call_id, call, self._timeout)
+        if decoupled:  # the first response is awaited here, off the loop: a plain `for` then rarely blocks it
+            iterator = _ResponseIterator(client, call_id, call, self._timeout)
+            await asyncio.get_running_loop().run_in_executor(None, iterator._first)
+            return iterator
         try:
             reply = await asyncio.wait_for(asyncio.wrap_future(call.future), _wait_s(self._timeout))
         except asyncio.TimeoutError:
@@ -735,15 +737,20 @@ class InferenceRequest:
 
 class _ResponseIterator:
     """`exec(decoupled=True)`: responses as they arrive; the last one is final (possibly empty, as
-    Triton's). Dropping the iterator early cancels the request."""
+    Triton's). Dropping the iterator early cancels the request. As python_backend's, it keeps what it
+    received: once the final response came, iterating it again yields every response again."""
 
     def __init__(self, client: Any, call_id: int, call: Any, timeout_us: int) -> None:
         self._client = client
         self._call_id = call_id
         self._replies = client.stream(call, _wait_s(timeout_us))
         self._finished = False
+        self._responses: list[InferenceResponse] = []
+        self._next = 0  # index in _responses of the next one to yield
 
     def __iter__(self) -> _ResponseIterator:
+        if self._finished and self._next >= len(self._responses):
+            self._next = 0
         return self
 
     def cancel(self) -> None:
@@ -753,13 +760,21 @@ class _ResponseIterator:
             self._client.cancel(self._call_id)
 
     def __next__(self) -> InferenceResponse:
-        if self._finished:
+        if self._next < len(self._responses):
+            self._next += 1
+            return self._responses[self._next - 1]
+        if self._finished or not self._receive():
             raise StopIteration
+        self._next += 1
+        return self._responses[-1]
+
+    def _receive(self) -> bool:
+        """Wait for the next response and keep it; False: the stream had ended."""
         try:
             reply = next(self._replies)
         except StopIteration:
             self._finished = True
-            raise
+            return False
         except TritonModelException:
             self._finished = True
             raise
@@ -767,10 +782,18 @@ class _ResponseIterator:
             self._finished = True
             self._client.cancel(self._call_id)
             self._client.forget(self._call_id)
-            return InferenceResponse(error=TritonError(str(getattr(exc, "message", exc)), TritonError.UNAVAILABLE))
+            self._responses.append(
+                InferenceResponse(error=TritonError(str(getattr(exc, "message", exc)), TritonError.UNAVAILABLE)))
+            return True
         if reply.final:
             self._finished = True
-        return _to_response(reply)
+        self._responses.append(_to_response(reply))
+        return True
+
+    def _first(self) -> None:
+        """Wait for the first response (async_exec runs this off the event loop, as python_backend)."""
+        if not self._responses and not self._finished:
+            self._receive()
 
     def __del__(self) -> None:
         if not self._finished:
