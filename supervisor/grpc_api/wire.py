@@ -90,9 +90,11 @@ def _span(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     return pos, stop
 
 
-def _parameter(buf: bytes, pos: int, end: int) -> Param:
-    which: str | None = None
-    value: Any = None
+def _parameter(buf: bytes, pos: int, end: int, prev: Param) -> Param:
+    """One InferParameter merged into `prev` (what earlier occurrences of the entry's value gave):
+    protobuf merges repeated occurrences of a message field, so a member set before stays set unless
+    this occurrence sets one (the last member set wins)."""
+    which, value = prev
     while pos < end:
         tag = buf[pos]
         pos += 1
@@ -121,7 +123,8 @@ def _parameter(buf: bytes, pos: int, end: int) -> Param:
 
 
 def _map_entry(buf: bytes, pos: int, end: int, into: Params) -> None:
-    """One map<string, InferParameter> entry; a repeated key replaces the earlier one."""
+    """One map<string, InferParameter> entry; a repeated key replaces the earlier one. Inside the entry the
+    last key wins and repeated values merge, as protobuf parses them."""
     key = ""
     value: Param = (None, None)
     while pos < end:
@@ -131,7 +134,7 @@ def _map_entry(buf: bytes, pos: int, end: int, into: Params) -> None:
         if tag == 0x0A:
             key = buf[a:pos].decode()
         elif tag == 0x12:
-            value = _parameter(buf, a, pos)
+            value = _parameter(buf, a, pos, value)
         else:
             raise _Unusual
     if len(into) >= MAX_PARAMETERS and key not in into:

@@ -172,6 +172,66 @@ def test_hand_made_wire_forms(data: bytes) -> None:
     _same(fast, convert.from_message(pb.ModelInferRequest.FromString(data)))
 
 
+# issue 38 #7: a map entry's `value` (an InferParameter message) given more than once is merged by protobuf:
+# a member set by an earlier occurrence stays unless a later one sets one. The fast parser kept the last
+# occurrence alone, so `value {int64_param: 5} value {}` read as a parameter without a value.
+_K5 = _ld(1, b"k") + _ld(2, b"\x10\x05")
+
+
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [
+        (_ld(4, _K5 + _ld(2, b"")), "request"),  # then an empty value: 5 stays
+        (_ld(4, _ld(1, b"k") + _ld(2, b"\x1a\x01s") + _ld(2, b"")), "request"),  # a string stays too
+        (_ld(4, _ld(2, b"\x10\x05") + _ld(1, b"k") + _ld(2, b"")), "request"),  # the key between them
+        (_ld(4, _K5 + _ld(2, b"\x08\x01") + _ld(2, b"")), "request"),  # the last member set wins, then kept
+        (_ld(5, _ld(1, b"X") + _ld(4, _K5 + _ld(2, b""))), "input"),
+        (_ld(6, _ld(1, b"Y") + _ld(2, _K5 + _ld(2, b""))), "output"),
+    ],
+)
+def test_repeated_parameter_values_merge_like_protobuf(data: bytes, where: str) -> None:
+    want = convert.from_message(pb.ModelInferRequest.FromString(data))
+    fast = wire.parse_request(data)
+    assert fast is not None, "a valid request must take the fast path"
+    _same(fast, want)
+    params = {"request": fast.parameters, "input": fast.inputs[0].parameters if fast.inputs else {},
+              "output": fast.outputs[0].parameters if fast.outputs else {}}[where]
+    assert params["k"][0] is not None, "the merged value keeps the member set before"
+
+
+def test_a_sequence_id_given_in_two_value_occurrences_is_served() -> None:
+    """The request of issue 38 #7 end to end: the server refused it ("expected int64_param or string_param")."""
+    entry = _ld(1, b"sequence_id") + _ld(2, b"\x10\x07") + _ld(2, b"")
+    data = _ld(1, b"m") + _ld(4, entry)
+    parsed = wire.decode_request(data)
+    assert isinstance(parsed, convert.ParsedRequest)
+    req, _ = convert.to_core(parsed, None)  # type: ignore[arg-type]
+    assert req.correlation_id == 7
+
+
+def _entry_bytes(which: str | None, value: Any) -> bytes:
+    """The InferParameter member's wire form (empty for no member)."""
+    msg = pb.InferParameter()
+    if which is not None:
+        setattr(msg, which, value)
+    return msg.SerializeToString()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(names, param_values, st.lists(param_values, max_size=3), st.integers(0, 3)), max_size=5))
+def test_parameter_values_in_several_occurrences_read_like_protobuf(entries: list[Any]) -> None:
+    """Map entries whose value comes in several occurrences (earlier members, empty ones) and whose key may
+    come last: the fast parser reads what protobuf reads."""
+    data = b""
+    for key, (which, value), earlier, empties in entries:
+        body = b"".join(_ld(2, _entry_bytes(w, v)) for w, v in earlier)
+        body += _ld(2, _entry_bytes(which, value)) + _ld(2, b"") * empties
+        data += _ld(4, (body + _ld(1, key.encode())) if empties % 2 else (_ld(1, key.encode()) + body))
+    fast = wire.parse_request(data)
+    assert fast is not None
+    _same(fast, convert.from_message(pb.ModelInferRequest.FromString(data)))
+
+
 @pytest.mark.parametrize(
     "data",
     [
