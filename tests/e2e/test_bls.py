@@ -15,8 +15,9 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 import pipeline_models as pm  # noqa: E402  (tests/ is on sys.path through the root conftest)
+import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
-from conftest import EXAMPLE_MODELS, FIXTURE_MODELS  # noqa: E402
+from conftest import EXAMPLE_MODELS, FIXTURE_MODELS, wait_for  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.inferd_only
@@ -94,6 +95,12 @@ class TritonPythonModel:
             y = np.zeros(16, np.float32)
             y[: len(counts)] = counts
             return pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)])
+        if mode == "timeout_value":  # a large timeout (11000 s in us) reaches the callee's request.timeout()
+            request = call("timeout_probe", [pb_utils.Tensor("X", x)], ["Y"], timeout=11000000000)
+            for resp in (request.exec(), next(request.exec(decoupled=True))):
+                if resp.has_error():
+                    raise pb_utils.TritonModelException(resp.error().message())
+            return pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(resp, "Y")])
         if mode == "timeout":
             resp = call("sleep", [pb_utils.Tensor("INPUT0", np.array([3.0], np.float32))], ["OUTPUT0"],
                         timeout=200000).exec()
@@ -118,6 +125,21 @@ class TritonPythonModel:
             y = np.array([before, after_unload, after_load] + [0] * 13, dtype=np.float32)
             return pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)])
         raise ValueError("unknown mode " + mode)
+'''
+
+TIMEOUT_PROBE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            pb_utils.Logger.log_info(f"Request timeout: {request.timeout()}")  # as Triton's qa model logs it
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", np.full(16, request.timeout() / 1e9,
+                                                                                 np.float32))]))
+        return out
 '''
 
 PIPELINE_BLS = '''
@@ -164,13 +186,18 @@ def server(module_server_factory, tmp_path_factory):
            'input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
            'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
            'instance_group [ { count: 1 kind: KIND_CPU } ]\n')
+    _write(repo, "timeout_probe", TIMEOUT_PROBE, 'name: "timeout_probe"\nbackend: "python"\n'
+           'input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')
     _write(repo, "pipeline_bls", PIPELINE_BLS, f'name: "pipeline_bls"\nbackend: "python"\n'
            f'input [ {{ name: "IMAGE" data_type: TYPE_UINT8 dims: [ {PIXELS} ] }} ]\n'
            f'output [ {{ name: "NORMALIZED" data_type: TYPE_FP32 dims: [ {DIM} ] }}, '
            '{ name: "LABEL" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
     names = ["pipeline", "pipeline_pre", "pipeline_embed", "pipeline_post", "add_sub", "identity_fp32", "sleep",
-             "decoupled_repeat", "bls_caller", "pipeline_bls"]
-    return module_server_factory(repo=repo, control_mode="explicit", load_models=names, wait_ready=names)
+             "decoupled_repeat", "bls_caller", "pipeline_bls", "timeout_probe"]
+    # --log-verbose=1 as Triton's qa bls suite runs (its timeout check greps the log)
+    return module_server_factory(repo=repo, control_mode="explicit", load_models=names, wait_ready=names,
+                                 extra_args=["--log-verbose=1"])
 
 
 def _call(server, mode: str, x: np.ndarray | None = None) -> np.ndarray:
@@ -217,6 +244,26 @@ def test_callee_errors_reach_the_caller(server):
     assert "Failed for execute the inference request. Model 'no_such_model' is not ready." in _error(server, "missing")
     assert "missing required input(s) ['INPUT0']" in _error(server, "bad_input")
     np.testing.assert_array_equal(_call(server, "sync"), np.arange(16, dtype=np.float32) * 2)  # still serving
+
+
+def test_a_large_bls_timeout_reaches_the_callee(server):
+    """Triton's qa bls test_timeout: timeout=11000000000 us is the callee's request.timeout(), which its
+    log line shows (the suite greps the server log for "Request timeout: 11000000000")."""
+    assert _call(server, "timeout_value")[0] == pytest.approx(11.0)
+    wait_for(lambda: "Request timeout: 11000000000" in server.log(), 30, "the callee's log line")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_client_timeout_reaches_the_model(server, protocol):
+    """The request's timeout (tritonclient's `timeout`, in us) is the model's request.timeout()."""
+    mod = httpclient if protocol == "http" else grpcclient
+    client = server.http_client() if protocol == "http" else server.grpc_client()
+    inp = mod.InferInput("X", [16], "FP32")
+    inp.set_data_from_numpy(np.zeros(16, np.float32))
+    y = client.infer("timeout_probe", [inp], timeout=7000000000).as_numpy("Y")
+    assert y[0] == pytest.approx(7.0)
+    wait_for(lambda: "Request timeout: 7000000000" in server.log(), 30, "the model's log line")
+    client.close()
 
 
 def test_timeout_is_enforced(server):
