@@ -6,8 +6,6 @@ Keeping it here leaves ModelManager about lifecycle only.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +18,7 @@ from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
 from ..repository import autocomplete, layout, metadata, normalize, versions
 from ..repository import config as repo_config
-from . import classification
+from . import classification, overrides
 from .load_settings import LoaderSettings
 
 _KIND_NAMES = {0: "CPU", 1: "GPU", 2: "CPU", 3: "MODEL"}  # KIND_AUTO resolves before this point
@@ -39,6 +37,7 @@ class LoadPlan:
     metadata_base: dict[str, Any]
     env: ExecEnv | None = None  # the model's EXECUTION_ENV_PATH environment, resolved once per load
     labels: classification.Labels = field(default_factory=dict)  # outputs' label_filename files, read once
+    override_root: str | None = None  # the directory the load's `file:` parameters were written to (overrides.py)
 
     @property
     def is_ensemble(self) -> bool:
@@ -74,32 +73,30 @@ def list_model_names(settings: LoaderSettings) -> list[str]:
     return settings.repos.list_models().all_names()
 
 
-def _override_source(settings: LoaderSettings, source: layout.ModelSource,
-                     files: dict[str, bytes]) -> layout.ModelSource:
-    """A private copy of the model directory with the load request's files written into it."""
-    base = os.path.join(settings.runtime.run_dir, "overrides")
-    os.makedirs(base, exist_ok=True)
-    root = tempfile.mkdtemp(prefix="load-", dir=base)
-    target = os.path.join(root, source.name)
-    os.makedirs(target)
-    for rel, data in files.items():
-        norm = os.path.normpath(rel)
-        if os.path.isabs(rel) or norm.startswith("..") or "\0" in rel or not norm or norm == ".":
-            shutil.rmtree(root, ignore_errors=True)
-            raise InferdError(ErrorCode.INVALID_ARG,
-                              "file parameter 'file:%s' must be a relative path inside the model directory" % rel)
-        path = os.path.join(target, norm)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    return layout.read_model(root, source.name, settings.model_config_name)
+def discard_override(plan: LoadPlan | None) -> None:
+    """Remove the directory of a plan's `file:` parameters (once no instance runs from it)."""
+    if plan is not None:
+        overrides.discard(plan.override_root)
 
 
 async def plan_load(settings: LoaderSettings, name: str, config_override: str | None,
                     files: dict[str, bytes] | None) -> LoadPlan:
+    """The load's plan; with `files`, a private model directory holding them that the caller owns (and
+    removes with discard_override), except when this raises: then it is gone already."""
     source = await settings.repos.find_model_async(name, settings.model_config_name)
-    if files:
-        source = _override_source(settings, source, files)
+    if not files:
+        return await _plan(settings, name, source, config_override, None)
+    root = overrides.write(settings.runtime.run_dir, source.name, files)
+    try:
+        source = layout.read_model(root, source.name, settings.model_config_name)
+        return await _plan(settings, name, source, config_override, root)
+    except BaseException:
+        overrides.discard(root)
+        raise
+
+
+async def _plan(settings: LoaderSettings, name: str, source: layout.ModelSource, config_override: str | None,
+                override_root: str | None) -> LoadPlan:
     if config_override is not None:
         cfg = repo_config.parse_json_config(config_override)
     else:
@@ -124,7 +121,7 @@ async def plan_load(settings: LoaderSettings, name: str, config_override: str | 
     meta = metadata.model_metadata(cfg, [])
     meta.pop("versions", None)
     labels = classification.load_labels(source.path, config)
-    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env, labels)
+    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env, labels, override_root)
 
 
 def _mentions_auto_complete(model_dir: str, max_bytes: int = 4 << 20) -> bool:

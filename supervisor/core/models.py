@@ -26,7 +26,7 @@ from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
-from . import loader, warmup
+from . import loader, overrides, warmup
 from .load_settings import LoaderSettings
 from .validate import IOSpec
 
@@ -94,6 +94,7 @@ class ModelEntry:
     records: dict[int | None, tuple[str, str]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loaded_once: bool = False
+    override_root: str | None = None  # the `file:` parameters' directory the loaded versions run from
 
 
 class StepRouter(Protocol):
@@ -178,38 +179,56 @@ class ModelManager:
         self.changed()
         async with e.lock:
             started = time.monotonic()
+            plan: loader.LoadPlan | None = None
             try:
                 plan = await loader.plan_load(self.settings, name, config_override, files)
                 ensemble = await self._prepare_ensemble(plan, chain) if plan.is_ensemble else None
-            except InferdError as exc:
+            except BaseException as exc:
+                loader.discard_override(plan)  # a failed ensemble check; plan_load cleans up after itself
+                if not isinstance(exc, InferdError):
+                    raise
                 if exc.code == ErrorCode.NOT_FOUND and not e.versions:
                     self.entries.pop(name, None)  # nothing on disk: no index entry, as Triton
                 else:
                     e.records = {None: (UNAVAILABLE, exc.message)}
                 raise
-            new_versions, failed = await self._start_versions(plan, ensemble)
-            e.records.update((v, (UNAVAILABLE, message)) for v, message in failed.items())
-            errors = list(failed.values())
-            if errors:
-                for mv in new_versions.values():
-                    await self._stop_version(mv, drain_timeout=0)
-                # a failed reload keeps the old versions serving
-                raise InferdError(ErrorCode.INVALID_ARG,
-                                  "failed to load '%s': %s" % (name, "; ".join(errors)))
-            old = e.versions
-            e.versions = new_versions
-            self.changed()
-            e.records = {}
-            e.loaded_once = True
-            elapsed = time.monotonic() - started
+            try:
+                await self._replace_versions(e, plan, ensemble, started)
+            finally:
+                if e.override_root != plan.override_root:  # not adopted: the load failed
+                    loader.discard_override(plan)
+
+    async def _replace_versions(self, e: ModelEntry, plan: loader.LoadPlan, ensemble: Any, started: float) -> None:
+        """Start the plan's versions; once all are ready, swap them in and stop the old ones (and remove the
+        directory of the old ones' `file:` parameters, which no worker uses any more)."""
+        name = plan.name
+        new_versions, failed = await self._start_versions(plan, ensemble)
+        e.records.update((v, (UNAVAILABLE, message)) for v, message in failed.items())
+        errors = list(failed.values())
+        if errors:
             for mv in new_versions.values():
-                mv.load_seconds = elapsed
+                await self._stop_version(mv, drain_timeout=0)
+            # a failed reload keeps the old versions serving
+            raise InferdError(ErrorCode.INVALID_ARG,
+                              "failed to load '%s': %s" % (name, "; ".join(errors)))
+        old, old_root = e.versions, e.override_root
+        e.versions, e.override_root = new_versions, plan.override_root
+        self.changed()
+        e.records = {}
+        e.loaded_once = True
+        elapsed = time.monotonic() - started
+        for mv in new_versions.values():
+            mv.load_seconds = elapsed
+        try:
             for v, mv in old.items():
                 await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
                 if v not in new_versions:
                     self.stats_registry.remove(name, str(v))
-            log.info("successfully loaded '%s' version(s) %s in %.2fs", name,
-                     ",".join(str(v) for v in sorted(new_versions)), elapsed, extra={"model": name})
+        finally:
+            if old_root != e.override_root:
+                overrides.discard(old_root)
+        log.info("successfully loaded '%s' version(s) %s in %.2fs", name,
+                 ",".join(str(v) for v in sorted(new_versions)), elapsed, extra={"model": name})
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload every version; with unload_dependents an ensemble's composing models go too (those no
@@ -230,6 +249,8 @@ class ModelManager:
                 self.stats_registry.remove(name, str(v))
                 e.records[v] = (UNAVAILABLE, "unloaded")
             e.versions = {}
+            overrides.discard(e.override_root)  # its workers have stopped
+            e.override_root = None
             self.changed()
             if not versions and not e.records:  # a failed load keeps its reason, as Triton
                 e.records = {None: (UNAVAILABLE, "unloaded")}
