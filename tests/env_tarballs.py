@@ -1,4 +1,4 @@
-"""Hand-made environment tarballs for the unpacker's tests: ordinary ones and hostile ones."""
+"""Hand-made environment tarballs for the unpacker's tests (tests/unit/envs, tests/execenv): ordinary and hostile."""
 
 from __future__ import annotations
 

@@ -9,10 +9,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from env_tarballs import chain_escape_members, sparse_tarball, tree, write_tar
 from inferd.supervisor.envs import unpack
 from inferd.supervisor.envs.unpack import EnvError
-
-from .tarballs import chain_escape_members, sparse_tarball, tree, write_tar
 
 
 @pytest.fixture
