@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PORT_ARGS ?=
 REPO ?= examples
+# the OpenAI-compatible API beside KServe's (examples/tiny_llm answers it; docs/openai.md); OPENAI_ARGS= turns it off
+OPENAI_ARGS ?= --openai-port 9000 --tool-call-parser llama3
 
 .PHONY: run test lint protos bench venv clean test-all test-gpu azurite fuzz
 
@@ -23,7 +25,7 @@ protos: $(VENV)/.installed
 	$(BIN)/python protos/generate.py
 
 run: venv protos
-	$(BIN)/inferd --model-repository $(REPO) $(PORT_ARGS)
+	$(BIN)/inferd --model-repository $(REPO) $(OPENAI_ARGS) $(PORT_ARGS)
 
 lint: venv protos
 	$(BIN)/ruff check .
