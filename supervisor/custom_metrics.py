@@ -1,8 +1,9 @@
 """Custom metrics of Python models (`pb_utils.MetricFamily` / `Metric`), merged and rendered for /metrics.
 
 Every worker whose model makes metrics reports them on its "<identity>/metrics" socket (a
-`MetricsReport`, at most one per heartbeat interval, only when something changed: wire.messages and
-docs/worker-protocol.md). The merge follows Triton, whose metric registry is one per server process
+`MetricsReport`, at most one per heartbeat interval, only when something changed, and one after each
+metric call of the model, which waits for our `MetricsAck`: wire.messages and docs/worker-protocol.md).
+The merge follows Triton, whose metric registry is one per server process
 while every instance runs its own Python stub: a family is one name server-wide, and one family name
 with one label set, from any instance of any model, is one metric. Counters and histograms add up what
 every instance counted; a gauge takes the latest `set()` and then every instance's increments (to
@@ -26,6 +27,7 @@ from typing import Any
 
 from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire import messages as m
+from inferd.worker.wire.errors import InferdError
 
 log = logging.getLogger("inferd.custom_metrics")
 
@@ -107,11 +109,13 @@ class CustomMetrics:
     """The server's custom metrics; `attach(channel)` routes the workers' reports here."""
 
     def __init__(self) -> None:
+        self._channel: Any = None
         self._families: dict[str, _Family] = {}  # in order of first appearance
         self._workers: dict[str, _Worker] = {}
         self._series = 0
 
     def attach(self, channel: Any) -> None:
+        self._channel = channel
         channel.route_suffix(rules.SUFFIX, self._on_message, self.forget)
 
     def _on_message(self, identity: str, frames: list[Any]) -> None:
@@ -125,6 +129,11 @@ class CustomMetrics:
             self._warn(self._view(worker), f"sent {type(message).__name__} on its metrics socket")
             return
         self.apply(worker, message)
+        if message.ack > 0:  # a metric call waits for this: what it changed is now on /metrics
+            try:
+                self._channel.send(identity, m.encode(m.MetricsAck(seq=message.ack)))
+            except InferdError:
+                pass  # the worker is gone
 
     # ---- worker reports ----
     def apply(self, worker: str, report: m.MetricsReport) -> None:

@@ -3,9 +3,10 @@
 A model's families and metrics live here, one registry per worker process (`REGISTRY`). Every change
 is recorded under one lock (a model may update metrics from any thread) and marked for the next
 report; the heartbeat thread calls `report()` once per interval and sends what it returns as a
-`MetricsReport` on the worker's "<identity>/metrics" socket, so the supervisor's /metrics is at most
-about one heartbeat behind the model. Values are cumulative, so a report that is lost costs nothing
-but the next one being complete (`resend_all`).
+`MetricsReport` on the worker's "<identity>/metrics" socket; and after each metric call of the model,
+pb_utils calls `applied()`, which sends the change and waits for the supervisor (MetricsSender.sync), so
+/metrics shows a change once the call returned, as in Triton. Values are cumulative, so a report that is
+lost costs nothing but the next one being complete (`resend_all`).
 
 Lifetime follows Triton's Python backend: a family lives as long as its `MetricFamily` object, and
 its metrics go with it (a `Metric` kept after that raises on use); a worker's metrics go with the
@@ -21,6 +22,7 @@ import collections
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 from .wire import custom_metrics as rules
@@ -99,6 +101,13 @@ class Registry:
         self._gone: collections.deque[int] = collections.deque()
         self.instance = ""  # the model instance, named in errors as Triton names it
         self.source = ""  # "model 'm' instance 'm_0'", for the supervisor's warnings
+        self.sync: Optional[Callable[[], None]] = None  # set by the worker: MetricsSender.sync
+
+    def applied(self) -> None:
+        """After a model's metric call changed something: return once the supervisor has it (see sync)."""
+        sync = self.sync
+        if sync is not None:
+            sync()
 
     # ---- families and metrics ----
     def add_family(self, name: Any, description: Any, kind: Any) -> Family:

@@ -148,6 +148,7 @@ def main(argv: Optional[list] = None) -> int:
     context = zmq.Context()
     channel = Channel(boot["endpoint"], boot["identity"])
     metrics = MetricsSender(context, boot["endpoint"], boot["identity"], custom_metrics)
+    custom_metrics.sync = metrics.sync
     heartbeat = HeartbeatThread(
         context, boot["endpoint"], boot["identity"], float(boot.get("heartbeat_interval_s") or 1.0),
         float(boot.get("heartbeat_timeout_s") or 0.0), _lost, metrics=metrics,

@@ -196,3 +196,17 @@ def test_counts_survive_the_restart_of_one_instance(server_factory):
     infer(server, [1.0, 1.0])
     wait_lines(server, ['cm_requests{model="custom_metrics",source="fixture"} 6',
                         'cm_value_bucket{source="fixture",le="1"} 3'], "counting on")
+
+
+def test_a_metric_call_is_on_metrics_when_it_returns(server_factory):
+    """Triton's qa custom_metrics cases: the model changes metrics and scrapes /metrics inside the same
+    execute; every change must be there (python_backend's metric calls go to the server and back)."""
+    server = server_factory(["metrics_scrape"])
+    client = server.http_client()
+    try:
+        inp = httpclient.InferInput("URL", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([server.metrics_url.encode()], dtype=np.object_))
+        result = json.loads(client.infer("metrics_scrape", [inp]).as_numpy("RESULT")[0])
+    finally:
+        client.close()
+    assert result == {case: "ok" for case in result} and len(result) == 6, result

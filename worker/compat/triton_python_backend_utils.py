@@ -955,18 +955,21 @@ class Metric:
             _custom.REGISTRY.increment(self._state, value)
         except _custom.MetricError as exc:
             raise TritonModelException(str(exc)) from None
+        _custom.REGISTRY.applied()
 
     def set(self, value: float) -> None:
         try:
             _custom.REGISTRY.set(self._state, value)
         except _custom.MetricError as exc:
             raise TritonModelException(str(exc)) from None
+        _custom.REGISTRY.applied()
 
     def observe(self, value: float) -> None:
         try:
             _custom.REGISTRY.observe(self._state, value)
         except _custom.MetricError as exc:
             raise TritonModelException(str(exc)) from None
+        _custom.REGISTRY.applied()
 
     def value(self) -> float:
         """This instance's own value (in Triton, the value summed over every instance sharing the metric)."""
@@ -1000,14 +1003,17 @@ class MetricFamily:
         self.description = description
         self.kind = kind
         weakref.finalize(self, _custom.REGISTRY.drop_family, self._state.fid)
+        _custom.REGISTRY.applied()
 
     def Metric(  # noqa: N802 - Triton's method name
         self, labels: Optional[dict[str, str]] = None, buckets: Optional[list[float]] = None
     ) -> Metric:
         try:
-            return Metric(_custom.REGISTRY.add_metric(self._state, labels, buckets))
+            metric = Metric(_custom.REGISTRY.add_metric(self._state, labels, buckets))
         except _custom.MetricError as exc:
             raise TritonModelException(str(exc)) from None
+        _custom.REGISTRY.applied()
+        return metric
 
 
 # ---- pure-Python helpers (same names and behaviour as Triton's module) --------------------------

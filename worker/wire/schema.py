@@ -325,6 +325,15 @@ class MetricsReport:
     metrics: list[Any] = field(default_factory=list)
     values: list[Any] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
+    ack: int = 0  # > 0: answer with MetricsAck(ack) once applied (a metric call waits for it, as in Triton)
+
+
+@dataclass
+class MetricsAck:
+    """The supervisor applied the MetricsReport that asked with `ack` = seq (on the worker's metrics socket):
+    a pb_utils metric call returns only then, so a /metrics scrape made after it shows the change."""
+
+    seq: int = 0
 
 
 # ---- both ways ------------------------------------------------------------------------------
@@ -360,5 +369,6 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "model_control": ModelControl,
     "model_control_result": ModelControlResult,
     "metrics_report": MetricsReport,
+    "metrics_ack": MetricsAck,
 }
 TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
