@@ -464,7 +464,7 @@ def response_parts(
             if not view.c_contiguous:
                 data = view.tobytes()
             elif view.format != "B" or view.ndim != 1:
-                data = view.cast("B")
+                data = view.cast("B") if view.nbytes else b""  # cast refuses a shape with a 0 in it
             else:
                 data = view
         n = len(data)

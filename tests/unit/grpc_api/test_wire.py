@@ -400,6 +400,16 @@ def test_big_output_is_copied_once_and_byte_exact() -> None:
     assert data == _reference(resp, None).SerializeToString()
 
 
+def test_an_empty_multidimensional_output_view_encodes_empty() -> None:
+    """Fuzz finding (grpc_infer_response crash-15aab8df): a zero-size output given as a memoryview of more than
+    one dimension (a (0, 2) float32 array) failed with TypeError from memoryview.cast."""
+    outputs = [Tensor("A", "FP32", [0, 2], memoryview(np.zeros((0, 2), dtype=np.float32))),
+               Tensor("B", "FP32", [0], memoryview(np.zeros(0, dtype=np.float32)))]
+    resp = InferResponse("m", "1", "", outputs)
+    got = pb.ModelInferResponse.FromString(wire.encode_response(resp, None, FakeShm()))  # type: ignore[arg-type]
+    assert list(got.raw_output_contents) == [b"", b""] and list(got.outputs[0].shape) == [0, 2]
+
+
 def test_out_of_range_parameter_fails_like_protobuf() -> None:
     resp = InferResponse("m", "1", parameters={"p": 2**64})
     with pytest.raises(ValueError):
