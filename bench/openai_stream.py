@@ -1,0 +1,346 @@
+"""Streamed tokens through the OpenAI API against Triton's generate_stream, on one model and one client
+(issue 37 item 8).
+
+    .venv/bin/python bench/openai_stream.py                  # the recorded run: 3 rounds of 8 s points
+    .venv/bin/python bench/openai_stream.py -d 3 --rounds 1 --json
+
+One inferd (--openai-port) serves two copies of tests/fixtures/models/llm_trtllm, each with a tokenizer
+built by tests/openai_support.py:
+- `llm_fast` emits its tokens at no cost (a decoupled Python model sending one response per token);
+- `llm_10ms` emits one token every 10 ms on a steady cadence (token i at start + (i+1) x 10 ms, as an
+  engine's decode steps) and stamps each token with its send time (time.monotonic_ns, the clock the
+  client reads too).
+
+Throughput: c = 1, 16, 64 closed-loop streams, each request asking for --tokens tokens ("COUNT:n"), for
+POST /v1/chat/completions (stream: true) and POST /v2/models/<m>/generate_stream, back to back in each
+round (order alternating). Tokens/s = tokens received / time from the first request to the last answer;
+server CPU per token = CPU seconds of the server process and its workers over that time / tokens.
+Latency (llm_10ms): TTFT at c=1 minus the model's own 10 ms; inter-token latency (gaps between a request's
+tokens) at c=16 minus 10 ms; and "delivery", each token's arrival at the client minus its send time in
+the model: what the server adds to every token, measured directly.
+
+The client is Python asyncio (uvloop) + aiohttp, parsing every SSE event with orjson; it shares the
+2 CPUs with the server, so its CPU is reported too. Targets (issue 37): chat >= 0.9x generate_stream's
+tokens/s at each c, >= 20,000 tokens/s at c=64, added TTFT <= 1 ms p50 at c=1, added ITL <= 0.3 ms p50 at
+c=16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import psutil
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(BENCH.parent / "tests"))
+import openai_support  # noqa: E402  (tests/openai_support.py: tokenizers and fixture parameters)
+from run import INFERD, ROOT, git_commit, loadavg, machine  # noqa: E402  (bench/ is not a package)
+
+FIXTURE = ROOT / "tests" / "fixtures" / "models" / "llm_trtllm"
+MODEL_DELAY_S = 0.010
+KINDS = ("chat", "generate_stream")
+
+
+# ---------------------------------------------------------------------------------------------- server
+
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def build_repo(root: Path) -> Path:
+    repo = root / "models"
+    for name, params in (("llm_fast", {}), ("llm_10ms", {"token_delay_ms": "10", "stamp_tokens": "1"})):
+        dest = repo / name
+        shutil.copytree(FIXTURE, dest, symlinks=False, ignore=shutil.ignore_patterns("__pycache__"))
+        config = dest / "config.pbtxt"
+        config.write_text(config.read_text().replace('name: "llm_trtllm"', f'name: "{name}"', 1))
+        tok = openai_support.build_tokenizer(dest / "tokenizer")
+        openai_support.set_parameters(dest, {"tokenizer": str(tok), **params})
+    return repo
+
+
+class Server:
+    def __init__(self, repo: Path, logdir: Path) -> None:
+        self.http, grpc, metrics, self.openai = free_ports(4)
+        argv = [str(INFERD), "--model-repository", str(repo), "--http-port", str(self.http),
+                "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--openai-port", str(self.openai),
+                "--openai-address", "127.0.0.1"]
+        self.log = logdir / "server.log"
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        self.ps = psutil.Process(self.proc.pid)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        urls = [f"http://127.0.0.1:{self.http}/v2/models/{m}/ready" for m in ("llm_fast", "llm_10ms")]
+        urls.append(f"http://127.0.0.1:{self.openai}/v1/models")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if all(urllib.request.urlopen(u, timeout=2).status == 200 for u in urls):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"the server was not ready in {timeout} s: {self.log.read_text()[-2000:]}")
+
+    def cpu(self) -> float:
+        """CPU seconds of the server and its workers so far."""
+        total = 0.0
+        for p in [self.ps, *self.ps.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------- client
+
+class Target:
+    """One endpoint: its URL, request body and how to read a token's text out of an SSE event."""
+
+    def __init__(self, kind: str, server: Server, model: str, tokens: int) -> None:
+        self.kind = kind
+        if kind == "chat":
+            self.url = f"http://127.0.0.1:{server.openai}/v1/chat/completions"
+            body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": tokens,
+                                    "messages": [{"role": "user", "content": f"COUNT:{tokens}"}]}
+        else:
+            self.url = f"http://127.0.0.1:{server.http}/v2/models/{model}/generate_stream"
+            body = {"text_input": f"COUNT:{tokens}", "max_tokens": tokens, "stream": True}
+        self.body = orjson.dumps(body)
+
+    def text(self, event: dict) -> str | None:
+        if self.kind == "chat":
+            choices = event.get("choices")
+            return choices[0]["delta"].get("content") if choices else None
+        if "error" in event:
+            raise RuntimeError(f"generate_stream error: {event['error']}")
+        return event.get("text_output")
+
+
+async def stream_one(session: aiohttp.ClientSession, target: Target, rec: dict) -> None:
+    """One request: token arrival times (perf_counter) and, for stamped tokens, delivery delays (ns)."""
+    sent = time.perf_counter()
+    arrivals: list[float] = []
+    async with session.post(target.url, data=target.body, headers={"Content-Type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{target.kind}: HTTP {resp.status}: {(await resp.read())[:300]!r}")
+        async for line in resp.content:
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[6:].strip()
+            if payload == b"[DONE]":
+                break
+            now_ns = time.monotonic_ns()
+            now = time.perf_counter()
+            text = target.text(orjson.loads(payload))
+            if not text:
+                continue
+            arrivals.append(now)
+            if rec["stamped"]:
+                rec["delivery_ns"].append(now_ns - int(text))
+    if not arrivals:
+        raise RuntimeError(f"{target.kind}: a request got no tokens")
+    rec["tokens"] += len(arrivals)
+    rec["ttft"].append(arrivals[0] - sent)
+    rec["itl"].extend(b - a for a, b in zip(arrivals, arrivals[1:]))
+
+
+async def run_point(target: Target, conc: int, duration: float, stamped: bool, server: Server,
+                    max_requests: int | None = None) -> dict:
+    rec: dict[str, Any] = {"tokens": 0, "ttft": [], "itl": [], "delivery_ns": [], "stamped": stamped,
+                           "requests": 0}
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        await stream_one(session, target, {**rec, "ttft": [], "itl": [], "delivery_ns": [], "tokens": 0})  # warm
+        deadline = time.perf_counter() + duration
+
+        async def loop() -> None:
+            while time.perf_counter() < deadline and (max_requests is None or rec["requests"] < max_requests):
+                rec["requests"] += 1
+                await stream_one(session, target, rec)
+
+        cpu0, self0, t0 = server.cpu(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        await asyncio.gather(*(loop() for _ in range(conc)))
+        elapsed = time.perf_counter() - t0
+        cpu1, self1 = server.cpu(), resource.getrusage(resource.RUSAGE_SELF)
+    client_cpu = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
+    tokens = rec["tokens"]
+    out = {"kind": target.kind, "conc": conc, "requests": rec["requests"], "tokens": tokens,
+           "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
+           "server_cpu_us_per_token": (cpu1 - cpu0) / tokens * 1e6, "server_cores": (cpu1 - cpu0) / elapsed,
+           "client_cores": client_cpu / elapsed,
+           "ttft_p50_ms": statistics.median(rec["ttft"]) * 1e3,
+           "itl_p50_ms": statistics.median(rec["itl"]) * 1e3 if rec["itl"] else None}
+    if stamped:
+        out["delivery_p50_ms"] = statistics.median(rec["delivery_ns"]) / 1e6
+        out["delivery_p90_ms"] = sorted(rec["delivery_ns"])[int(0.9 * (len(rec["delivery_ns"]) - 1))] / 1e6
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def median_of(points: list[dict], key: str) -> float | None:
+    values = [p[key] for p in points if p.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(results: dict) -> dict:
+    summary: dict[str, Any] = {"throughput": {}, "latency": {}}
+    for conc in results["args"]["conc"]:
+        row = {}
+        for kind in KINDS:
+            pts = [p for p in results["throughput"] if p["kind"] == kind and p["conc"] == conc]
+            row[kind] = {k: median_of(pts, k) for k in ("tokens_per_s", "server_cpu_us_per_token", "server_cores",
+                                                          "client_cores")}
+        row["ratio"] = row["chat"]["tokens_per_s"] / row["generate_stream"]["tokens_per_s"]
+        summary["throughput"][conc] = row
+    for kind in KINDS:
+        c1 = [p for p in results["latency"] if p["kind"] == kind and p["conc"] == 1]
+        c16 = [p for p in results["latency"] if p["kind"] == kind and p["conc"] == 16]
+        summary["latency"][kind] = {
+            "ttft_added_p50_ms_c1": median_of(c1, "ttft_p50_ms") - MODEL_DELAY_S * 1e3,
+            "itl_added_p50_ms_c16": median_of(c16, "itl_p50_ms") - MODEL_DELAY_S * 1e3,
+            "delivery_p50_ms_c1": median_of(c1, "delivery_p50_ms"),
+            "delivery_p50_ms_c16": median_of(c16, "delivery_p50_ms"),
+            "delivery_p90_ms_c16": median_of(c16, "delivery_p90_ms"),
+        }
+    t, lat = summary["throughput"], summary["latency"]["chat"]
+    summary["targets"] = {
+        "chat >= 0.9x generate_stream (every c)": all(r["ratio"] >= 0.9 for r in t.values()),
+        "chat >= 20000 tokens/s at c=64": (t.get(64) or {}).get("chat", {}).get("tokens_per_s", 0) >= 20000,
+        "added TTFT <= 1 ms p50 at c=1": lat["ttft_added_p50_ms_c1"] <= 1.0,
+        "added ITL <= 0.3 ms p50 at c=16": lat["itl_added_p50_ms_c16"] <= 0.3,
+    }
+    return summary
+
+
+def table(summary: dict) -> str:
+    lines = ["streamed tokens/s (median of rounds), no-cost model, server CPU per token",
+             f"{'c':>4} | {'chat tok/s':>11} {'us/tok':>7} | {'gen_stream tok/s':>16} {'us/tok':>7} | "
+             f"{'ratio':>5} | {'client cores':>12}"]
+    for conc, row in summary["throughput"].items():
+        ch, gs = row["chat"], row["generate_stream"]
+        lines.append(f"{conc:>4} | {ch['tokens_per_s']:>11,.0f} {ch['server_cpu_us_per_token']:>7.1f} | "
+                     f"{gs['tokens_per_s']:>16,.0f} {gs['server_cpu_us_per_token']:>7.1f} | "
+                     f"{row['ratio']:>5.2f} | {ch['client_cores']:>5.2f} / {gs['client_cores']:<5.2f}")
+    lines += ["", "latency added by the server, model emitting one token every 10 ms (ms, p50)",
+              f"{'endpoint':>16} | {'TTFT-10 c=1':>11} | {'ITL-10 c=16':>11} | {'delivery c=1':>12} | "
+              f"{'delivery c=16':>13} | {'p90 c=16':>8}"]
+    for kind, row in summary["latency"].items():
+        lines.append(f"{kind:>16} | {row['ttft_added_p50_ms_c1']:>11.3f} | {row['itl_added_p50_ms_c16']:>11.3f} | "
+                     f"{row['delivery_p50_ms_c1']:>12.3f} | {row['delivery_p50_ms_c16']:>13.3f} | "
+                     f"{row['delivery_p90_ms_c16']:>8.3f}")
+    lines += ["", "targets (issue 37 item 8):"]
+    lines += [f"  {'met ' if ok else 'MISS'}  {name}" for name, ok in summary["targets"].items()]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+async def measure(server: Server, args: argparse.Namespace) -> dict:
+    results: dict[str, Any] = {"throughput": [], "latency": []}
+    for rnd in range(args.rounds):
+        for conc in args.conc:
+            kinds = KINDS if (rnd + conc) % 2 == 0 else KINDS[::-1]
+            for kind in kinds:
+                point = await run_point(Target(kind, server, "llm_fast", args.tokens), conc, args.duration,
+                                        False, server)
+                point["round"] = rnd
+                results["throughput"].append(point)
+                print(f"  round {rnd} c={conc:<3} {kind:<16} {point['tokens_per_s']:>9,.0f} tok/s "
+                      f"{point['server_cpu_us_per_token']:6.1f} us/tok", file=sys.stderr)
+        for kind in KINDS:
+            for conc, requests in ((1, args.latency_requests), (16, None)):
+                point = await run_point(Target(kind, server, "llm_10ms", args.latency_tokens), conc,
+                                        args.duration, True, server, max_requests=requests)
+                point["round"] = rnd
+                results["latency"].append(point)
+                print(f"  round {rnd} c={conc:<3} {kind:<16} 10 ms model: TTFT {point['ttft_p50_ms']:.3f} ms, "
+                      f"ITL {point['itl_p50_ms']:.3f} ms, delivery {point['delivery_p50_ms']:.3f} ms",
+                      file=sys.stderr)
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-d", "--duration", type=float, default=8.0, help="seconds per point")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--conc", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
+    ap.add_argument("--tokens", type=int, default=256, help="tokens per request (throughput)")
+    ap.add_argument("--latency-tokens", type=int, default=50, help="tokens per request (10 ms model)")
+    ap.add_argument("--latency-requests", type=int, default=40, help="requests at c=1 (10 ms model)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON instead of the table")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory (repository, server log)")
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    scratch = Path(tempfile.mkdtemp(prefix="openai-stream-"))
+    load = loadavg()
+    server = Server(build_repo(scratch), scratch)
+    try:
+        server.wait_ready()
+        results = asyncio.run(measure(server, args))
+    finally:
+        server.stop()
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    results["args"] = vars(args)
+    results["summary"] = summarize(results)
+    results["meta"] = {"commit": git_commit(), "machine": machine(), "loadavg_before": load,
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(sys.argv)}
+    if args.json:
+        print(json.dumps(results, indent=1, default=str))
+    else:
+        print(table(results["summary"]))
+        print(f"\ncommit {results['meta']['commit']}, load before {load}, {results['meta']['machine']['cpu']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
