@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -92,7 +93,12 @@ def child(name: str, lf_args: list[str]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join('"%s"\n' % "".join(f"\\x{b:02x}" for b in t) for t in tokens))
         lf_args.append(f"-dict={path}")
-    atheris.Setup([sys.argv[0], *lf_args], mod.test_one_input)
+    # libFuzzer runs argv[0] again for -merge (and -fork): a script that re-enters this child mode
+    again = harness.WORK_DIR / f"{name}.child.sh"
+    again.parent.mkdir(parents=True, exist_ok=True)
+    again.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" --child {name} -- "$@"\n')
+    again.chmod(0o755)
+    atheris.Setup([str(again), *lf_args], mod.test_one_input)
     atheris.Fuzz()
 
 
@@ -185,17 +191,44 @@ def fuzz_atheris(name: str, args: argparse.Namespace) -> Report:
     return rep
 
 
-def merge(name: str, args: argparse.Namespace) -> None:
-    """Add to the kept corpus the inputs of fuzz/work/<name>/ that reach new coverage (libFuzzer -merge=1),
-    named by the content hash as the convention wants."""
+def merge(name: str, args: argparse.Namespace) -> int:
+    """Add to the kept corpus the inputs of fuzz/work/<name>/ that reach new coverage."""
+    return _merge_into_kept(name, harness.WORK_DIR / name, args.rss_limit_mb, args.verbose)
+
+
+def _merge_into_kept(name: str, source: Path, rss_limit_mb: int = 2048, verbose: bool = False) -> int:
+    """libFuzzer -merge=1: the inputs of `source` that reach coverage the kept corpus lacks join it, renamed to
+    the hash convention; nothing kept is removed. How many were added."""
     kept = harness.CORPUS_DIR / name
-    _libfuzzer(name, ["-merge=1", f"-rss_limit_mb={args.rss_limit_mb}", str(kept), str(harness.WORK_DIR / name)],
-               harness.WORK_DIR / f"{name}.log", args.verbose)
+    kept.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in kept.iterdir()}
+    _libfuzzer(name, ["-merge=1", f"-rss_limit_mb={rss_limit_mb}", str(kept), str(source)],
+               harness.WORK_DIR / f"{name}.log", verbose)
+    added = 0
     for p in kept.iterdir():
-        if re.fullmatch(r"[0-9a-f]{40}", p.name):
+        if p.name not in before and re.fullmatch(r"[0-9a-f]{40}", p.name):
             data = p.read_bytes()
             p.unlink()
-            harness.save_input(kept, data)
+            if harness.content_name(data) not in before:
+                harness.save_input(kept, data)
+                added += 1
+    return added
+
+
+def add_seeds(name: str, seeds: list[bytes]) -> int:
+    """Seed candidates (fuzz/seeds/*.py) into the kept corpus: with atheris only those adding coverage,
+    else every new one. How many were added."""
+    if not HAVE_ATHERIS:
+        kept = harness.CORPUS_DIR / name
+        new = [s for s in seeds if not (kept / harness.content_name(s)).exists()]
+        for s in new:
+            harness.save_input(kept, s)
+        return len(new)
+    harness.WORK_DIR.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=harness.WORK_DIR) as tmp:
+        for s in seeds:
+            harness.save_input(Path(tmp), s)
+        return _merge_into_kept(name, Path(tmp))
 
 
 def fuzz_fallback(name: str, args: argparse.Namespace) -> Report:

@@ -22,11 +22,11 @@ import math
 from typing import Any
 
 import orjson
+from _outcome import outcome
 from _plane import MemoryPlane
 from inferd.supervisor.http_api import codec as codec_mod
 from inferd.supervisor.http_api.codec import InferCodec
 from inferd.supervisor.http_api.parsed import ParsedInfer
-from inferd.worker.wire.errors import InferdError
 
 INSTRUMENT = ("inferd.supervisor.http_api", "inferd.supervisor.inference")
 MAX_LEN = 8192
@@ -127,21 +127,6 @@ def check_document(body: bytes) -> None:
     assert ours == ref, f"orjson {ours} ({str(value)[:200]}) where json {ref} ({str(ref_value)[:200]})"
     if ours == "ok":
         assert same(value, ref_value), f"orjson read {value!r:.300} where json read {ref_value!r:.300}"
-
-
-def fields(p: ParsedInfer) -> tuple[Any, ...]:
-    r = p.request
-    return (r.model_name, r.model_version, r.id,
-            [(t.name, t.datatype, list(t.shape), bytes(t.data), t.parameters, t.shm_ref) for t in r.inputs],
-            [(o.name, o.parameters) for o in r.outputs], r.parameters, r.correlation_id, r.flags, r.priority,
-            r.timeout_us, r.device_outputs, p.binary_default, {k: (v.binary, v.shm) for k, v in p.plans.items()})
-
-
-def outcome(parse: Any, *args: Any) -> tuple[Any, ...]:
-    try:
-        return "ok", fields(parse(*args))
-    except InferdError as exc:
-        return "error", exc.code, exc.message
 
 
 def general(body: bytes) -> tuple[Any, ...]:
