@@ -218,7 +218,7 @@ class DealerSocket:
             peer = zmtp.parse_properties(rest).get(b"socket-type")
             if peer not in _PEERS:
                 raise zmtp.ProtocolViolation("a DEALER cannot talk to a %r socket" % peer)
-            self._peer_ready = True
+            self._peer_ready = self._assembler.handshaken = True
         elif name == b"PING":  # ZMTP heartbeat: answer with the ping's context
             self._sock.sendall(zmtp.command(b"PONG", bytes(rest[2:18])))
         elif name == b"ERROR":

@@ -234,8 +234,8 @@ class _Peer(asyncio.Protocol):
         self._held: list[Any] | None = None  # None: nothing held in this pass
         self._call_soon: Any = None
         self._ready = False
-        self._reader = zmtp.Reader(zmtp.check_greeting, zmtp.Messages(self._on_command, self._on_message).on_frame,
-                                   _MAX_FRAME)
+        self._messages = zmtp.Messages(self._on_command, self._on_message)
+        self._reader = zmtp.Reader(zmtp.check_greeting, self._messages.on_frame, _MAX_FRAME)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -309,7 +309,7 @@ class _Peer(asyncio.Protocol):
             ident = props.get(b"identity")
             # a socket without an identity gets one no handler has (its messages are dropped)
             self.identity = ident.decode("utf-8", "surrogateescape") if ident else f"\x00{next(_anonymous)}"
-            self._ready = True
+            self._ready = self._messages.handshaken = True
             self.channel._peer_ready(self)
         elif name == b"PING":  # heartbeat option of the worker's socket: answer with its context
             self.transport.write(zmtp.command(b"PONG", bytes(rest[2:18])))

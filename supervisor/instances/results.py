@@ -29,7 +29,19 @@ def decode(frames: Sequence[Any]) -> tuple[Any, Sequence[Any]]:
 
 
 _decode_header = m.decode_header
-_loads = orjson.loads
+_orjson_loads = orjson.loads
+
+
+def _loads(raw: Any) -> Any:
+    """orjson.loads, else json's reading where orjson refuses what json reads (a string holding a lone
+    surrogate, as a worker's json writes one from a model's log line or error message; NaN): the worker
+    writes with json, so nothing it writes is refused here (fuzz/targets/wire_codec.py)."""
+    try:
+        return _orjson_loads(raw)
+    except ValueError:
+        return m.json_loads(bytes(raw))
+
+
 _columns_message = m.decode_execute_result_columns
 _new = object.__new__
 

@@ -372,13 +372,14 @@ def _execute_columns_fast(header: dict[str, Any]) -> Optional[ExecuteColumns]:
     its optional fields (lists) filled in where left out."""
     if not _EXECUTE_COLUMNS_REQUIRED <= header.keys() <= _EXECUTE_COLUMNS_KEYS:
         return None
+    if type(header.get("poll_us", 0)) is not int:  # checked before anything changes: `_build` reads `header` next
+        return None
     if not _columns_in_place(header["inputs"]):
         return None
     for name in _EXECUTE_COLUMNS_LISTS:
         if name not in header:
             header[name] = []
-    if type(header.setdefault("poll_us", 0)) is not int:
-        return None
+    header.setdefault("poll_us", 0)
     message = _new(ExecuteColumns)
     message.__dict__ = header
     return message

@@ -125,6 +125,7 @@ class Messages:
         self._on_command = on_command
         self._on_message = on_message
         self._parts: list[memoryview] = []
+        self.handshaken = False  # set by the owner once the peer's READY is accepted: no data frame before it
 
     def idle(self) -> bool:
         """No message begun (its first frames received, its last not yet)."""
@@ -134,6 +135,8 @@ class Messages:
         if flags & COMMAND:
             self._on_command(body)
             return
+        if not self.handshaken:  # (a frame held until READY would join the first message after it)
+            raise ProtocolViolation("message before the handshake")
         self._parts.append(body)
         if not flags & MORE:
             parts, self._parts = self._parts, []
