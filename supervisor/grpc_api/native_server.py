@@ -146,7 +146,7 @@ def _request_head(headers: list[tuple[str, str]]) -> RequestHead:
     path = verb = ctype = timeout = encoding = None
     metadata: list[tuple[str, str]] = []
     for key, value in headers:
-        if key[0] == ":":
+        if key[:1] == ":":  # not key[0]: a client may send an empty name (it becomes metadata)
             if key == ":path":
                 path = value
             elif key == ":method":

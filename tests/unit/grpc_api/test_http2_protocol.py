@@ -570,3 +570,13 @@ def test_client_trailers_after_the_answer_are_ignored(h2: H2Client) -> None:
     assert resp.status == 0 and _infer_output(resp.messages()[0]) == b"t"
     h2.send(h2.headers(sid, [("x-trailer", "1")], end_stream=True))  # late: the stream is closed for us
     assert h2.unary("ServerLive", LIVE).status == 0  # the same connection still serves
+
+
+def test_an_empty_header_name_is_served_as_metadata(h2: H2Client) -> None:
+    """Fuzz finding (http2_frames): a header field with an empty name made reading the request head raise
+    IndexError inside data_received, so the connection was dropped without GOAWAY and the error logged."""
+    sid = h2.new_stream()
+    h2.send(h2.headers(sid, request_headers(SERVICE + "ServerLive") + [("", "x")]))
+    h2.send_data(sid, grpc_message(LIVE))
+    resp = h2.response(sid)
+    assert resp.status == 0 and resp.messages() == [b"\x08\x01"]
