@@ -165,4 +165,5 @@ class KeepCaseConnection(HttpConnection):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         super().on_header(name, value)
-        self._raw.append((name.decode("latin-1"), value.decode("latin-1")))  # type: ignore[union-attr]
+        if self.state != BODY:  # (trailer fields are not the request's headers)
+            self._raw.append((name.decode("latin-1"), value.decode("latin-1")))  # type: ignore[union-attr]

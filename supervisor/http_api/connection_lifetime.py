@@ -1,5 +1,5 @@
-"""How an HTTP/1.1 connection ends: the per-connection half of the timeouts (slow headers or body,
-idle keep-alive; the server's sweeper calls `check_timeouts`), protocol errors answered before
+"""How an HTTP/1.1 connection ends: the per-connection half of the timeouts (slow headers, a body without
+progress, idle keep-alive; the server's sweeper calls `check_timeouts`), protocol errors answered before
 closing (what the client still sends drains for a while, bounded), and close or abort."""
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ class ConnectionLifetime(ConnectionState):
             if now - self.since > srv.header_timeout:
                 self._timeout()
         elif state == BODY:
-            if now - self.last_read > srv.body_timeout and not (self._expect and (self._busy or self._queue)):
+            # since the last progress (the head, body bytes: request_reader), not the last read: a client that
+            # keeps sending chunk framing or trailer bytes without finishing is cut off too
+            if now - self.since > srv.body_timeout and not (self._expect and (self._busy or self._queue)):
                 self._timeout()
         elif state == DRAIN and now - self.since > min(LINGER_S, srv.body_timeout):
             self.abort()

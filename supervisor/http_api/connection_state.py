@@ -47,6 +47,7 @@ IDLE = 0  # between requests
 HEADERS = 1  # request line / headers being read
 BODY = 2  # body being read
 DRAIN = 3  # an error was answered; incoming bytes are discarded until the client closes
+CLOSING = 4  # the connection's last request was read (no keep-alive, or CONNECT): what follows is dropped
 
 
 class Refused:
@@ -77,7 +78,7 @@ class ConnectionState(asyncio.Protocol):
         self._headers: dict[str, str] = {}
         self._raw: list[tuple[str, str]] | None = None  # headers as received (KeepCaseConnection)
         self._hbytes = 0
-        self._hraw = 0
+        self._hraw = 0  # bytes read since the last progress (a head, body bytes): capped as a head is
         self._completed = 0
         self._clen = -1
         self._cap = server.max_body  # of the request being read (its JSON header adds to it)
@@ -88,6 +89,8 @@ class ConnectionState(asyncio.Protocol):
         self._head: bytes | None = None
         self._head_parsed: tuple[str, str, str, dict[str, str], int] | None = None
         self._read: bytes | None = None  # the read being parsed, when it began at a request's start
+        # a request that asked for Upgrade (or CONNECT) while its body is read (request_reader._after_upgrade)
+        self._held: tuple[bytes, bool, bytes, dict[str, str], list[tuple[str, str]] | None] | None = None
         self._max_pipelined = server.max_pipelined
         self._max_header_size = server.max_header_size
         self._max_headers = server.max_headers

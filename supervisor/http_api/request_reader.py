@@ -1,7 +1,9 @@
 """Reading HTTP/1.1 requests off a connection: httptools' callbacks, the header and body caps checked
 before anything is buffered (a chunked body is refused the moment it crosses the cap), `Expect:
 100-continue`, and the pipelining limit (beyond `max_pipelined` waiting, a request is answered 503 in its
-turn without running).
+turn without running). Bytes that make no progress (an unfinished head, chunk framing, trailer fields) are
+capped together as a head is; trailer fields never become headers; `Upgrade:` is ignored as Triton ignores
+it (`_upgrade`); bytes after a request without keep-alive are dropped.
 
 The body cap (--http-max-input-size) applies as Triton applies it: to the JSON of a request, and
 separately to the bytes after it, so a binary request may be its `Inference-Header-Content-Length`
@@ -22,7 +24,7 @@ import time
 
 import httptools
 
-from .connection_state import BODY, DRAIN, HEADERS, IDLE, ConnectionState, Refused
+from .connection_state import BODY, CLOSING, DRAIN, HEADERS, IDLE, ConnectionState, Refused
 from .messages import Request, Response
 
 log = logging.getLogger("inferd.http")
@@ -57,7 +59,7 @@ class RequestReader(ConnectionState):
 
     def data_received(self, data: bytes) -> None:
         state = self.state
-        if state == DRAIN:
+        if state >= DRAIN:  # an error was answered, or the last request was read: dropped, bounded
             self._drained += len(data)
             if self._drained > self._server.max_body + DRAIN_EXTRA:
                 self.abort()
@@ -65,7 +67,7 @@ class RequestReader(ConnectionState):
         if self._coalescer.waiting:
             self._coalescer.flush()  # answers first, then the request just read
         self.last_read = time.monotonic()
-        if self.state == IDLE:
+        if state == IDLE:
             head = self._head
             if (head is not None and data.startswith(head)
                     and len(data) - len(head) == self._head_parsed[4]):  # type: ignore[index]
@@ -75,13 +77,14 @@ class RequestReader(ConnectionState):
         else:
             self._read = None
         completed = self._completed
+        blen = self._blen
         try:
-            self._parser.feed_data(data)
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserUpgrade as exc:
+                self._upgrade(data, exc.args[0])
         except Abort as exc:
             self._fatal(exc.status, exc.message)
-            return
-        except httptools.HttpParserUpgrade:
-            self._fatal(400, "protocol upgrade is not supported")
             return
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
@@ -92,13 +95,78 @@ class RequestReader(ConnectionState):
                 self._fatal(500, "Internal Server Error")
             return
         except httptools.HttpParserError as exc:
-            self._fatal(400, f"malformed HTTP request: {str(exc) or type(exc).__name__}")
+            if self.state != CLOSING:  # (bytes after the last request: dropped, not an error to answer)
+                self._fatal(400, f"malformed HTTP request: {str(exc) or type(exc).__name__}")
             return
-        if self.state == HEADERS and self._completed == completed:
-            # every byte of this read belongs to unfinished headers: bound what httptools buffers
-            self._hraw += len(data)
-            if self._hraw > self._server.max_header_size:
-                self._fatal(431, "request header too large")
+        # Bytes that made no progress (no request completed, no body byte read) are what httptools buffers
+        # or skips: an unfinished head, a chunk-size line or extension, trailer fields. They are capped
+        # together as a head is (--http max header size), so one endless line cannot grow the buffer.
+        new = self.state
+        if new == HEADERS:
+            if self._completed == completed:
+                self._hraw += len(data)
+                if self._hraw > self._max_header_size:
+                    self._fatal(431, "request header too large")
+        elif new == BODY:
+            if state == BODY and self._completed == completed and self._blen == blen:
+                self._hraw += len(data)
+                if self._hraw > self._max_header_size:
+                    self._fatal(431, "request trailers or chunk framing too large: more than "
+                                     f"{self._max_header_size} bytes without body data")
+            else:  # progress: the body timeout counts from here (a client that only sends framing is cut off)
+                self._hraw = 0
+                self.since = self.last_read
+
+    def _upgrade(self, data: bytes | memoryview, at: int) -> None:
+        """Go on parsing after a request that asked for a protocol upgrade (`Upgrade` with `Connection:
+        upgrade`, or CONNECT); `at`: where its head ended in `data`.
+
+        Triton ignores Upgrade: the request is an ordinary one, its body included, and the connection stays
+        HTTP/1.1. llhttp instead completes such a request at the end of its head with no body (httptools
+        tells it to skip the body) and stops; httptools raises HttpParserUpgrade with the offset where it
+        stopped. Answering there gave an infer request an empty body and parsed its body as the next request
+        (a second, unsolicited answer). So on_message_complete holds the request back, and here a new parser
+        is fed a head of our own that declares the held request's framing (its Content-Length, or chunked),
+        then the rest of the bytes: llhttp reads the body and everything pipelined after it as it would have
+        without the upgrade, and on_message_complete answers the held request (its method, target, headers
+        and keep-alive) with that body. A CONNECT is answered without a body and ends the connection: what
+        follows it is a tunnel's bytes, not HTTP (Triton answers 404 to one, as the routes do)."""
+        while True:
+            rest = self._after_upgrade(data, at)
+            if not rest:
+                return
+            try:
+                self._parser.feed_data(rest)
+                return
+            except httptools.HttpParserUpgrade as exc:  # a pipelined request asked for one too
+                data, at = rest, exc.args[0]
+
+    def _after_upgrade(self, data: bytes | memoryview, at: int) -> bytes | memoryview:
+        """Feed the head standing in for the held request's; the bytes still to parse."""
+        held = self._held
+        assert held is not None
+        method, keep, _, headers, _ = held
+        self._read = None
+        hbytes, expect = self._hbytes, self._expect
+        rest: bytes | memoryview
+        if method == b"CONNECT":
+            self._held = (method, False, *held[2:])
+            head = b"POST / HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+            rest = b""
+        else:
+            framing = (b"Transfer-Encoding: chunked\r\n" if "transfer-encoding" in headers
+                       else b"Content-Length: %d\r\n" % max(self._clen, 0))
+            hlen = headers.get("inference-header-content-length")
+            if hlen is not None and hlen.isascii() and hlen.isdigit():  # the same body cap (on_headers_complete)
+                framing += b"Inference-Header-Content-Length: %s\r\n" % hlen.encode()
+            head = b"POST / HTTP/1.1\r\n%s%s\r\n" % (b"" if keep else b"Connection: close\r\n", framing)
+            rest = memoryview(data)[at:]
+        # a fresh parser: the one that stopped may refuse what follows (an upgrade without keep-alive)
+        self._parser = httptools.HttpRequestParser(self)
+        self._parser.feed_data(head)  # (a request without a body is answered here)
+        if self.state == BODY:  # its body follows: the held head's size (trailers add to it) and Expect
+            self._hbytes, self._expect = hbytes, expect
+        return rest
 
     # ---- httptools callbacks ----
     def on_message_begin(self) -> None:
@@ -125,6 +193,8 @@ class RequestReader(ConnectionState):
         if hbytes > self._max_header_size or len(headers) >= self._max_headers:
             raise Abort(431, "request header too large")
         self._hbytes = hbytes
+        if self.state == BODY:
+            return  # a trailer field: counted against the cap, never merged (RFC 9110 6.5.1; Triton ignores them)
         key = _HEADER_NAMES.get(name)
         if key is None:
             key = name.decode("latin-1").lower()
@@ -173,20 +243,30 @@ class RequestReader(ConnectionState):
         self._blen = n
 
     def on_message_complete(self) -> None:
-        self._completed += 1
         parser = self._parser
+        held = self._held
+        if held is None:
+            method = parser.get_method()
+            keep = parser.should_keep_alive()
+            # (llhttp upgrades only on an Upgrade header or CONNECT: the cheap test first)
+            if (method == b"CONNECT" or "upgrade" in self._headers) and parser.should_upgrade():
+                self._held = (method, keep, self._url, self._headers, self._raw)  # answered with its body: _upgrade
+                return
+        else:  # the request held at its upgrade, with the body read after it
+            self._held = None
+            method, keep, self._url, self._headers, self._raw = held
+        self._completed += 1
         url = self._url
         target = _TARGETS.get(url)
         if target is None:
             target = self._target()
             if len(_TARGETS) < _CACHE_MAX and len(url) <= 256:
                 _TARGETS[url] = target
-        method = parser.get_method()
         method_name = _METHODS.get(method) or method.decode("latin-1")
         read, self._read = self._read, None
         if read is not None and self._learns:
             self._keep_head(read, method_name, target)
-        elif self._head is not None and not parser.should_keep_alive():
+        elif self._head is not None and not keep:
             self._head = None
         body = self._body
         if body is None:
@@ -198,11 +278,13 @@ class RequestReader(ConnectionState):
         req.path, req.query = target
         req.headers = self._headers
         req.body = body
-        req.keep_alive = parser.should_keep_alive()
+        req.keep_alive = keep
         req.raw_headers = self._raw
         self._body = None
         self._expect = False
-        self.state = IDLE
+        # the parser refuses bytes after a request without keep-alive: they are dropped (RFC 9112 9.6), not
+        # answered with an error in place of this request's answer
+        self.state = IDLE if keep else CLOSING
         self.since = self.last_read
         self._complete(req)
 
