@@ -2,9 +2,12 @@
 
     s3://bucket/path                       Amazon S3
     s3://host:port/bucket/path             an S3-compatible server over HTTP
-    s3://https://host:port/bucket/path     ... over HTTPS
+    s3://https://host:port/bucket/path     ... over HTTPS (s3://http://... over HTTP, as without a scheme)
     gs://bucket/path                       Google Cloud Storage
-    as://account/container/path            Azure Blob Storage
+    as://account/container/path            Azure Blob Storage (account or account.blob.core.windows.net;
+                                           a ?query after the path is ignored, as Triton ignores it)
+
+fuzz/targets/cloud_paths.py holds this to Triton's own patterns.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ LIBRARIES = {"s3": ("boto3", "boto3"), "gs": ("google.cloud.storage", "google-cl
 _URL_RE = re.compile(r"([a-z][a-z0-9+.-]*)://(.*)", re.S)
 _HOST_PORT_RE = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,253}")
+_AZURE_HOST_SUFFIX = ".blob.core.windows.net"
 
 
 @dataclass(frozen=True)
@@ -56,17 +60,19 @@ def parse_url(url: str) -> CloudLocation:
         raise ValueError(f"{url}: unknown storage scheme '{scheme}://' (expected s3://, gs:// or as://)")
     endpoint = account = ""
     if scheme == "s3":
-        tls = rest.startswith("https://")
-        if tls:
-            rest = rest[len("https://"):]
+        proto = next((p for p in ("https://", "http://") if rest.startswith(p)), "")
+        rest = rest[len(proto):].lstrip("/")  # Triton drops the slashes around the path and doubled ones in it
         head = rest.split("/", 1)[0]
         if _HOST_PORT_RE.fullmatch(head):
-            endpoint = ("https://" if tls else "http://") + head
-            rest = rest[len(head) + 1:] if "/" in rest else ""
-        elif tls:
-            raise ValueError(f"{url}: expected s3://https://host:port/bucket/path")
+            endpoint = (proto or "http://") + head
+            rest = rest[len(head) + 1:].lstrip("/") if "/" in rest else ""
+        elif proto:
+            raise ValueError(f"{url}: expected s3://{proto}host:port/bucket/path")
     elif scheme == "as":
+        rest = rest.split("?", 1)[0]  # Triton's pattern takes a query (a SAS token) and ignores it
         account, _, rest = rest.partition("/")
+        if account.endswith(_AZURE_HOST_SUFFIX):  # as://<account>.blob.core.windows.net/...: Triton's account
+            account = account[:-len(_AZURE_HOST_SUFFIX)]
         if not account:
             raise ValueError(f"{url}: expected as://account/container/path")
     bucket, _, path = rest.partition("/")
