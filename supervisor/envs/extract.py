@@ -284,16 +284,18 @@ class _Writer:
         src = tar.extractfile(member)
         assert src is not None  # a regular member always has a body
         fd = self._replace(parent, leaf, member.name, lambda: os.open(leaf, _FILE_FLAGS, 0o600, dir_fd=parent))
+        sparse = member.sparse is not None  # its holes stay holes on disk, as tarfile leaves them
         with open(fd, "wb", closefd=True) as out:
             while chunk := src.read(_CHUNK):
                 self.written += len(chunk)  # holes count too: the cap is on the size the files claim
                 if self.written > self.limits.max_bytes:
                     raise _too_big(self.tarball, self.limits)
-                if chunk.count(0) == len(chunk):
-                    out.seek(len(chunk), os.SEEK_CUR)  # all zeros: left as a hole, as tarfile does for sparse members
+                if sparse and chunk.count(0) == len(chunk):
+                    out.seek(len(chunk), os.SEEK_CUR)
                 else:
                     out.write(chunk)
-            out.truncate()
+            if sparse:
+                out.truncate()  # a hole at the end: the size is where the writing stopped
             out.flush()
             os.fchmod(fd, _file_mode(member.mode))
             _set_mtime(fd, member.mtime)
