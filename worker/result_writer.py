@@ -185,8 +185,11 @@ class ResultWriter:
     def _shm_ref(self, name: str, datatype: str, shape: Any, data: Any, nbytes: int,
                  add: Callable[[Any, int], tuple[int, int]]) -> str:
         """A large output goes into one of this worker's regions (the supervisor maps it, and passes it
-        to the next ensemble step by name); with the arena full it rides as a frame after all."""
-        region = self._out_arena.take(nbytes)
+        to the next ensemble step by name); with the arena or /dev/shm full it rides as a frame after all."""
+        try:
+            region = self._out_arena.take(nbytes)
+        except InferdError:  # /dev/shm is full: the answer still goes, by the socket
+            region = None
         if region is None:
             frame, offset = add(data, nbytes)
             return _ref_json(name, datatype, shape, frame, offset, nbytes)

@@ -1,7 +1,7 @@
 """Supervisor-owned shared-memory regions for input tensors too large to ride as ZeroMQ frames.
 
-Regions are created with `wire.shm.create` from stems `inferd_<supervisor pid>_<n>` (posix_fallocate:
-a full /dev/shm is InferdError(UNAVAILABLE, "shared memory exhausted ..."), never a SIGBUS); their
+Regions are created with `wire.shm.create` from stems `inferd_<supervisor pid>_<n>` (posix_fallocate: a
+full /dev/shm is InferdError(INTERNAL, "shared memory exhausted ...", as Triton words it), never a SIGBUS); their
 names are handles (`<stem>.<fd>.<inode>`) to files already unlinked, so a kill -9 of the supervisor
 leaves nothing in /dev/shm. "Unlink" below means: close the fd, so that no worker can attach any more. A region
 holds one tensor at offset 0 and is reused across requests: sizes are rounded to classes (powers of
@@ -138,7 +138,7 @@ class ShmPool:
                     f" ({self.in_use_bytes} bytes in use)",
                 )
         stem = shm.make_name(self.owner_pid, str(next(self._counter)))
-        region = shm.create(stem, size)  # InferdError(UNAVAILABLE, "shared memory exhausted ...")
+        region = shm.create(stem, size)  # InferdError(INTERNAL, "shared memory exhausted ...")
         entry = _Entry(region, size)
         self._entries[region.name] = entry
         self.total_bytes += size

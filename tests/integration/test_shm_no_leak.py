@@ -86,5 +86,5 @@ def test_full_dev_shm_is_an_error_not_sigbus():
     if proc.returncode != 0 and ("unshare" in proc.stderr or "mount" in proc.stderr):
         pytest.skip("cannot make a private /dev/shm here: " + proc.stderr.strip())
     assert proc.returncode == 0, proc.stderr
-    assert "UNAVAILABLE shared memory exhausted" in proc.stdout
+    assert "INTERNAL shared memory exhausted" in proc.stdout
     assert "left []" in proc.stdout

@@ -148,10 +148,12 @@ def create(name: str, size: int) -> Region:
             _reserve(fd, size)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.ENOMEM, errno.EFBIG, errno.EDQUOT):
+                # status and words as Triton's Python backend for a pool that cannot grow (its qa greps them)
                 raise InferdError(
-                    ErrorCode.UNAVAILABLE,
-                    "shared memory exhausted: cannot reserve %d bytes in %s (%s)"
-                    % (size, SHM_DIR, os.strerror(exc.errno)),
+                    ErrorCode.INTERNAL,
+                    "shared memory exhausted: cannot reserve %d bytes in %s (%s). Failed to increase the shared "
+                    "memory pool size; inside docker, use the '--shm-size' flag to make %s larger"
+                    % (size, SHM_DIR, os.strerror(exc.errno), SHM_DIR),
                 ) from None
             raise
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
