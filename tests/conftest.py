@@ -6,8 +6,9 @@ repository from fixture models (tests/fixtures/models) or example models (exampl
 models are ready, and stop it on teardown (SIGTERM, 10 s, then SIGKILL).
 
 Environment knobs:
-- INFERD_E2E_TARGET=triton runs the same tests against the real Triton (tools/triton_reference.sh);
-  tests marked `inferd_only` are skipped there. Default: inferd.
+- INFERD_E2E_TARGET=triton runs the same tests against the real Triton (tests/tools/triton_reference.sh,
+  or INFERD_TRITON_SCRIPT); tests marked `inferd_only` are skipped there. Default: inferd. A test may
+  also start one server of each kind (`server_factory(..., target="triton")`).
 - INFERD_E2E_FRONTEND_PROCESSES=N runs every inferd server with `--frontend-processes N` (scaleout/).
 - INFERD_E2E_SKIP_MISSING=1 skips (instead of failing) server tests when the `inferd` console
   script is not installed.
@@ -41,7 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_MODELS = REPO_ROOT / "tests" / "fixtures" / "models"
 EXAMPLE_MODELS = REPO_ROOT / "examples"
 INFERD_BIN = Path(sys.executable).parent / "inferd"
-TRITON_SCRIPT = Path(os.environ.get("INFERD_TRITON_SCRIPT", "/work/shared/tools/triton_reference.sh"))
+# the real Triton 2.51 (nvidia-pytriton wheel): `bash tests/tools/triton_reference.sh setup` once
+TRITON_SCRIPT = Path(os.environ.get("INFERD_TRITON_SCRIPT", str(REPO_ROOT / "tests" / "tools" / "triton_reference.sh")))
 TARGET = os.environ.get("INFERD_E2E_TARGET", "inferd").strip().lower()
 FRONTEND_PROCESSES = os.environ.get("INFERD_E2E_FRONTEND_PROCESSES", "").strip()
 SHM_DIR = Path("/dev/shm")
@@ -466,7 +468,7 @@ class Server:
 
 
 def _server_argv(repo: Path, ports: list[int], control_mode: str, load_models: list[str],
-                 extra_args: list[str], inferd_args: list[str]) -> list[str]:
+                 extra_args: list[str], inferd_args: list[str], triton: bool) -> list[str]:
     common = [
         "--model-repository", str(repo),
         "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
@@ -478,7 +480,7 @@ def _server_argv(repo: Path, ports: list[int], control_mode: str, load_models: l
     ]
     for name in load_models:
         common += ["--load-model", name]
-    if target_is_triton():
+    if triton:
         return ["bash", str(TRITON_SCRIPT), "run", *common, "--allow-gpu-metrics", "false", *extra_args]
     # INFERD_E2E_FRONTEND_PROCESSES=N runs every server with N frontend processes (a test's own flag wins)
     scaleout = ["--frontend-processes", FRONTEND_PROCESSES] if FRONTEND_PROCESSES else []
@@ -493,8 +495,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
-def _check_binary() -> None:
-    if target_is_triton():
+def _check_binary(triton: bool) -> None:
+    if triton:
         if not TRITON_SCRIPT.exists():
             pytest.fail(f"INFERD_E2E_TARGET=triton but {TRITON_SCRIPT} does not exist", pytrace=False)
         return
@@ -526,14 +528,18 @@ class ServerFactory:
     def __call__(self, models: Iterable[str] | dict[str, str] = (), *, repo: Path | None = None,
                  control_mode: str = "none", load_models: Iterable[str] = (),
                  wait_ready: Iterable[str] | None = None, extra_args: Iterable[str] = (),
-                 inferd_args: Iterable[str] = (), start_timeout: float = START_DEADLINE_S) -> Server:
+                 inferd_args: Iterable[str] = (), start_timeout: float = START_DEADLINE_S,
+                 target: str | None = None) -> Server:
         """Start a server.
+
+        target: "inferd" or "triton"; default: INFERD_E2E_TARGET.
 
         models: model names (fixture first, then example) or {name_in_repo: source_name}.
         wait_ready: models to wait for; default: all copied models (none mode) or `load_models`
         (explicit mode). Models expected to fail must be left out of it.
         """
-        _check_binary()
+        triton = target_is_triton() if target is None else target == "triton"
+        _check_binary(triton)
         models = dict(models) if isinstance(models, dict) else list(models)
         if repo is None:
             repo = self.make_repo(models)
@@ -545,7 +551,8 @@ class ServerFactory:
         last_error: BaseException | None = None
         for _attempt in range(2):  # a second try only if a port got taken in between
             ports = free_ports(3)
-            argv = _server_argv(repo, ports, control_mode, load_models, list(extra_args), list(inferd_args))
+            argv = _server_argv(repo, ports, control_mode, load_models, list(extra_args), list(inferd_args),
+                                triton)
             log_path = repo.parent / f"{repo.name}-server-{ports[0]}.log"
             with open(log_path, "wb") as log_file:
                 env = dict(os.environ, PYTHONUNBUFFERED="1")

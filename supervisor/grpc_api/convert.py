@@ -320,21 +320,28 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
     if raw_idx != n_raw:
         raise invalid_arg(f"got {n_raw} raw_input_contents entries but {raw_idx} inputs use raw data")
     shm_out: ShmOutputs | None = None
+    asked: set[str] = set()
     for o in msg.outputs:
         out = RequestedOutput(o.name)
+        region = None
         if o.parameters:
             if "classification" in o.parameters and "shared_memory_region" in o.parameters:
                 raise invalid_arg(CLASSIFICATION_WITH_SHM)
             for k, p in o.parameters.items():
                 if k == "shared_memory_region":
-                    shm_out = shm_out or {}
-                    shm_out[o.name] = _shm_output(o)
+                    region = _shm_output(o)
                 elif k.startswith("shared_memory_") or k == "binary_data":
                     continue  # consumed with the region / meaningless over gRPC
                 elif k == "classification":
                     out.parameters[k] = _class_count(p)
                 else:
                     out.parameters[k] = param_value(p, k)
+        if o.name in asked:
+            continue  # an output asked for again: Triton keeps the first request of it
+        asked.add(o.name)
+        if region is not None:
+            shm_out = shm_out or {}
+            shm_out[o.name] = region
         req.outputs.append(out)
     if shm_out and len(shm_out) == len(req.outputs) and all(dataplane.shm_is_cuda(r) for r, _, _ in shm_out.values()):
         req.device_outputs = True  # every output goes to a CUDA region: a GPU model's go device to device

@@ -26,7 +26,7 @@ from inferd.supervisor.inference.types import (
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import internal, invalid_arg
 
-from . import templates
+from . import json_nonfinite, templates
 from .json_request import parse_plain
 from .json_template import JsonTemplates
 from .parsed import OutputPlan, ParsedInfer
@@ -43,7 +43,9 @@ def _load_doc(head: Any) -> dict[str, Any]:
     """A request's JSON header as a dict; 400 for anything else."""
     try:
         doc = orjson.loads(head)
-    except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
+    except orjson.JSONDecodeError as exc:  # perhaps a NaN or Infinity, which Triton reads
+        doc = json_nonfinite.loads(head, exc)
+    except (RecursionError, ValueError) as exc:
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
     if type(doc) is not dict:
         raise invalid_arg("the inference request must be a JSON object")
@@ -250,8 +252,6 @@ class InferCodec:
 
     def _requested_output(self, item: Any, parsed: ParsedInfer) -> None:
         name = _name_of(item, "output", self.limits)
-        if name in parsed.plans:
-            raise invalid_arg(f"output '{name}' is requested more than once")
         params = _params(item, f"output '{name}'")
         plan = OutputPlan()
         binary = params.get("binary_data")
@@ -265,7 +265,11 @@ class InferCodec:
         if "shared_memory_region" in params:
             if cls is not None:
                 raise invalid_arg(CLASSIFICATION_WITH_SHM)
+            if binary:  # Triton refuses this pair (`binary_data: false` with a region is accepted)
+                raise invalid_arg(f"Output can't set both 'shared_memory_region' and 'binary_data' (output '{name}')")
             plan.shm = _shm_params(params, name)
+        if name in parsed.plans:
+            return  # asked for again: Triton keeps the first request of an output (its parameters checked)
         parsed.plans[name] = plan
         parsed.request.outputs.append(RequestedOutput(name, dict(params)))
 
@@ -359,6 +363,7 @@ class InferCodec:
         blob_bytes = 0
         default = parsed.binary_default
         plans = parsed.plans
+        nonfinite = False  # a JSON output holds NaN or an infinity: orjson would write null
         for t in resp.outputs:
             entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
             plan = plans.get(t.name) if plans else None
@@ -388,18 +393,21 @@ class InferCodec:
                 self.dp.shm_write(region, offset, t.data)
             # a listed output is binary only when it asks (Triton ignores binary_data_output for it)
             elif (plan.binary is True) if plan is not None else default:
-                binary_any = True
                 entry["parameters"] = {"binary_data_size": nbytes}
-                if nbytes:
+                if nbytes:  # (as Triton: only bytes after the JSON make the answer binary)
+                    binary_any = True
                     blobs.append(t.data)
                     blob_bytes += nbytes
             else:  # numbers (code): size checked above, a flat list at once
                 if code is None:
-                    entry["data"] = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
+                    data = tensors.raw_to_json(t.datatype, t.shape, t.data, t.name)
                 else:
                     if view.format != "B" or view.ndim != 1:
                         view = view.cast("B")
-                    entry["data"] = view.cast(code).tolist()  # type: ignore[call-overload]
+                    data = view.cast(code).tolist()  # type: ignore[call-overload]
+                entry["data"] = data
+                if not nonfinite and (t.datatype == "FP32" or t.datatype == "FP64"):
+                    nonfinite = json_nonfinite.has_nonfinite(data)
             entries.append(entry)
         doc: dict[str, Any] = {}
         if resp.id:
@@ -411,8 +419,8 @@ class InferCodec:
             doc["parameters"] = resp.parameters
         doc["outputs"] = entries
         try:
-            head = orjson.dumps(doc)
-        except TypeError as exc:
+            head = json_nonfinite.dumps(doc) if nonfinite else orjson.dumps(doc)
+        except (TypeError, ValueError) as exc:
             raise internal(f"response could not be serialized: {exc}") from None
         if binary_any:
             headers = {"Inference-Header-Content-Length": str(len(head))}

@@ -1,0 +1,406 @@
+"""Requests for tests/e2e/test_differential_triton.py: what one inference request is (RequestSpec), the
+Hypothesis strategy that draws valid ones, client shared memory for them, and their encodings: the exact
+bytes of an HTTP body, tritonclient.http objects, a gRPC ModelInferRequest (tritonclient's own protos).
+
+The models (tests/fixtures/models/diff_identity, its non-batching twin, examples/add_sub) are identities
+over every datatype and add_sub, so the outputs a request yields are known from its inputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+IDENTITY = "diff_identity"  # max_batch_size 4, dims [-1, -1]: shapes [b, m, n]
+IDENTITY_NOBATCH = "diff_identity_nobatch"  # max_batch_size 0, dims [-1]: shapes [n]
+ADD_SUB = "add_sub"  # FP32 [16] twice -> sum and difference
+MAX_BATCH = 4
+
+NUMPY = {
+    "BOOL": np.dtype(np.bool_), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"), "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"), "FP16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16),
+    "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"), "BYTES": np.dtype(np.object_),
+}
+DATATYPES = list(NUMPY)
+NO_JSON = ("FP16", "BF16")  # both servers refuse these as JSON data, in and out (a test of its own)
+# request parameters the servers read themselves: drawn keys never take these names
+RESERVED = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output",
+            "headers"}
+
+_names = itertools.count()
+
+
+@dataclass
+class InputSpec:
+    name: str
+    datatype: str
+    shape: list[int]
+    array: np.ndarray
+    encoding: str  # "json" (HTTP data / gRPC typed contents), "binary" (HTTP extension / gRPC raw), "shm"
+
+    def wire(self) -> bytes:
+        """The tensor's bytes as both protocols carry them (BYTES: 4-byte little-endian length prefixes)."""
+        if self.datatype == "BYTES":
+            return b"".join(struct.pack("<I", len(b)) + b for b in self.array.reshape(-1))
+        return self.array.tobytes()
+
+    def json_data(self) -> list[Any]:
+        flat = self.array.reshape(-1)
+        if self.datatype == "BYTES":
+            return [b.decode("utf-8") for b in flat]
+        return flat.tolist()  # bool, int or float (FP32 values are exact as Python floats)
+
+    def utf8(self) -> bool:
+        if self.datatype != "BYTES":
+            return True
+        try:
+            for b in self.array.reshape(-1):
+                b.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return True
+
+
+@dataclass
+class OutputSpec:
+    name: str
+    binary: bool | None  # HTTP `binary_data`; None leaves the parameter out
+    shm: bool
+
+
+@dataclass
+class RequestSpec:
+    model: str
+    inputs: list[InputSpec]
+    outputs: list[OutputSpec] | None  # None: no `outputs` (every output the model gives)
+    request_id: str | None
+    parameters: dict[str, Any]
+    binary_data_output: bool | None  # HTTP request parameter; None leaves it out
+    ascii_json: bool = True  # HTTP body: non-ASCII as \u escapes or as UTF-8
+    shm_gap: int = 0  # bytes between two tensors in a shared-memory segment (unaligned offsets at times)
+    expected: dict[str, int] = field(default_factory=dict)  # output name -> its byte size
+
+    def __repr__(self) -> str:  # what Hypothesis prints for a falsifying example
+        ins = ", ".join(f"{t.name}{t.shape}:{t.encoding}={t.array.reshape(-1).tolist()!r}" for t in self.inputs)
+        return (f"RequestSpec({self.model}, inputs=[{ins}], outputs={self.outputs}, id={self.request_id!r}, "
+                f"parameters={self.parameters}, binary_data_output={self.binary_data_output}, "
+                f"ascii_json={self.ascii_json})")
+
+    @property
+    def uses_shm(self) -> bool:
+        return any(t.encoding == "shm" for t in self.inputs) or any(o.shm for o in self.outputs or ())
+
+
+# ---------------------------------------------------------------- drawing valid requests
+
+def _values(datatype: str, count: int) -> st.SearchStrategy[np.ndarray]:
+    dt = NUMPY[datatype]
+    if datatype == "BOOL":
+        elems: st.SearchStrategy[Any] = st.booleans()
+    elif datatype == "BYTES":  # UTF-8 text (JSON-able) or any bytes, NULs and invalid UTF-8 included
+        elems = st.one_of(st.text(max_size=6).map(lambda s: s.encode("utf-8")), st.binary(max_size=8))
+        return st.lists(elems, min_size=count, max_size=count).map(lambda v: np.array(v, dtype=object))
+    elif datatype in ("FP16", "BF16"):  # every bit pattern: NaN payloads, infinities, subnormals, -0
+        return st.lists(st.integers(0, 0xFFFF), min_size=count, max_size=count).map(
+            lambda v: np.array(v, dtype="<u2").view(dt))
+    elif datatype in ("FP32", "FP64"):
+        elems = st.floats(width=32 if datatype == "FP32" else 64)  # NaN, +-inf, -0.0, extremes included
+    else:
+        info = np.iinfo(dt)
+        elems = st.integers(int(info.min), int(info.max))
+    return st.lists(elems, min_size=count, max_size=count).map(lambda v: np.array(v, dtype=dt))
+
+
+# FP64 numbers Triton's rapidjson reads exactly (its fast path: at most 15 digits, a power of ten within
+# 1e+-22); others it may read one ULP off (see the test), so a JSON FP64 input holds these only
+_JSON_FP64 = st.one_of(
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0]),
+    st.builds(lambda m, e: float(f"{m}e{e}"), st.integers(-(10**15 - 1), 10**15 - 1), st.integers(-22, 22)))
+
+
+@st.composite
+def _tensor(draw: Any, name: str, datatype: str, shape: list[int]) -> InputSpec:
+    count = int(np.prod(shape))
+    choices = ["binary", "shm"] if datatype in NO_JSON else ["json", "binary", "shm"]
+    encoding = draw(st.sampled_from(choices))
+    if datatype == "FP64" and encoding == "json":
+        values = st.lists(_JSON_FP64, min_size=count, max_size=count).map(lambda v: np.array(v, dtype="<f8"))
+    else:
+        values = _values(datatype, count)
+    t = InputSpec(name, datatype, shape, draw(values).reshape(shape), encoding)
+    if encoding == "json" and not t.utf8():  # a JSON string is text
+        t.encoding = draw(st.sampled_from(["binary", "shm"]))
+    if t.encoding == "shm" and not t.wire():  # Triton refuses a zero-byte shared-memory tensor (see the test)
+        t.encoding = "binary"
+    return t
+
+
+_PARAM_VALUES = st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=8),
+                          st.floats(allow_nan=False, allow_infinity=False))
+_PARAM_KEYS = st.from_regex(r"[a-z][a-z0-9_]{0,7}", fullmatch=True).filter(
+    lambda k: k not in RESERVED and not k.startswith("triton_"))
+
+
+@st.composite
+def requests(draw: Any) -> RequestSpec:
+    """One valid request for one of the three models, with what each output will hold."""
+    model = draw(st.sampled_from([IDENTITY, IDENTITY, IDENTITY_NOBATCH, IDENTITY_NOBATCH, ADD_SUB]))
+    inputs: list[InputSpec] = []
+    if model == ADD_SUB:
+        for name in ("INPUT0", "INPUT1"):
+            inputs.append(draw(_tensor(name, "FP32", [16])))
+        expected = {"OUTPUT0": 64, "OUTPUT1": 64}
+    else:
+        types = draw(st.lists(st.sampled_from(DATATYPES), min_size=1, max_size=3, unique=True))
+        batch = draw(st.integers(1, MAX_BATCH))  # (batch 0 is outside what Triton serves: see the test)
+        for dt in types:
+            if model == IDENTITY:
+                shape = [batch, draw(st.integers(0, 3)), draw(st.integers(0, 3))]
+            else:
+                shape = [draw(st.integers(0, 6))]
+            inputs.append(draw(_tensor(f"INPUT_{dt}", dt, shape)))
+        draw(st.randoms()).shuffle(inputs)
+        expected = {"OUTPUT_" + t.datatype: len(t.wire()) for t in inputs}
+    # outputs that must travel binary: FP16/BF16 (no JSON form) and BYTES that are not UTF-8 (see the test)
+    binary_only = {"OUTPUT_" + t.datatype for t in inputs if t.datatype in NO_JSON or not t.utf8()}
+    outputs: list[OutputSpec] | None = None
+    binary_data_output = draw(st.sampled_from([None, True, False]))
+    if draw(st.booleans()):
+        names = draw(st.lists(st.sampled_from(sorted(expected)), min_size=1, unique=True))
+        if model != ADD_SUB and draw(st.integers(0, 4)) == 0:  # an output whose input the request lacks
+            names.append(draw(st.sampled_from([f"OUTPUT_{dt}" for dt in DATATYPES if f"OUTPUT_{dt}" not in expected])))
+        outputs = []
+        for name in names:
+            shm = draw(st.integers(0, 3)) == 0 and expected.get(name, 8) > 0  # (no zero-byte region either)
+            # `binary_data: true` with a region is an error (a test of its own)
+            binary = draw(st.sampled_from([None, False] if shm else [None, True, False]))
+            if name in binary_only and not shm and not binary:
+                binary = True  # (`binary_data_output` does not reach a listed output)
+            outputs.append(OutputSpec(name, binary, shm))
+    elif binary_only and not binary_data_output:
+        binary_data_output = True
+    # (Triton cuts an id at its first NUL, a C string's end: see the test)
+    id_chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
+    request_id = draw(st.one_of(st.none(), st.text(id_chars, max_size=8)))
+    parameters = draw(st.dictionaries(_PARAM_KEYS, _PARAM_VALUES, max_size=3))
+    return RequestSpec(model, inputs, outputs, request_id, parameters, binary_data_output,
+                       ascii_json=draw(st.booleans()), shm_gap=draw(st.integers(0, 3)), expected=expected)
+
+
+# ---------------------------------------------------------------- client shared memory
+
+class Segment:
+    """A POSIX shared-memory segment this test owns (/dev/shm/<key>), mapped for reading and writing."""
+
+    def __init__(self, size: int) -> None:
+        self.key = f"/difftest_{os.getpid()}_{next(_names)}"
+        self.size = max(size, 8)  # (a zero-length mapping is not allowed)
+        fd = os.open("/dev/shm" + self.key, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self.size)
+            self.map = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.map.close()
+        os.unlink("/dev/shm" + self.key)
+
+
+@dataclass
+class ShmPlan:
+    """Where each shm tensor of a request lives: inputs in one segment both servers read; outputs in one
+    segment per server (same layout), cleared before each request so a missing write shows."""
+
+    region_in: str
+    region_out: str
+    inputs: dict[str, tuple[int, int]]  # name -> (offset, byte size)
+    outputs: dict[str, tuple[int, int]]
+    in_size: int
+    out_size: int
+    seg_in: Segment | None = None
+    seg_out: dict[str, Segment] = field(default_factory=dict)  # server label -> its output segment
+
+    @classmethod
+    def layout(cls, spec: RequestSpec) -> ShmPlan:
+        gap = spec.shm_gap
+        n = next(_names)
+        pos, ins = 0, {}
+        for t in spec.inputs:
+            if t.encoding == "shm":
+                size = len(t.wire())
+                ins[t.name] = (pos, size)
+                pos += size + gap  # `gap` (drawn) leaves the next offset unaligned at times
+        pos_out, outs = 0, {}
+        for o in spec.outputs or ():
+            if o.shm:
+                size = spec.expected.get(o.name, 8)
+                outs[o.name] = (pos_out, size)
+                pos_out += size + gap
+        return cls(f"d{n}_in", f"d{n}_out", ins, outs, pos, pos_out)
+
+    def create(self, spec: RequestSpec, labels: list[str]) -> None:
+        if self.inputs:
+            self.seg_in = Segment(self.in_size)
+            for t in spec.inputs:
+                if t.name in self.inputs:
+                    off, size = self.inputs[t.name]
+                    self.seg_in.map[off:off + size] = t.wire()
+        if self.outputs:
+            for label in labels:
+                self.seg_out[label] = Segment(self.out_size)
+
+    def clear_outputs(self) -> None:
+        for seg in self.seg_out.values():
+            seg.map[:] = b"\xa5" * seg.size
+
+    def read_outputs(self, label: str) -> dict[str, bytes]:
+        seg = self.seg_out.get(label)
+        return {name: bytes(seg.map[off:off + size]) for name, (off, size) in self.outputs.items()} if seg else {}
+
+    def close(self) -> None:
+        for seg in [self.seg_in, *self.seg_out.values()]:
+            if seg is not None:
+                seg.close()
+
+
+# ---------------------------------------------------------------- encodings
+
+def http_body(spec: RequestSpec, shm: ShmPlan | None) -> tuple[bytes, dict[str, str]]:
+    """The exact HTTP request: a JSON document, then the binary inputs in order."""
+    doc: dict[str, Any] = {}
+    if spec.request_id is not None:
+        doc["id"] = spec.request_id
+    params = dict(spec.parameters)
+    if spec.binary_data_output is not None:
+        params["binary_data_output"] = spec.binary_data_output
+    if params:
+        doc["parameters"] = params
+    inputs, blobs = [], []
+    for t in spec.inputs:
+        entry: dict[str, Any] = {"name": t.name, "shape": t.shape, "datatype": t.datatype}
+        if t.encoding == "json":
+            entry["data"] = t.json_data()
+        elif t.encoding == "binary":
+            blobs.append(t.wire())
+            entry["parameters"] = {"binary_data_size": len(blobs[-1])}
+        else:
+            assert shm is not None
+            off, size = shm.inputs[t.name]
+            entry["parameters"] = {"shared_memory_region": shm.region_in, "shared_memory_offset": off,
+                                   "shared_memory_byte_size": size}
+        inputs.append(entry)
+    doc["inputs"] = inputs
+    if spec.outputs is not None:
+        outs = []
+        for o in spec.outputs:
+            entry = {"name": o.name}
+            p: dict[str, Any] = {}
+            if o.binary is not None:
+                p["binary_data"] = o.binary
+            if o.shm:
+                assert shm is not None
+                off, size = shm.outputs[o.name]
+                p.update(shared_memory_region=shm.region_out, shared_memory_offset=off, shared_memory_byte_size=size)
+            if p:
+                entry["parameters"] = p
+            outs.append(entry)
+        doc["outputs"] = outs
+    head = json.dumps(doc, ensure_ascii=spec.ascii_json, allow_nan=True).encode("utf-8")
+    if not blobs:
+        return head, {"Content-Type": "application/json"}
+    return head + b"".join(blobs), {"Content-Type": "application/octet-stream",
+                                     "Inference-Header-Content-Length": str(len(head))}
+
+
+def client_inputs(module: Any, spec: RequestSpec, shm: ShmPlan | None) -> list[Any]:
+    """tritonclient InferInput objects (`module` is tritonclient.http or tritonclient.grpc)."""
+    out = []
+    for t in spec.inputs:
+        inp = module.InferInput(t.name, t.shape, t.datatype)
+        if t.encoding == "shm":
+            assert shm is not None
+            off, size = shm.inputs[t.name]
+            inp.set_shared_memory(shm.region_in, size, off)
+        elif module.__name__.endswith("http"):
+            inp.set_data_from_numpy(t.array, binary_data=t.encoding == "binary")
+        else:
+            inp.set_data_from_numpy(t.array)
+        out.append(inp)
+    return out
+
+
+def client_outputs(module: Any, spec: RequestSpec, shm: ShmPlan | None) -> list[Any] | None:
+    if spec.outputs is None:
+        return None
+    out = []
+    http = module.__name__.endswith("http")
+    for o in spec.outputs:
+        req = module.InferRequestedOutput(o.name, binary_data=o.binary is not False) if http else \
+            module.InferRequestedOutput(o.name)
+        if o.shm:
+            assert shm is not None
+            off, size = shm.outputs[o.name]
+            req.set_shared_memory(shm.region_out, size, off)
+        out.append(req)
+    return out
+
+
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+             "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+             "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+
+
+def _param(msg: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        msg.bool_param = value
+    elif isinstance(value, int):
+        msg.int64_param = value
+    elif isinstance(value, float):
+        msg.double_param = value
+    else:
+        msg.string_param = value
+
+
+def grpc_request(pb: Any, spec: RequestSpec, shm: ShmPlan | None) -> Any:
+    """A ModelInferRequest: "json" inputs as typed contents (where no input goes raw: the two cannot be
+    mixed), "binary" ones as raw_input_contents, shm ones by region."""
+    req = pb.ModelInferRequest(model_name=spec.model, id=spec.request_id or "")
+    for k, v in spec.parameters.items():
+        _param(req.parameters[k], v)
+    raw = any(t.encoding == "binary" for t in spec.inputs)
+    for t in spec.inputs:
+        tensor = req.inputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        if t.encoding == "shm":
+            assert shm is not None
+            off, size = shm.inputs[t.name]
+            _param(tensor.parameters["shared_memory_region"], shm.region_in)
+            _param(tensor.parameters["shared_memory_offset"], off)
+            _param(tensor.parameters["shared_memory_byte_size"], size)
+        elif raw or t.encoding == "binary":
+            req.raw_input_contents.append(t.wire())
+        else:
+            values = list(t.array.reshape(-1))
+            getattr(tensor.contents, _CONTENTS[t.datatype]).extend(
+                [bytes(v) for v in values] if t.datatype == "BYTES" else [v.item() for v in values])
+    for o in spec.outputs or ():
+        out = req.outputs.add(name=o.name)
+        if o.shm:
+            assert shm is not None
+            off, size = shm.outputs[o.name]
+            _param(out.parameters["shared_memory_region"], shm.region_out)
+            _param(out.parameters["shared_memory_offset"], off)
+            _param(out.parameters["shared_memory_byte_size"], size)
+    return req
