@@ -116,8 +116,7 @@ def _call_of(obj: Any) -> tuple[str, str] | None:
     if not isinstance(obj, dict):
         return None
     name = obj.get("name")
-    args = obj.get("arguments", obj.get("parameters"))
-    arguments = _arguments(args) if ("arguments" in obj or "parameters" in obj) else None
+    arguments = _arguments(obj.get("arguments", obj.get("parameters")))  # llama3 writes "parameters"
     if not isinstance(name, str) or not name or arguments is None:
         return None
     return name, arguments
