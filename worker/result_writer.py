@@ -133,9 +133,10 @@ class ResultWriter:
 
     def item(self, request: Request, result: Response, packer: FramePacker,
              failed: Optional[list[int]] = None) -> str:
-        """The ResponseItem JSON of one result; its outputs go into `packer`."""
+        """The ResponseItem JSON of one result; its outputs go into `packer`. A result with an error and
+        outputs (a first response that stands beside the error, python_senders) carries both."""
         params = result.parameters
-        if result.error is not None:
+        if result.error is not None and not result.outputs:
             return self._error_item(request.request_id, wire_error(result.error), failed, params)
         model = self._model
         wanted = request.requested_outputs or self._output_names
@@ -180,6 +181,10 @@ class ResultWriter:
             else:
                 frame, offset = add(data, nbytes)
                 refs.append(_ref_json(name, datatype, shape, frame, offset, nbytes))
+        if result.error is not None:
+            if failed is not None:
+                failed.append(request.request_id)
+            return response_item_json(request.request_id, refs, wire_error(result.error), params)
         return response_item_json(request.request_id, refs, None, params)
 
     def _shm_ref(self, name: str, datatype: str, shape: Any, data: Any, nbytes: int,

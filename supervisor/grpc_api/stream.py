@@ -26,7 +26,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
 from .. import access
 from ..core.dataplane import DataPlane
-from ..inference.types import InferRequest, InferResponse
+from ..inference.types import FirstResponseError, InferRequest, InferResponse
 from ..tracing import live
 from . import convert, wire
 from .errors import status_of
@@ -132,6 +132,8 @@ class StreamInfer:
     async def _one(self, req: InferRequest, shm: convert.ShmOutputs | None) -> Any:
         try:
             return self._message(await self.dp.infer(req), shm, True)
+        except FirstResponseError as exc:  # a response, then an error: as Triton, the stream passes the first
+            return self._message(exc.response, shm, True)
         except InferdError as exc:
             return exc
         except Exception as exc:

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.worker.wire.errors import ErrorCode, InferdError
+
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 
@@ -67,3 +69,13 @@ class InferResponse:
     id: str = ""
     outputs: list[Tensor] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+class FirstResponseError(InferdError):
+    """A non-decoupled request whose model sent a response and then failed (to Triton: two responses).
+    Answered as this error, except on a stream, which delivers `response` and drops the rest (as Triton's
+    gRPC stream does for a non-decoupled model)."""
+
+    def __init__(self, code: ErrorCode, message: str, response: InferResponse) -> None:
+        super().__init__(code, message)
+        self.response = response

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 from inferd.supervisor.inference.tensors import element_count
-from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.inference.types import FirstResponseError, InferRequest, InferResponse, Tensor
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -197,14 +197,21 @@ def _plain_result(requests: Sequence[InferRequest], ids: Sequence[int], header: 
 
 def _response(req: InferRequest, item: m.ResponseItem, buffers: Sequence[Any], version: str,
               outputs_in_shm: Any) -> InferResponse | InferdError:
-    """One ResponseItem as a core response, or the error it carries."""
+    """One ResponseItem as a core response, or the error it carries (with the response beside it when the
+    item has outputs too: FirstResponseError)."""
     err = item.error
     if err is not None:
         try:
             code = ErrorCode(err.code)
         except ValueError:
             code = ErrorCode.INTERNAL
-        return InferdError(code, str(err.message))
+        if not item.outputs:
+            return InferdError(code, str(err.message))
+        first = _response(req, m.ResponseItem(item.request_id, item.outputs, None, item.parameters), buffers,
+                          version, outputs_in_shm)
+        if isinstance(first, InferdError):
+            return first
+        return FirstResponseError(code, str(err.message), first)
     outputs = []
     for ref in item.outputs:
         loc = ref.loc

@@ -89,6 +89,26 @@ def test_non_decoupled_response_sender(server, protocol, mode, value):
     client.close()
 
 
+def test_non_decoupled_sending_twice_on_a_stream(server):
+    """Triton's qa response_sender test_non_decoupled_two_response_pre_return: over a gRPC stream the first
+    response arrives without an error, what came after it is dropped (checked against Triton 2.51)."""
+    client = server.grpc_client()
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        client.async_stream_infer("sender_nondecoupled", [_input(grpcclient, "IN", np.zeros(1, np.int32), "INT32")],
+                                  parameters={"mode": "twice"}, request_id="a")
+        client.async_stream_infer("sender_nondecoupled", [_input(grpcclient, "IN", np.zeros(1, np.int32), "INT32")],
+                                  parameters={"mode": "sender"}, request_id="b")
+        got = [answers.get(timeout=60) for _ in range(2)]
+    finally:
+        client.stop_stream()
+        client.close()
+    assert [error for _, error in got] == [None, None], got
+    assert sorted((r.get_response().id, r.as_numpy("OUT").tolist()) for r, _ in got) == [("a", [3]), ("b", [1])]
+    assert answers.empty()
+
+
 def test_non_decoupled_sending_twice(server):
     """A second response: the model's send raises (logged with Triton's message) and the client sees
     Triton's error for a non-decoupled request given two responses."""

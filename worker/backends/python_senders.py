@@ -18,13 +18,16 @@ TWO_RESPONSES = "expected a single response, got 2"
 def after_failure(request: Any, message: str, convert: Callable[[Any, Any], Response]) -> Response:
     """The answer of a request whose execute failed with `message`: a response the model already sent
     with FINAL stands (Triton delivers it; the error goes nowhere); one sent without FINAL is followed
-    by the error, which Triton's frontend reports as two responses; otherwise the error."""
+    by the error, which Triton's frontend reports as two responses: that error, carrying the first
+    response's outputs too (a gRPC stream delivers them and drops the rest, as Triton's); otherwise the error."""
     sender = request._sender
     if sender is not None and sender.responses:
         if sender.closed:
             return convert(request, sender.responses[0])
         sender._close()
-        return Response(error=InferdError(ErrorCode.INTERNAL, TWO_RESPONSES))
+        first = convert(request, sender.responses[0])
+        first.error = InferdError(ErrorCode.INTERNAL, TWO_RESPONSES)
+        return first
     if sender is not None:
         sender._close()
     return Response(error=InferdError(ErrorCode.INTERNAL, message))

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-WIRE_VERSION = 6  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
+WIRE_VERSION = 7  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
 # 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device;
-# 5: LogSettings; 6: Execute/ExecuteColumns.poll_us
+# 5: LogSettings; 6: Execute/ExecuteColumns.poll_us; 7: MetricsReport.ack, MetricsAck
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024

@@ -1,6 +1,6 @@
 """Golden bytes: the wire encoding of every supervisor<->worker message, pinned (docs/worker-protocol.md).
 
-The literals were produced by the encoders as of WIRE_VERSION 6. A change here is a wire change: it
+The literals were produced by the encoders as of WIRE_VERSION 7. A change here is a wire change: it
 needs a WIRE_VERSION bump and a docs update, never a silent edit. Covers the generic encoder for every
 message type (ExecuteResult and StreamResponse through the worker's writers, and without them), the
 supervisor's hot-path Execute / ExecuteColumns headers (fields at their default left out, loc "cuda" refs
@@ -67,6 +67,8 @@ def _samples():
         "model_control_result": m.ModelControlResult(4, None, True),
         "metrics_report": m.MetricsReport(True, "model 'm' instance 'm_0'", [[1, "fam", "desc", "counter"]],
                                           [[1, 1, {"l": "v"}, None]], [[1, 5.5]], [2]),
+        "metrics_report_acked": m.MetricsReport(False, "", [], [], [[1, 2.0]], [], 3),
+        "metrics_ack": m.MetricsAck(3),
     }
 
 def _fast():
@@ -103,7 +105,7 @@ def _fast():
 
 
 GOLDEN = {
-    'hello': b'{"wire_version":6,"pid":1234,"instance_name":"m_0","python_version":"3.9.18","numpy_version":"1.26.4","zmq_version":"25.1.2","t":"hello"}',
+    'hello': b'{"wire_version":7,"pid":1234,"instance_name":"m_0","python_version":"3.9.18","numpy_version":"1.26.4","zmq_version":"25.1.2","t":"hello"}',
     'autocomplete_result': b'{"config_json":"{\\"name\\":\\"m\\"}","error":null,"t":"autocomplete_result"}',
     'autocomplete_result_error': b'{"config_json":"","error":{"code":3,"message":"bad \\"input\\" \\u2603"},"t":"autocomplete_result"}',
     'load_result': b'{"error":null,"backend":"python","t":"load_result"}',
@@ -129,7 +131,9 @@ GOLDEN = {
     'bls_release': b'{"lease_ids":[17,18],"t":"bls_release"}',
     'model_control': b'{"call_id":4,"op":"load","model_name":"m2","model_version":"1","config":"{\\"x\\":1}","files":["config.pbtxt"],"unload_dependents":true,"t":"model_control"}',
     'model_control_result': b'{"call_id":4,"error":null,"ready":true,"t":"model_control_result"}',
-    'metrics_report': b'{"full":true,"source":"model \'m\' instance \'m_0\'","families":[[1,"fam","desc","counter"]],"metrics":[[1,1,{"l":"v"},null]],"values":[[1,5.5]],"dropped":[2],"t":"metrics_report"}',
+    'metrics_report': b'{"full":true,"source":"model \'m\' instance \'m_0\'","families":[[1,"fam","desc","counter"]],"metrics":[[1,1,{"l":"v"},null]],"values":[[1,5.5]],"dropped":[2],"ack":0,"t":"metrics_report"}',
+    'metrics_report_acked': b'{"full":false,"source":"","families":[],"metrics":[],"values":[[1,2.0]],"dropped":[],"ack":3,"t":"metrics_report"}',
+    'metrics_ack': b'{"seq":3,"t":"metrics_ack"}',
 }
 
 GOLDEN_FAST = {
@@ -146,12 +150,13 @@ GOLDEN_FAST = {
 
 
 def test_wire_version_is_pinned():
-    assert m.WIRE_VERSION == 6
+    assert m.WIRE_VERSION == 7
 
 
 def test_every_message_type_has_a_golden():
     tags = {name.rsplit("_error", 1)[0] if name.endswith("_error") else name for name in GOLDEN}
     tags = {t[: -len("_final")] if t.endswith("_final") else t for t in tags}
+    tags = {t[: -len("_acked")] if t.endswith("_acked") else t for t in tags}
     assert tags == set(m.MESSAGE_TYPES)
 
 
