@@ -502,7 +502,7 @@ class InferenceResponseSender:
 
 
 class InferenceRequest:
-    """A request as `execute` sees it; also constructible by a model (BLS, not supported yet)."""
+    """A request as `execute` sees it; also constructible by a model for BLS (`exec`, `async_exec`)."""
 
     _preferred_memory: Optional[PreferredMemory] = None  # (kept, never read: a worker's requests leave it unset)
     # what a worker's request holds unless told otherwise (`_batch_from_worker` leaves them to the class)
