@@ -220,20 +220,27 @@ async def _serve(reads: list[bytes], client: Callable[[bytes], list[bytes]] | No
                 conn.data_received(data)
                 check_bounds(conn)
             queue = []
-            for _ in range(SETTLE_TURNS):
-                await asyncio.sleep(0)
+            await _settle()
             if client is not None and len(transport.out) > seen and not transport.closed:
                 queue = client(bytes(transport.out[seen:]))
                 seen = len(transport.out)
         check_bounds(conn)
     finally:
         conn.connection_lost(None)
-        for _ in range(SETTLE_TURNS):  # cancelled stream tasks finish
-            await asyncio.sleep(0)
+        await _settle()  # cancelled stream tasks finish
     tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
     assert not tasks, f"tasks left running after the connection closed: {tasks}"
     outcome.out = bytes(transport.out)
     outcome.closed = transport.closed
+
+
+async def _settle() -> None:
+    """Turns of the event loop until nothing is ready to run (every call waits on the client or a timer)."""
+    lp = asyncio.get_running_loop()
+    for _ in range(SETTLE_TURNS):
+        await asyncio.sleep(0)
+        if not lp._ready:  # type: ignore[attr-defined]  # BaseEventLoop's queue of callbacks due now
+            return
 
 
 def preface() -> bytes:

@@ -7,8 +7,8 @@ comes of them; no exception escapes data_received, a callback or a task, and not
 error; what the connection keeps between reads stays within its caps (held frame bytes, header block, HPACK
 table and block cache, streams, unfinished messages, queued output). Differential against itself: the
 same bytes cut into other reads (down to single bytes, across the preface too) must make the server write
-exactly the same bytes and close the same way. The HPACK decoder is also compared with the `hpack`
-package's on every header block the bytes carry (fuzz/targets/http2_hpack.py does that more directly).
+exactly the same bytes and close the same way. (The HPACK decoder against the `hpack` package:
+fuzz/targets/http2_hpack.py; whole conversations with the `h2` client: http2_h2_client.py.)
 
 Seeds: whole client connections of tritonclient.grpc (fuzz/seeds/grpc_seeds.py).
 """
