@@ -3,8 +3,9 @@
 
 The supervisor puts this file on the worker's path under its Triton name; the worker imports it by
 that same name, so model code and the worker share one module object (one `InferenceResponse`
-class). Plain and decoupled models are supported; BLS (`exec`/`async_exec`) and model control from
-Python raise "not supported yet". Custom metrics (MetricFamily) are exported on the server's /metrics.
+class). Plain and decoupled models, BLS (`exec`/`async_exec`, decoupled iterators), model control from
+Python (load_model, unload_model, is_model_ready) and custom metrics (MetricFamily, on the server's
+/metrics) are supported; what is not (docs/python-backend.md) raises "... is not supported yet by inferd".
 
 Runs on Python 3.9+ with numpy only (+ inferd.worker.wire).
 """
