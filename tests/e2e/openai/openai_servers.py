@@ -61,8 +61,9 @@ def main(factory: Any, harness: Any, cancel_dir: Path | None = None, extra: list
     models = {"llm_trtllm": "llm_trtllm", "llm_trtllm_counts": "llm_trtllm_counts", "llm_slow": "llm_trtllm",
               "text_embed": "text_embed", "vllm_embed": "vllm_embed", "identity": "identity"}
     params = {"llm_slow": {"token_delay_ms": "20"}}
-    if cancel_dir is not None:
+    if cancel_dir is not None:  # a cancelled request leaves a file there holding its prompt
         params["llm_slow"]["cancel_dir"] = str(cancel_dir)
+        params["llm_trtllm"] = {"cancel_dir": str(cancel_dir)}
     srv = start(factory, harness, models, extra=["--tool-call-parser", "llama3", *extra],
                 tokenizer_for=("llm_trtllm", "llm_trtllm_counts", "llm_slow", "text_embed"), params=params)
     srv.cancel_dir = cancel_dir
