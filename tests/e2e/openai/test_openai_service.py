@@ -67,7 +67,7 @@ def test_models_list_and_get(srv):
 def test_health_metrics_and_routes(srv):
     assert httpx.get(srv.base + "/health/ready").status_code == 200
     metrics = httpx.get(srv.base + "/metrics")
-    assert metrics.status_code == 200 and "nv_inference_request_success" in metrics.text
+    assert metrics.status_code == 200 and "nv_cpu_utilization" in metrics.text
     missing = httpx.get(srv.base + "/does-not-exist")
     assert missing.status_code == 404 and "error" in missing.json()
     wrong = httpx.get(srv.base + "/v1/chat/completions")
