@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="inferd", description="KServe v2 / Triton-compatible inference server")
     p.add_argument("--model-repository", "--model-store", action="append", dest="model_repository",
                    required=True, help="model repository path (repeatable)")
-    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none")
+    p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
+                   type=str.lower, help="none, poll or explicit (any case, as tritonserver reads it)")
     p.add_argument("--load-model", action="append", default=[], help="model to load at start (explicit mode); * = all")
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--strict-readiness", type=_bool, default=True)

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 
 OTEL_DEFAULT_URL = "http://localhost:4318/v1/traces"
 LEVELS = ("TIMESTAMPS", "TENSORS")
+# tritonserver reads a level in any case, with these aliases (command_line_parser.cc, ParseTraceLevelOption)
+_LEVEL_ALIASES = {"false": "OFF", "off": "OFF", "true": "TIMESTAMPS", "on": "TIMESTAMPS", "min": "TIMESTAMPS",
+                  "max": "TIMESTAMPS", "timestamps": "TIMESTAMPS", "tensors": "TENSORS"}
+
+
+def _level(value: str) -> str:
+    text = value.strip()
+    return _LEVEL_ALIASES.get(text.lower(), text.upper())
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ def parse(trace_config: list[str], file: list[str] | None = None, level: list[st
     levels: list[str] = []
     resource: dict[str, str] = {}
     for value in level or ():
-        levels.append(value.strip().upper())
+        levels.append(_level(value))
     for value in file or ():
         v["file"] = value
     for value in rate or ():
@@ -58,6 +66,7 @@ def parse(trace_config: list[str], file: list[str] | None = None, level: list[st
         mode, sep, rest = item.partition(",")
         if not sep or "=" in mode:
             mode, rest = "", item
+        mode = mode.lower()  # tritonserver reads the mode in any case
         key, eq, value = rest.partition("=")
         key = key.strip()
         if not eq or not key:
@@ -68,11 +77,11 @@ def parse(trace_config: list[str], file: list[str] | None = None, level: list[st
             elif key == "count":
                 v["count"] = _int(flag, value, -1)
             elif key == "level":
-                levels.append(value.strip().upper())
+                levels.append(_level(value))
             elif key == "mode":
-                if value not in ("triton", "opentelemetry"):
+                if value.lower() not in ("triton", "opentelemetry"):
                     raise ValueError(f"{flag}: the mode is triton or opentelemetry")
-                v["mode"] = value
+                v["mode"] = value.lower()
             else:
                 raise ValueError(f"{flag}: unknown global trace setting '{key}' (rate, level, count, mode)")
         elif mode == "triton":
@@ -102,7 +111,8 @@ def parse(trace_config: list[str], file: list[str] | None = None, level: list[st
     if levels:
         bad = [name for name in levels if name not in LEVELS + ("OFF",)]
         if bad:
-            raise ValueError(f"trace level {bad[0]}: expected OFF, TIMESTAMPS or TENSORS")
+            raise ValueError(f"trace level {bad[0]}: expected OFF, TIMESTAMPS or TENSORS "
+                             "(or false, off, true, on, min, max in any case)")
         chosen = tuple(name for name in LEVELS if name in levels)
         v["level"] = chosen or ("OFF",)
     if resource:
