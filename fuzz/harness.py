@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import random
 import signal
 import sys
@@ -23,7 +24,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-FUZZ_DIR = Path(__file__).resolve().parent
+# INFERD_FUZZ_DIR: another tree of targets/ and corpus/ (the runner's own tests use one)
+FUZZ_DIR = Path(os.environ.get("INFERD_FUZZ_DIR") or Path(__file__).resolve().parent)
 TARGETS_DIR = FUZZ_DIR / "targets"
 CORPUS_DIR = FUZZ_DIR / "corpus"
 FINDINGS_DIR = FUZZ_DIR / "findings"  # gitignored: crashes, hangs and mismatches of local runs
@@ -180,7 +182,7 @@ class LoopResult:
 def mutation_loop(name: str, *, seconds: float = 0.0, runs: int = 0, seed: int = 0, timeout: float = 0.0,
                   max_failures: int = 1, on_failure: Callable[[Failure], None] | None = None) -> LoopResult:
     """Mutate target `name`'s corpus entries at random (seeded: the same inputs each time) until `seconds`
-    pass or `runs` inputs ran; stops after `max_failures` distinct failures."""
+    pass or `runs` inputs ran; stops after `max_failures` distinct failures, or when one comes back."""
     mod = load(name)
     pool = [p.read_bytes() for p in corpus_files(name)] or [b""]
     tokens = list(getattr(mod, "DICT", ()))
@@ -198,7 +200,7 @@ def mutation_loop(name: str, *, seconds: float = 0.0, runs: int = 0, seed: int =
             continue
         failure = Failure(name, f"generated #{out.executions} (seed {seed})", err, data)
         if failure.signature in seen:
-            continue
+            break  # it would keep finding the same failure
         seen.add(failure.signature)
         out.failures.append(failure)
         if on_failure is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
 import shutil
 import socket
 import struct
@@ -296,6 +297,22 @@ def _header(msg: bytes, name: bytes) -> bytes | None:
     return None
 
 
+_DATA = re.compile(rb'"data"\s*:\s*\[[^\]]*\]')
+_ID = re.compile(rb'"id"\s*:\s*"[^"]*"')
+_SHAPE = re.compile(rb'"shape"\s*:\s*\[')
+
+
+def _json_pairs(body: bytes) -> list[tuple[bytes, bytes]]:
+    """(a body the codec learns from, another it then reads) for json_request: the same document with other
+    numbers in its data arrays (the pattern's holes), another id, another shape (outside the holes)."""
+    def bump(m: re.Match[bytes]) -> bytes:
+        return re.sub(rb"[0-8]", lambda d: bytes([d.group()[0] + 1]), m.group())
+
+    others = [_DATA.sub(bump, body), _ID.sub(b'"id":"other-id"', body),
+              _SHAPE.sub(lambda m: m.group() + b"1,", body, 1)]
+    return [(body, o) for o in others if o != body]
+
+
 def candidates(streams: list[bytes]) -> dict[str, set[bytes]]:
     import _plane
 
@@ -312,6 +329,7 @@ def candidates(streams: list[bytes]) -> dict[str, set[bytes]]:
             hlen = _header(msg, b"inference-header-content-length")
             if hlen is None:
                 out["json_request"].add(body)
+                out["json_request"].update(learnt + b"\0" + other for learnt, other in _json_pairs(body))
             else:
                 model = line[1].split(b"/")[3].decode()
                 prefix = f"{model} " if model in _plane.MODELS else ""

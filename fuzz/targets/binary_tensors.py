@@ -125,7 +125,8 @@ def decode(model: str, hlen_text: str, body: bytes) -> tuple[list[tuple[str, str
         name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
         simple = simple and set(item) <= {"name", "datatype", "shape", "parameters"} and type(params) is dict \
             and type(name) is str and 0 < len(name) <= 256 and name not in names
-        names.add(name)
+        if type(name) is str:
+            names.add(name)
         if type(params) is not dict or "data" in item:
             continue  # JSON data (the json_request target's business) or no source at all
         size = params.get("binary_data_size")
