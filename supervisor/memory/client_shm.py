@@ -155,8 +155,8 @@ class ClientShm:
 
     def _window(self, region: str, offset: int, byte_size: int) -> tuple[SystemRegion, int]:
         r = self.system.get(region)
-        if r is None:
-            raise _bad("Unable to find shared memory region: '%s'" % region)
+        if r is None:  # NOT_FOUND (HTTP 404) as Triton answers a tensor naming an unknown region
+            raise InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
         if offset < 0 or byte_size < 0 or offset + byte_size > r.byte_size:
             raise _bad("shared memory region '%s': offset %d + byte_size %d is out of bounds (size %d)"
                        % (region, offset, byte_size, r.byte_size))

@@ -162,7 +162,7 @@ def requests(draw: Any) -> RequestSpec:
             inputs.append(draw(_tensor(name, "FP32", [16])))
         expected = {"OUTPUT0": 64, "OUTPUT1": 64}
     else:
-        types = draw(st.lists(st.sampled_from(DATATYPES), min_size=1, max_size=3, unique=True))
+        types = draw(st.permutations(DATATYPES))[:draw(st.integers(1, 5))]  # (each type as likely as the next)
         batch = draw(st.integers(1, MAX_BATCH))  # (batch 0 is outside what Triton serves: see the test)
         for dt in types:
             if model == IDENTITY:
@@ -196,6 +196,64 @@ def requests(draw: Any) -> RequestSpec:
     parameters = draw(st.dictionaries(_PARAM_KEYS, _PARAM_VALUES, max_size=3))
     return RequestSpec(model, inputs, outputs, request_id, parameters, binary_data_output,
                        ascii_json=draw(st.booleans()), shm_gap=draw(st.integers(0, 3)), expected=expected)
+
+
+# ---------------------------------------------------------------- every datatype, each way (explicit examples)
+
+_EDGES: dict[str, list[Any]] = {  # four values per datatype: extremes and specials
+    "BOOL": [True, False, True, False],
+    "FP16": [0x7C00, 0xFC00, 0x7E01, 0x8000],  # bits: inf, -inf, a NaN with a payload, -0
+    "BF16": [0x7F80, 0xFF80, 0x7FC1, 0x0001],  # inf, -inf, a NaN with a payload, the smallest subnormal
+    "FP32": [math.nan, -math.inf, 3.4028234663852886e38, 1e-45],
+    "FP64": [math.nan, math.inf, -0.0, 5e-324],
+}
+_JSON_EDGES = {"FP64": [math.nan, math.inf, -0.0, 123456789012345e-22],  # (what rapidjson reads exactly)
+               "BYTES": ["", "h\u00e9llo", "\u2603\U0001F600", "\x00tab\t\"\\"]}
+_RAW_BYTES = [b"", b"\xff\xfe", b"\x00", "\u00e9".encode()]
+
+
+def _edge_array(datatype: str, shape: list[int], json_safe: bool) -> np.ndarray:
+    dt = NUMPY[datatype]
+    if datatype == "BYTES":
+        vals: list[Any] = [v.encode() for v in _JSON_EDGES["BYTES"]] if json_safe else _RAW_BYTES
+        return np.array(vals, dtype=object).reshape(shape)
+    if datatype in ("FP16", "BF16"):
+        return np.array(_EDGES[datatype], dtype="<u2").view(dt).reshape(shape)
+    if json_safe and datatype in _JSON_EDGES:
+        return np.array(_JSON_EDGES[datatype], dtype=dt).reshape(shape)
+    if datatype in _EDGES:
+        return np.array(_EDGES[datatype], dtype=dt).reshape(shape)
+    info = np.iinfo(dt)
+    return np.array([info.min, info.max, 0, 1], dtype=dt).reshape(shape)
+
+
+def every_datatype(model: str, encoding: str, outputs: str) -> RequestSpec:
+    """One request with an input of each datatype (four values each) sent `encoding` ("json": those
+    that have a JSON form; FP16 and BF16 go binary); outputs "default" (binary), "json", "binary", "shm"."""
+    shape = [2, 1, 2] if model == IDENTITY else [4]
+    inputs = []
+    for dt in DATATYPES:
+        enc = "binary" if encoding == "json" and dt in NO_JSON else encoding
+        inputs.append(InputSpec(f"INPUT_{dt}", dt, shape, _edge_array(dt, shape, enc == "json"), enc))
+    expected = {"OUTPUT_" + t.datatype: len(t.wire()) for t in inputs}
+    outs = None
+    if outputs != "default":
+        outs = [OutputSpec(name, None if outputs == "shm" else outputs == "binary" or name[7:] in NO_JSON
+                           or not inputs[i].utf8(), outputs == "shm") for i, name in enumerate(expected)]
+    return RequestSpec(model, inputs, outs, "every-datatype", {"p": 1, "q": "x", "r": True, "s": 0.5},
+                       True if outputs == "default" else None, ascii_json=encoding != "json", expected=expected)
+
+
+def explicit_examples() -> list[RequestSpec]:
+    """Run before the random draw, every time: each datatype each way, and add_sub with NaN and infinities."""
+    add = [InputSpec("INPUT0", "FP32", [16], np.array([math.nan, math.inf, -math.inf, -0.0] * 4, "<f4"), "json"),
+           InputSpec("INPUT1", "FP32", [16], np.array([1.5, -math.inf, 2.0, 0.0] * 4, "<f4"), "json")]
+    return [every_datatype(IDENTITY_NOBATCH, "binary", "default"),
+            every_datatype(IDENTITY, "json", "json"),
+            every_datatype(IDENTITY_NOBATCH, "shm", "shm"),
+            every_datatype(IDENTITY, "binary", "binary"),
+            RequestSpec(ADD_SUB, add, [OutputSpec("OUTPUT0", False, False), OutputSpec("OUTPUT1", None, False)],
+                        None, {}, None, expected={"OUTPUT0": 64, "OUTPUT1": 64})]
 
 
 # ---------------------------------------------------------------- client shared memory

@@ -57,12 +57,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from google.protobuf.json_format import MessageToDict
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, event, example, given, seed, settings
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 sys.path.insert(0, str(Path(__file__).parent))
 import differential as df  # noqa: E402
+import differential_cases as dc  # noqa: E402
 
 pytestmark = pytest.mark.inferd_only  # it starts one server of each kind itself
 
@@ -280,8 +281,105 @@ def _maybe_seeded(test: Any) -> Any:
     return seed(int(SEED))(test) if SEED else test
 
 
+def _with_explicit_examples(test: Any) -> Any:
+    for spec in reversed(df.explicit_examples()):
+        test = example(spec=spec)(test)
+    return test
+
+
 @_maybe_seeded
 @SETTINGS
+@_with_explicit_examples
 @given(spec=df.requests())
 def test_random_valid_requests_answer_as_triton(clients: dict[str, Clients], spec: df.RequestSpec) -> None:
+    # (what the draw covered: --hypothesis-show-statistics lists these)
+    event(f"model {spec.model}")
+    for t in spec.inputs:
+        event(f"{t.datatype} input as {t.encoding}")
+    event("outputs listed" if spec.outputs is not None else "outputs by default")
+    if any(o.shm for o in spec.outputs or ()):
+        event("an output to shared memory")
     run_everywhere(clients, spec)
+
+
+# ---------------------------------------------------------------- invalid requests, and known differences
+
+@pytest.fixture(scope="module")
+def region(clients: dict[str, Clients]) -> Iterator[str]:
+    """A 64-byte client region, registered with both servers as dc.REGION."""
+    seg = df.Segment(dc.REGION_SIZE)
+    try:
+        for c in clients.values():
+            _shm_call(c, "register", dc.REGION, {"key": seg.key, "offset": 0, "byte_size": dc.REGION_SIZE})
+        yield dc.REGION
+        for c in clients.values():
+            _unregister(c, dc.REGION)
+    finally:
+        seg.close()
+
+
+def _post(c: Clients, model: str, version: str, request: tuple[bytes, dict[str, str]]) -> dict[str, Any]:
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+    body, headers = request
+    r = c.raw.post(path, content=body, headers=headers)
+    out: dict[str, Any] = {"status": r.status_code, "error": r.text[:300]}
+    if r.status_code == 200 and "inference-header-content-length" not in r.headers:
+        try:
+            out["json"] = json.loads(r.content)
+        except ValueError:  # (Triton's answer with raw non-UTF-8 bytes in a string)
+            out["json"] = repr(r.content)
+    return out
+
+
+CASES = dc.cases()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_invalid_requests_get_the_status_triton_gives(clients: dict[str, Clients], region: str,
+                                                     case: dc.Case) -> None:
+    """Statuses (and the answer, where there is one) agree; the messages may differ in wording."""
+    if case.http is not None:
+        got = {label: _post(clients[label], case.model, case.version, case.http) for label in LABELS}
+        assert got["inferd"]["status"] == got["triton"]["status"], f"HTTP {case.name}: {got}"
+        assert not json_diff(got["inferd"].get("json"), got["triton"].get("json")), f"HTTP {case.name}: {got}"
+    if case.grpc is not None:
+        grpc_got = {}
+        for label in LABELS:
+            try:
+                resp = clients[label].grpc.ModelInfer(case.grpc, timeout=TIMEOUT_S)
+                grpc_got[label] = {"status": "OK", "json": MessageToDict(resp, preserving_proto_field_name=True)}
+            except grpc.RpcError as exc:
+                grpc_got[label] = {"status": exc.code().name, "error": exc.details()}
+        assert grpc_got["inferd"]["status"] == grpc_got["triton"]["status"], f"gRPC {case.name}: {grpc_got}"
+        assert not json_diff(grpc_got["inferd"].get("json"), grpc_got["triton"].get("json")), grpc_got
+
+
+KNOWN = dc.known_differences()
+
+
+@pytest.mark.parametrize("name,model,request_,inferd_status,triton_status", KNOWN, ids=[k[0] for k in KNOWN])
+def test_known_differences(clients: dict[str, Clients], region: str, name: str, model: str,
+                           request_: tuple[bytes, dict[str, str]], inferd_status: int, triton_status: int) -> None:
+    """Where Triton 2.51's answer is a defect of its own and inferd answers otherwise (the module's docstring
+    and differential_cases.py say why, case by case). Should either side change, this fails."""
+    got = {label: _post(clients[label], model, "", request_) for label in LABELS}
+    assert (got["inferd"]["status"], got["triton"]["status"]) == (inferd_status, triton_status), got
+
+
+def test_known_value_differences(clients: dict[str, Clients]) -> None:
+    """Two answers that differ in a value, inferd's being the exact one."""
+    # an id with a NUL: Triton cuts it there (a C string's end); inferd echoes it whole
+    body = json.dumps({"id": "a\u0000b", "inputs": [{"name": "INPUT_INT8", "datatype": "INT8", "shape": [1],
+                                                     "data": [1]}]}).encode()
+    ids = {label: clients[label].raw.post(f"/v2/models/{df.IDENTITY_NOBATCH}/infer", content=body).json()["id"]
+           for label in LABELS}
+    assert ids == {"inferd": "a\u0000b", "triton": "a"}
+    # a JSON FP64 outside rapidjson's fast path: Triton reads it one ULP off; inferd reads it correctly rounded
+    value = -5.6742384734777775e-96
+    body = json.dumps({"inputs": [{"name": "INPUT_FP64", "datatype": "FP64", "shape": [1], "data": [value]}],
+                       "outputs": [{"name": "OUTPUT_FP64", "parameters": {"binary_data": True}}]}).encode()
+    tails = {label: clients[label].raw.post(f"/v2/models/{df.IDENTITY_NOBATCH}/infer", content=body).content[-8:]
+             for label in LABELS}
+    assert tails["inferd"] == struct.pack("<d", value)
+    assert tails["triton"] != tails["inferd"]
+    assert abs(struct.unpack("<q", tails["triton"])[0] - struct.unpack("<q", tails["inferd"])[0]) == 1

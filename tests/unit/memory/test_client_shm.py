@@ -81,6 +81,15 @@ def test_vanished_key_keeps_working_until_unregistered(cs, obj):
         cs.read("v", 0, 5)
 
 
+def test_a_tensor_naming_an_unknown_region_is_not_found(cs):
+    """Triton 2.51 answers 404 / NOT_FOUND here (inferd answered 400; found by the differential test)."""
+    for call in (lambda: cs.read("nope", 0, 4), lambda: cs.write("nope", 0, b"abcd")):
+        with pytest.raises(InferdError) as exc:
+            call()
+        assert exc.value.code == ErrorCode.NOT_FOUND
+        assert exc.value.message == "Unable to find shared memory region: 'nope'"
+
+
 def test_server_regions_cannot_be_named(cs):
     """Regions the server creates are unlinked at once and cannot be linked back under any name."""
     pool = ShmPool(owner_pid=os.getpid())
