@@ -17,19 +17,28 @@ What the comparison leaves aside, each not a behavioural difference:
 - The value of Inference-Header-Content-Length: it is the length of that JSON text; the header's
   presence, the document and the binary bytes after it are compared.
 - Error messages and an error's Content-Type (Triton sends text/plain for errors raised once the model
-  has run); statuses are compared. Where messages differ it is noted at the case.
+  has run); statuses are compared. The wording differs in places (inferd's names the tensor or region;
+  Triton adds a note on max_batch_size to a shape error), never the status.
 
-Requests left out of the random draw because Triton 2.51 mishandles them (inferd's answer is the
-sound one; test_known_differences pins each):
-- batch size 0 on a batching model: Triton drops the batch dimension ([0,2] is read as [2] and answers
-  shape [2]) and a [0,0] request hangs its HTTP frontend for good.
-- BYTES that are not UTF-8 asked for as JSON: Triton writes the raw bytes into a JSON string (its own
-  client cannot parse the answer); inferd refuses with 400 naming the output.
+Where Triton 2.51's answer is a defect of its own, inferd answers otherwise and the draw leaves such
+requests out; test_known_differences and test_known_value_differences pin each one (so a change on either
+side shows), differential_cases.py says why case by case:
+- Triton answers 500 where the client erred: JSON fields of the wrong type or count (1.0 for INT32, a
+  number for BYTES or the id, a negative dimension, fewer values than the shape), a lone surrogate in a
+  JSON string, a shared-memory output region too small for the output. inferd answers 400.
 - A JSON integer out of its datatype's range (300 for INT8): Triton wraps it (44); inferd refuses (400).
-- A JSON value of the wrong type (1.0 for INT32, 1 for BOOL, a number as the id): Triton answers 500,
-  inferd 400.
-- No input at all to a batching Python model: Triton's Python backend refuses (400, "out of bounds
-  index 0"); inferd runs the model with no inputs (200), as Triton does for a non-batching one.
+- BYTES that are not UTF-8 asked for as JSON: Triton writes the raw bytes into a JSON string (its own
+  client cannot parse that); inferd refuses with 400 naming the output.
+- Batch size 0 on a batching model: Triton drops the batch dimension (a [0,2] request is answered as [2]), and
+  a [0,0] request hangs its HTTP frontend for good (so it is never sent). inferd refuses (400).
+- A zero-byte tensor in shared memory: Triton computes offset + size - 1 unsigned and refuses it (400).
+- No input at all to a batching Python model: Triton's Python backend refuses (400, "out of bounds index
+  0"); inferd runs the model with no inputs (200), as Triton does for a non-batching one.
+- An id with a NUL: Triton cuts it there (a C string); inferd echoes it whole.
+- A JSON FP64 number outside rapidjson's fast path (more than 15 digits, or a power of ten beyond 1e+-22):
+  Triton may read it one ULP off (it parses without full precision); inferd reads it correctly rounded.
+  JSON FP64 inputs are drawn from numbers both read exactly; any FP64 goes binary and by shared memory.
+Not tested at all: classification of a BYTES output (Triton 2.51 crashes: the connection drops).
 
 The real Triton must be set up (`bash tests/tools/triton_reference.sh setup`, about a minute); without it
 these tests skip, except where INFERD_REQUIRE_TRITON=1 (set by .ci/run) makes that a failure.
@@ -64,6 +73,7 @@ from tritonclient.utils import InferenceServerException
 sys.path.insert(0, str(Path(__file__).parent))
 import differential as df  # noqa: E402
 import differential_cases as dc  # noqa: E402
+import differential_wire as dw  # noqa: E402
 
 pytestmark = pytest.mark.inferd_only  # it starts one server of each kind itself
 
@@ -189,8 +199,8 @@ def assert_same(channel: str, spec: df.RequestSpec, got: dict[str, dict[str, Any
 
 # ---------------------------------------------------------------- the three ways a request is sent
 
-def send_raw_http(c: Clients, spec: df.RequestSpec, shm: df.ShmPlan | None) -> dict[str, Any]:
-    body, headers = df.http_body(spec, shm)
+def send_raw_http(c: Clients, spec: df.RequestSpec, shm: dw.ShmPlan | None) -> dict[str, Any]:
+    body, headers = dw.http_body(spec, shm)
     r = c.raw.post(f"/v2/models/{spec.model}/infer", content=body, headers=headers)
     if r.status_code != 200:
         return {"status": r.status_code, "error": r.text}
@@ -205,10 +215,10 @@ def _shm_outputs(spec: df.RequestSpec) -> set[str]:
     return {o.name for o in spec.outputs or () if o.shm}
 
 
-def send_tritonclient_http(c: Clients, spec: df.RequestSpec, shm: df.ShmPlan | None) -> dict[str, Any]:
+def send_tritonclient_http(c: Clients, spec: df.RequestSpec, shm: dw.ShmPlan | None) -> dict[str, Any]:
     try:
-        res = c.http.infer(spec.model, df.client_inputs(httpclient, spec, shm),
-                           outputs=df.client_outputs(httpclient, spec, shm), request_id=spec.request_id or "",
+        res = c.http.infer(spec.model, dw.client_inputs(httpclient, spec, shm),
+                           outputs=dw.client_outputs(httpclient, spec, shm), request_id=spec.request_id or "",
                            parameters=spec.parameters or None)
     except InferenceServerException as exc:
         return {"status": exc.status(), "error": exc.message()}
@@ -217,9 +227,9 @@ def send_tritonclient_http(c: Clients, spec: df.RequestSpec, shm: df.ShmPlan | N
     return {"status": 200, "json": doc, "arrays": arrays}
 
 
-def send_grpc(c: Clients, spec: df.RequestSpec, shm: df.ShmPlan | None) -> dict[str, Any]:
+def send_grpc(c: Clients, spec: df.RequestSpec, shm: dw.ShmPlan | None) -> dict[str, Any]:
     try:
-        resp = c.grpc.ModelInfer(df.grpc_request(service_pb2, spec, shm), timeout=TIMEOUT_S)
+        resp = c.grpc.ModelInfer(dw.grpc_request(service_pb2, spec, shm), timeout=TIMEOUT_S)
     except grpc.RpcError as exc:
         return {"status": exc.code().name, "error": exc.details()}
     res = grpcclient.InferResult(resp)
@@ -249,7 +259,7 @@ def _unregister(c: Clients, region: str) -> None:
 
 def run_everywhere(clients: dict[str, Clients], spec: df.RequestSpec) -> None:
     """Send `spec` each way to both servers (shared memory made and registered for it) and compare."""
-    shm = df.ShmPlan.layout(spec) if spec.uses_shm else None
+    shm = dw.ShmPlan.layout(spec) if spec.uses_shm else None
     registered: list[tuple[Clients, str]] = []
     try:
         if shm is not None:
@@ -307,7 +317,7 @@ def test_random_valid_requests_answer_as_triton(clients: dict[str, Clients], spe
 @pytest.fixture(scope="module")
 def region(clients: dict[str, Clients]) -> Iterator[str]:
     """A 64-byte client region, registered with both servers as dc.REGION."""
-    seg = df.Segment(dc.REGION_SIZE)
+    seg = dw.Segment(dc.REGION_SIZE)
     try:
         for c in clients.values():
             _shm_call(c, "register", dc.REGION, {"key": seg.key, "offset": 0, "byte_size": dc.REGION_SIZE})
