@@ -6,7 +6,7 @@ work unchanged (its OpenAI frontend's engine/utils/triton.py is the reference):
   structured-output settings), `exclude_input_in_output`, and the `return_num_input_tokens`,
   `return_num_output_tokens` and `return_logprobs` flags;
 - every other model (decoupled Python models, ensembles, TensorRT-LLM) gets TensorRT-LLM style tensors:
-  `text_input`, `stream`, `max_tokens`, `stop_words`, `bad_words`, `temperature`, `top_p`, `top_k`,
+  `text_input`, `stream`, `max_tokens`, `stop_words`, `temperature`, `top_p`, `top_k`,
   `seed`, `frequency_penalty`, `presence_penalty`, `repetition_penalty`, `min_tokens` (or `min_length`),
   the echo flag, guided decoding, the `return_num_*_tokens` flags.
 
