@@ -132,6 +132,19 @@ class Outcome:
     out: bytes = b""  # everything the server wrote
     closed: str = ""
     failures: list[str] = field(default_factory=list)  # errors logged, exceptions escaping callbacks
+    opened: dict[int, list[tuple[str, str]]] = field(default_factory=dict)  # stream -> the headers it opened with
+
+
+class _Recording(native_server.NativeGrpcServer):
+    """The server, noting the headers each stream was opened with."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(METHODS, MAX_MESSAGE)
+        self.outcome = outcome
+
+    def open_stream(self, conn: Any, stream_id: int, headers: list[tuple[str, str]], end_stream: bool) -> Any:
+        self.outcome.opened[stream_id] = list(headers)
+        return super().open_stream(conn, stream_id, headers, end_stream)
 
 
 class _Errors(logging.Handler):
@@ -190,8 +203,8 @@ def check_bounds(conn: connection.H2Connection) -> None:
 
 
 def serve(reads: list[bytes], client: Callable[[bytes], list[bytes]] | None = None) -> Outcome:
-    """One connection fed `reads` (the preface included); with `client`, each batch of what the server
-    wrote is handed to it and what it returns is fed next (a conversation)."""
+    """One connection fed `reads` (the preface included); with `client`, what the server wrote since the
+    last turn is handed to it after each, and what it returns is fed next, until it returns nothing."""
     outcome = Outcome()
     handler = _Errors(outcome.failures)
     log = logging.getLogger("inferd.grpc")
@@ -208,7 +221,7 @@ def serve(reads: list[bytes], client: Callable[[bytes], list[bytes]] | None = No
 
 
 async def _serve(reads: list[bytes], client: Callable[[bytes], list[bytes]] | None, outcome: Outcome) -> None:
-    server = native_server.NativeGrpcServer(METHODS, MAX_MESSAGE)
+    server = _Recording(outcome)
     conn = connection.H2Connection(server, None, server.pings)
     transport = Transport()
     conn.connection_made(transport)
@@ -221,7 +234,7 @@ async def _serve(reads: list[bytes], client: Callable[[bytes], list[bytes]] | No
                 check_bounds(conn)
             queue = []
             await _settle()
-            if client is not None and len(transport.out) > seen and not transport.closed:
+            if client is not None and not transport.closed:  # the client reads what we wrote, and answers
                 queue = client(bytes(transport.out[seen:]))
                 seen = len(transport.out)
         check_bounds(conn)
