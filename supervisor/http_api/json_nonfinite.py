@@ -53,15 +53,12 @@ def _check_strings(value: Any) -> None:
 def loads(text: Any, error: orjson.JSONDecodeError) -> Any:
     """`text`, which orjson refused with `error`, read again with the non-finite literals when orjson stopped
     at one; otherwise (or if it still does not parse) 400 with orjson's message."""
-    try:
-        doc = bytes(text).decode("utf-8")
-    except UnicodeDecodeError:
-        doc = ""
     pos = error.pos  # in characters; after the sign for "-Infinity" ("no digit after sign")
-    at_literal = doc.startswith(_LITERALS, pos) or (pos > 0 and doc[pos - 1] == "-" and doc.startswith("Infinity", pos))
-    if at_literal:
+    # the text up to just past `pos` (at most 4 bytes a character): a refused body is not decoded whole
+    head = bytes(memoryview(text)[: 4 * pos + 16]).decode("utf-8", "ignore")
+    if head.startswith(_LITERALS, pos) or (head[pos - 1 : pos] == "-" and head.startswith("Infinity", pos)):
         try:
-            value = json.loads(doc, parse_int=_int, parse_float=_float)
+            value = json.loads(bytes(text).decode("utf-8"), parse_int=_int, parse_float=_float)
             _check_strings(value)
             return value
         except (ValueError, RecursionError) as exc:  # (UnicodeEncodeError is a ValueError)

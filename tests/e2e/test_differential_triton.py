@@ -5,9 +5,9 @@ every datatype (BF16, FP16, BOOL and BYTES included) with and without a batch di
 Hypothesis draws valid requests (tests/e2e/differential.py: datatypes, shapes with zero-size dims and
 batch dims, NaN/inf and extreme values, unicode and non-UTF-8 BYTES, JSON or binary or shared-memory
 inputs, outputs binary, JSON or to shared memory, request parameters and ids); each goes to both servers
-three ways (the exact bytes over HTTP with httpx, tritonclient.http, a gRPC ModelInferRequest built with
-tritonclient's protos) and the answers must agree: status, response document, output datatypes, shapes
-and bytes (shared-memory outputs included). Invalid requests must get the same status.
+four ways (the exact bytes over HTTP with httpx, tritonclient.http, a gRPC ModelInferRequest built with
+tritonclient's protos, tritonclient.grpc) and the answers must agree: status, response document, output
+datatypes, shapes and bytes (shared-memory outputs included). Invalid requests must get the same status.
 
 What the comparison leaves aside, each not a behavioural difference:
 - JSON key order: a JSON object is unordered (compared as a mapping).
@@ -134,11 +134,13 @@ class Clients:
                                                      network_timeout=TIMEOUT_S)
         self.channel = grpc.insecure_channel(server.grpc_url)
         self.grpc = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
 
     def close(self) -> None:
         self.raw.close()
         self.http.close()
         self.channel.close()
+        self.grpc_client.close()
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +239,20 @@ def send_grpc(c: Clients, spec: df.RequestSpec, shm: dw.ShmPlan | None) -> dict[
     return {"status": "OK", "json": MessageToDict(resp, preserving_proto_field_name=True), "arrays": arrays}
 
 
-CHANNELS = {"raw HTTP": send_raw_http, "tritonclient.http": send_tritonclient_http, "gRPC": send_grpc}
+def send_tritonclient_grpc(c: Clients, spec: df.RequestSpec, shm: dw.ShmPlan | None) -> dict[str, Any]:
+    try:
+        res = c.grpc_client.infer(spec.model, dw.client_inputs(grpcclient, spec, shm),
+                                  outputs=dw.client_outputs(grpcclient, spec, shm), request_id=spec.request_id or "",
+                                  parameters=spec.parameters or None, client_timeout=TIMEOUT_S)
+    except InferenceServerException as exc:
+        return {"status": exc.status(), "error": exc.message()}
+    resp = res.get_response()
+    arrays = {o.name: res.as_numpy(o.name) for o in resp.outputs if o.name not in _shm_outputs(spec)}
+    return {"status": "OK", "json": MessageToDict(resp, preserving_proto_field_name=True), "arrays": arrays}
+
+
+CHANNELS = {"raw HTTP": send_raw_http, "tritonclient.http": send_tritonclient_http, "gRPC": send_grpc,
+            "tritonclient.grpc": send_tritonclient_grpc}
 
 
 def _shm_call(c: Clients, action: str, region: str, body: dict[str, Any] | None = None) -> None:

@@ -48,6 +48,16 @@ def test_json_nan_infinity_round_trip(served: Any, path: str, datatype: str, fmt
     assert b"null" not in raw
 
 
+def test_nan_after_non_ascii_text(served: Any) -> None:
+    """orjson reports where it stopped in characters, not bytes: a literal after UTF-8 text is found too."""
+    body = ('{"id":"h\u00e9llo \u2603\U0001F600","inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32",'
+            '"data":[-Infinity,NaN]}]}').encode("utf-8")
+    status, raw = infer(served, IDENT, body)
+    assert status == 200, raw
+    doc = json.loads(raw)
+    assert doc["id"] == "h\u00e9llo \u2603\U0001F600" and b'"data":[-Infinity,NaN]' in raw
+
+
 def test_finite_json_outputs_are_unchanged(served: Any) -> None:
     body = b'{"inputs":[{"name":"INPUT0","shape":[3],"datatype":"FP32","data":[1e38,-1e38,0.5]}]}'
     status, raw = infer(served, IDENT, body)
