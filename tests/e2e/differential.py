@@ -248,3 +248,42 @@ def explicit_examples() -> list[RequestSpec]:
             every_datatype(IDENTITY, "binary", "binary"),
             RequestSpec(ADD_SUB, add, [OutputSpec("OUTPUT0", False, False), OutputSpec("OUTPUT1", None, False)],
                         None, {}, None, expected={"OUTPUT0": 64, "OUTPUT1": 64})]
+
+
+# ---------------------------------------------------------------- one thing wrong
+
+MUTATIONS = ("datatype", "rank", "missing input", "batch too large", "unknown output", "unknown input")
+
+
+@st.composite
+def invalid_requests(draw: Any) -> tuple[str, RequestSpec]:
+    """A valid request with one thing made wrong (the kind is returned with it)."""
+    spec = draw(requests())
+    kinds = ["rank", "unknown output", "unknown input"]
+    if any(t.encoding != "json" and t.datatype != "BYTES" for t in spec.inputs):
+        kinds.append("datatype")
+    if spec.model == ADD_SUB:
+        kinds.append("missing input")
+    if spec.model == IDENTITY:
+        kinds.append("batch too large")
+    kind = draw(st.sampled_from(kinds))
+    t = draw(st.sampled_from(spec.inputs))
+    if kind == "datatype":  # the same bytes under another fixed-size type
+        t = draw(st.sampled_from([x for x in spec.inputs if x.encoding != "json" and x.datatype != "BYTES"]))
+        t.datatype = draw(st.sampled_from([d for d in DATATYPES if d not in (t.datatype, "BYTES")]))
+    elif kind == "rank":
+        t.shape = [*t.shape, 1]
+        t.array = t.array.reshape(t.shape)
+    elif kind == "missing input":
+        spec.inputs.remove(t)
+    elif kind == "batch too large":
+        for x in spec.inputs:
+            x.shape = [MAX_BATCH + 1, *x.shape[1:]]
+            x.array = (np.full(x.shape, b"x", dtype=object) if x.datatype == "BYTES"
+                       else np.zeros(x.shape, x.array.dtype))
+    elif kind == "unknown output":
+        spec.outputs = [*(spec.outputs or []), OutputSpec("OUTPUT_NOPE", None, False)]
+    else:
+        t.name = "INPUT_NOPE"
+    spec.expected = {}  # (no output is expected; shm outputs get a placeholder size)
+    return kind, spec

@@ -272,18 +272,26 @@ def _unregister(c: Clients, region: str) -> None:
     c.wait_for(done, 10.0, f"shared memory region {region} unregistered")
 
 
+def _register(clients: dict[str, Clients], spec: df.RequestSpec, shm: dw.ShmPlan) -> list[tuple[Clients, str]]:
+    """Make the request's segments and register them with both servers (the input one with both, each
+    server's output one with it); returns what to unregister."""
+    registered = []
+    shm.create(spec, list(LABELS))
+    for label, c in clients.items():
+        for region, seg in ((shm.region_in, shm.seg_in), (shm.region_out, shm.seg_out.get(label))):
+            if seg is not None:
+                _shm_call(c, "register", region, {"key": seg.key, "offset": 0, "byte_size": seg.size})
+                registered.append((c, region))
+    return registered
+
+
 def run_everywhere(clients: dict[str, Clients], spec: df.RequestSpec) -> None:
     """Send `spec` each way to both servers (shared memory made and registered for it) and compare."""
     shm = dw.ShmPlan.layout(spec) if spec.uses_shm else None
     registered: list[tuple[Clients, str]] = []
     try:
         if shm is not None:
-            shm.create(spec, list(LABELS))
-            for label, c in clients.items():
-                for region, seg in ((shm.region_in, shm.seg_in), (shm.region_out, shm.seg_out.get(label))):
-                    if seg is not None:
-                        _shm_call(c, "register", region, {"key": seg.key, "offset": 0, "byte_size": seg.size})
-                        registered.append((c, region))
+            registered = _register(clients, spec, shm)
         for channel, send in CHANNELS.items():
             got = {}
             for label in LABELS:
@@ -325,6 +333,31 @@ def test_random_valid_requests_answer_as_triton(clients: dict[str, Clients], spe
     if any(o.shm for o in spec.outputs or ()):
         event("an output to shared memory")
     run_everywhere(clients, spec)
+
+
+@_maybe_seeded
+@settings(SETTINGS, max_examples=max(10, EXAMPLES // 3))
+@given(case=df.invalid_requests())
+def test_random_invalid_requests_get_the_status_triton_gives(clients: dict[str, Clients],
+                                                            case: tuple[str, df.RequestSpec]) -> None:
+    """A valid request with one thing wrong (datatype, rank, a missing or unknown input, batch size, an
+    unknown output): the same status from both, over HTTP and gRPC (tritonclient refuses to send these)."""
+    kind, spec = case
+    event(kind)
+    shm = dw.ShmPlan.layout(spec) if spec.uses_shm else None
+    registered: list[tuple[Clients, str]] = []
+    try:
+        if shm is not None:
+            registered = _register(clients, spec, shm)
+        for channel, send in (("raw HTTP", send_raw_http), ("gRPC", send_grpc)):
+            got = {label: send(clients[label], spec, shm) for label in LABELS}
+            assert got["inferd"]["status"] == got["triton"]["status"], f"{channel}, {kind}: {spec!r}\n{got}"
+            assert got["inferd"]["status"] not in (200, "OK"), f"{channel}, {kind}: {spec!r} was served: {got}"
+    finally:
+        for c, region in registered:
+            _unregister(c, region)
+        if shm is not None:
+            shm.close()
 
 
 # ---------------------------------------------------------------- invalid requests, and known differences
