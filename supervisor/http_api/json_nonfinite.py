@@ -19,14 +19,16 @@ from inferd.worker.wire.errors import invalid_arg
 
 _LITERALS = ("NaN", "Infinity", "-Infinity")
 _INT_MIN = -(1 << 63)
-_INT_MAX = (1 << 64) - 1  # orjson's range: a larger integer is an error as it was
+_INT_MAX = (1 << 64) - 1
 
 
-def _int(text: str) -> int:
-    value = int(text)
-    if not _INT_MIN <= value <= _INT_MAX:
-        raise ValueError(f"integer {text[:32]} is out of range")
-    return value
+def _int(text: str) -> int | float:
+    """An integer as orjson reads it: beyond [-2**63, 2**64) a double (refused beyond a double's range)."""
+    if len(text) <= 21:
+        value = int(text)
+        if _INT_MIN <= value <= _INT_MAX:
+            return value
+    return _float(text)
 
 
 def _float(text: str) -> float:
