@@ -127,6 +127,9 @@ class ServerConfig:
     log_error: bool = True
     response_cache_bytes: int | None = None  # --cache-config local,size=N; None: no response cache
     trace: TraceOptions = field(default_factory=TraceOptions)  # --trace-config (and the deprecated --trace-*)
+    rate_limit: str = "off"  # --rate-limit: off | execution_count (scheduler/rate_limiter.py)
+    # --rate-limit-resource: (name, count, device or None for every device)
+    rate_limit_resources: tuple[tuple[str, int, int | None], ...] = ()
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown

@@ -28,6 +28,7 @@ from .core.busy_poll import cpu_quota, default_window_us
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository.cloud import credentials as cloud_credentials
 from .repository.cloud import location as cloud_location
+from .scheduler import rate_limiter
 from .tracing import options as trace_options
 from .tracing.options import TraceOptions
 
@@ -153,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="deprecated tritonserver spelling of --cache-config local,size=<bytes>")
     p.add_argument("--cache-directory", default="",
                    help="accepted for tritonserver command lines; the local cache is built in")
+    p.add_argument("--rate-limit", default="off", metavar="MODE",
+                   help="execution_count: an instance whose group has a rate_limiter runs only once it holds its "
+                        "resources, turns going by executions x priority; off (default): no rate limiting")
+    p.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                   help="copies of a rate-limiter resource (on DEVICE, else on every device; a global resource "
+                        "takes the largest count given); default: the largest count any loaded instance asks")
     p.add_argument("--run-dir", default="",
                    help="directory for worker sockets (default: a temp dir of its own, removed at shutdown)")
     p.add_argument("--max-queue-size", type=int, default=4096)
@@ -366,6 +373,13 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
     if args.busy_poll_us is not None and not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     errors += _openai_errors(args)
+    if args.rate_limit.strip().lower() not in rate_limiter.MODES:
+        errors.append(f"--rate-limit={args.rate_limit}: invalid argument for --rate-limit (execution_count or off)")
+    for text in args.rate_limit_resource:
+        try:
+            rate_limiter.parse_resource_flag(text)
+        except ValueError as exc:
+            errors.append(str(exc))
     return errors
 
 
@@ -487,6 +501,9 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes) + tuple(_trace_notes(trace)),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
         trace=replace(trace, file=os.path.abspath(trace.file)) if trace.file else trace,
+        rate_limit=args.rate_limit.strip().lower(),
+        rate_limit_resources=tuple((r.name, r.count, r.device) for r in
+                                   map(rate_limiter.parse_resource_flag, args.rate_limit_resource)),
         run_dir=run_dir,
         owns_run_dir=not args.run_dir,
         host_fd=args.host_fd,

@@ -4,7 +4,7 @@ unchanged, and the values it refuses rather than run otherwise than the command 
 The flags inferd implements are in flags.py. Those below tune machinery inferd does not have (thread
 pools, memory pools, a backend directory...) or feed integrations it does not carry: they are accepted
 with any value and named once in the start-up log. A value that asks for behaviour inferd lacks (model
-namespacing, the rate limiter, SageMaker...) stops the start with an error naming the flag.
+namespacing, SageMaker...) stops the start with an error naming the flag.
 """
 
 from __future__ import annotations
@@ -36,13 +36,11 @@ INERT: dict[str, str] = {
     "--vertex-ai-thread-count": "no Vertex AI endpoint",
     "--vertex-ai-default-model": "no Vertex AI endpoint",
     "--grpc-infer-response-compression-level": "gRPC responses are sent uncompressed",
-    "--rate-limit-resource": "Triton's rate limiter (only --rate-limit off is accepted)",
 }
 
 # flag -> (the values inferd runs as asked, what the other values would need)
 UNSUPPORTED: dict[str, tuple[tuple[str, ...], str]] = {
     "--model-namespacing": (("false", "0", "no", "off"), "models of the same name in different repositories"),
-    "--rate-limit": (("off",), "Triton's rate limiter"),
     "--allow-sagemaker": (("false", "0", "no", "off"), "a SageMaker endpoint"),
     "--allow-vertex-ai": (("false", "0", "no", "off"), "a Vertex AI endpoint"),
 }

@@ -18,6 +18,7 @@ from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
 from ..repository import autocomplete, layout, metadata, normalize, versions
 from ..repository import config as repo_config
+from ..scheduler.rate_limiter import LimiterSpec
 from . import classification, overrides
 from .load_settings import LoaderSettings
 
@@ -165,6 +166,15 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
                             else rt.launcher)
                 out.append(Instance(load, channel=rt.channel, launcher=launcher, timings=settings.timings,
                                     pool=rt.pool, log_verbose=settings.log_verbose, passive=group.passive,
-                                    **_env_kwargs(plan.env)))
+                                    rate_limiter=_rate_limiter(group), **_env_kwargs(plan.env)))
                 index += 1
     return out
+
+
+def _rate_limiter(group: Any) -> LimiterSpec | None:
+    """The group's `rate_limiter` (None without one: its instances are not rate limited)."""
+    if not group.HasField("rate_limiter"):
+        return None
+    rl = group.rate_limiter
+    return LimiterSpec.from_config({"priority": rl.priority, "resources": [
+        {"name": r.name, "count": r.count, "global": getattr(r, "global")} for r in rl.resources]})

@@ -26,6 +26,7 @@ from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
+from ..scheduler.rate_gate import RateGate
 from . import loader, overrides, warmup
 from .load_settings import LoaderSettings
 from .validate import IOSpec
@@ -57,6 +58,7 @@ class ModelVersion:
     ensemble: EnsemblePlan | None = None  # set for ensembles, which have no instances of their own
     cache_generation: int = 0  # > 0: responses are cached, keyed with this number (unique per load)
     labels: dict[str, tuple[bytes, ...]] = field(default_factory=dict)  # classification labels per output
+    rate_gate: RateGate | None = None  # its instances that the rate limiter limits (unregistered on stop)
 
     @property
     def ready(self) -> bool:
@@ -369,11 +371,13 @@ class ModelManager:
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
         scheduled = [inst for inst in instances if not inst.passive]
+        gate = self._rate_gate(plan.name, version, scheduled)  # raises: the resources cannot be had
         scheduler = make_scheduler(plan.name, config, scheduled, stats, SchedulerSettings(
-            max_queue_size=self.settings.max_queue_size, pipeline_depth=self.settings.timings.pipeline_depth))
+            max_queue_size=self.settings.max_queue_size, pipeline_depth=self.settings.timings.pipeline_depth),
+            gate=gate)
         mv = ModelVersion(plan.name, version, config, plan.config_json, io, instances, scheduler, stats,
                           decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled")),
-                          metadata_base=plan.metadata_base, labels=plan.labels)
+                          metadata_base=plan.metadata_base, labels=plan.labels, rate_gate=gate)
         if self.response_cache and model_wants_cache(config):
             mv.cache_generation = next(_cache_generations)
         # as Triton: the per-model nv_cache_* counters follow the model's config, even without a server cache
@@ -389,17 +393,35 @@ class ModelManager:
             await asyncio.gather(*(inst.start() for inst in instances))
         except BaseException:
             await asyncio.gather(*(inst.stop() for inst in instances), return_exceptions=True)
+            self._unregister(mv)
             raise
         scheduler.start()
         mv.state = READY
         self.changed()
         return mv
 
+    def _rate_gate(self, name: str, version: int, instances: list[Any]) -> RateGate | None:
+        """With --rate-limit=execution_count, the instances whose group has a rate_limiter, registered with
+        the server's rate limiter (InferdError when it cannot give them their resources)."""
+        limiter = self.settings.runtime.rate_limiter
+        limited = [inst for inst in instances if inst.rate_limiter is not None]
+        if limiter is None or not limited:
+            return None
+        tickets = limiter.register(f"{name} version {version}",
+                                   [(inst.name, inst.load.device_id, inst.rate_limiter) for inst in limited])
+        return RateGate(limiter, list(zip(limited, tickets)))
+
+    @staticmethod
+    def _unregister(mv: ModelVersion) -> None:
+        if mv.rate_gate is not None:
+            mv.rate_gate.limiter.unregister(mv.rate_gate.tickets)
+
     async def _stop_version(self, mv: ModelVersion, drain_timeout: float) -> None:
         if drain_timeout > 0:
             await mv.scheduler.drain(drain_timeout)
         await mv.scheduler.close()
         await asyncio.gather(*(inst.stop() for inst in mv.instances), return_exceptions=True)
+        self._unregister(mv)
         mv.state = UNAVAILABLE
         mv.reason = "unloaded"
         self.changed()

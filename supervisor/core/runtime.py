@@ -15,6 +15,7 @@ from ..instances.external import HostLink
 from ..instances.launcher import Launcher
 from ..memory.client_shm import ClientShm
 from ..memory.shm_pool import ShmPool
+from ..scheduler.rate_limiter import ExplicitResource, RateLimiter
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Runtime:
     client_shm: ClientShm
     envs: EnvironmentManager | None = None  # EXECUTION_ENV_PATH environments
     host: HostLink | None = None  # --host-fd: the process hosting backend "external" models
+    rate_limiter: RateLimiter | None = None  # --rate-limit=execution_count: shared by every model's scheduler
 
     @classmethod
     async def start(cls, config: ServerConfig) -> Runtime:
@@ -42,7 +44,10 @@ class Runtime:
                                   max_bytes=config.env_cache_max_bytes,
                                   limits=EnvLimits(config.env_unpack_max_bytes, config.env_unpack_max_members))
         launcher = Launcher(config.run_dir, env_overrides=overrides)
-        return cls(config.run_dir, config.owns_run_dir, channel, launcher, ShmPool(), ClientShm(), envs)
+        limiter = (RateLimiter(ExplicitResource(*r) for r in config.rate_limit_resources)
+                   if config.rate_limit == "execution_count" else None)
+        return cls(config.run_dir, config.owns_run_dir, channel, launcher, ShmPool(), ClientShm(), envs,
+                   rate_limiter=limiter)
 
     async def close(self) -> None:
         if self.host is not None:

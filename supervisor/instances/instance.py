@@ -71,9 +71,11 @@ class Instance:
         on_change: Callable[[Instance], None] | None = None,
         warmup: Callable[[WorkerProcess], Awaitable[None]] | None = None,
         passive: bool = False,
+        rate_limiter: Any = None,
     ) -> None:
         self.load = load
         self.passive = passive  # instance_group passive: loaded and supervised, but never scheduled
+        self.rate_limiter = rate_limiter  # the group's rate_limiter (scheduler.rate_limiter.LimiterSpec) or None
         self.name = load.instance_name
         self.model_name = load.model_name
         self.state = InstanceState.STOPPED

@@ -26,6 +26,7 @@ from .base import Executor
 from .lifecycle import QueueLifecycle
 from .pending import QueuedRequest, queued
 from .queue import WorkQueue
+from .rate_gate import RateGate
 
 log = logging.getLogger("inferd.scheduler")
 
@@ -47,10 +48,16 @@ class StatsSink:
 
 class DefaultScheduler(QueueLifecycle):
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, max_queue_size: int,
-                 max_batch_requests: int = 1, batched: bool = False, runners_per_instance: int = 1) -> None:
+                 max_batch_requests: int = 1, batched: bool = False, runners_per_instance: int = 1,
+                 gate: RateGate | None = None) -> None:
         self.model_name = model_name
         self.batched = batched  # max_batch_size > 0: dim 0 of the inputs counts batch items
         self.executors = executors
+        # the rate limiter's instances (rate_gate.py) take a batch only with a grant; the others as always
+        self._gate = gate
+        self._free = executors if gate is None else gate.unlimited(executors)
+        if gate is not None:
+            gate.bind(self._feed)
         self.stats = stats
         self.queue: WorkQueue[QueuedRequest] = WorkQueue(max_queue_size)
         self._max_queue = max_queue_size
@@ -72,6 +79,8 @@ class DefaultScheduler(QueueLifecycle):
         """Called whenever an instance's readiness may have changed."""
         if id(executor) not in self._held:
             return
+        if self._gate is not None:
+            self._gate.instance_changed(executor)
         if executor.ready:
             self._feed()
         else:
@@ -87,7 +96,7 @@ class DefaultScheduler(QueueLifecycle):
         item = queued(self, request, loop)
         # idle is set only while nothing is queued or running (_check_idle): with either, it is clear already
         idle = not waiting and not self._running
-        executor = (dispatch.least_busy(self.executors, self._held, self.depth, self._next)
+        executor = (dispatch.least_busy(self._free, self._held, self.depth, self._next)
                     if not waiting and self._started else None)
         if executor is None:
             if 0 < self._max_queue <= len(waiting):  # (WorkQueue.full, inline)
@@ -95,6 +104,8 @@ class DefaultScheduler(QueueLifecycle):
                 raise InferdError(ErrorCode.UNAVAILABLE, "[request id: %s] Exceeds maximum queue size"  # as Triton
                                   % (request.id or "<id_unknown>"))
             waiting.append(item)
+            if self._gate is not None and self._started:
+                self._gate.stage(self._held)
         if idle:
             self._idle.clear()
         if executor is not None:
@@ -107,6 +118,8 @@ class DefaultScheduler(QueueLifecycle):
             item.executor.cancel([item.request])
         elif self.queue.remove(item):
             self.stats.record_failure("CANCELED", time.monotonic_ns() - item.request.arrival_ns)
+            if self._gate is not None and not self._waiting:
+                self._gate.unstage()
             self._check_idle()
 
     def _fail_queued(self, code: ErrorCode, message: str) -> None:
@@ -114,7 +127,13 @@ class DefaultScheduler(QueueLifecycle):
             if not item.done():
                 self.stats.record_failure("OTHER", time.monotonic_ns() - item.request.arrival_ns)
                 item.set_exception(InferdError(code, message))
+        if self._gate is not None:
+            self._gate.unstage()
         self._check_idle()
+
+    def _on_close(self) -> None:
+        if self._gate is not None:
+            self._gate.close()
 
     def _check_idle(self) -> None:
         if not self._waiting and not self._running:
@@ -126,9 +145,14 @@ class DefaultScheduler(QueueLifecycle):
         if not self._started:
             return
         waiting = self._waiting
+        gate = self._gate
         while waiting:
-            executor = dispatch.least_busy(self.executors, self._held, self.depth, self._next)
+            executor = gate.take() if gate is not None else None
             if executor is None:
+                executor = dispatch.least_busy(self._free, self._held, self.depth, self._next)
+            if executor is None:
+                if gate is not None:
+                    gate.stage(self._held)
                 return
             if self.max_batch_requests == 1:  # (_take_batch of one, inline)
                 item = waiting.popleft()
@@ -140,6 +164,8 @@ class DefaultScheduler(QueueLifecycle):
                 if not batch:
                     break
             self._run(executor, batch)
+        if gate is not None and not waiting:
+            gate.unstage()
         self._check_idle()
 
     def _take_batch(self, executor: Executor) -> list[QueuedRequest]:
@@ -158,6 +184,8 @@ class DefaultScheduler(QueueLifecycle):
         for item in batch:
             item.executor = executor
         self._held[id(executor)] += 1
+        if self._gate is not None:
+            self._gate.launching(executor)
         executors = self.executors
         if len(executors) > 1:
             self._next = (executors.index(executor) + 1) % len(executors)
@@ -173,6 +201,8 @@ class DefaultScheduler(QueueLifecycle):
     def _finished(self, executor: Executor, batch: list[QueuedRequest], start: int, fut: asyncio.Future[Any]) -> None:
         self._running.discard(fut)
         self._held[id(executor)] -= 1
+        if self._gate is not None:
+            self._gate.executed(executor)
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)
             for item in batch:

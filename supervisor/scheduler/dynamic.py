@@ -34,6 +34,7 @@ from .outcomes import settle
 from .pending import QueuedRequest
 from .policy import REJECT, PriorityPolicy
 from .queue import PriorityQueue
+from .rate_gate import RateGate
 
 log = logging.getLogger("inferd.scheduler")
 
@@ -59,9 +60,15 @@ class Pending(QueuedRequest):
 
 class DynamicBatcher(QueueLifecycle):
     def __init__(self, model_name: str, executors: Sequence[Executor], stats: StatsSink, rules: BatchRules,
-                 policy: PriorityPolicy, preserve_ordering: bool = False, depth: int = 1) -> None:
+                 policy: PriorityPolicy, preserve_ordering: bool = False, depth: int = 1,
+                 gate: RateGate | None = None) -> None:
         self.model_name = model_name
         self.executors = list(executors)
+        # the rate limiter's instances (rate_gate.py) take a batch only with a grant; the others as always
+        self._gate = gate
+        self._free = self.executors if gate is None else gate.unlimited(self.executors)
+        if gate is not None:
+            gate.bind(self._dispatch)
         self.stats = stats
         self.rules = rules
         self.policy = policy
@@ -92,6 +99,8 @@ class DynamicBatcher(QueueLifecycle):
         self._kick()
 
     def instance_changed(self, executor: Executor) -> None:
+        if self._gate is not None:
+            self._gate.instance_changed(executor)
         if executor.ready:
             self._kick()
         else:
@@ -101,6 +110,8 @@ class DynamicBatcher(QueueLifecycle):
         if self._timer is not None:
             self._timer.cancel()
         self._order.clear()
+        if self._gate is not None:
+            self._gate.close()
 
     # ---- request path ----
     def submit(self, request: InferRequest) -> asyncio.Future[InferResponse]:
@@ -220,9 +231,14 @@ class DynamicBatcher(QueueLifecycle):
             self._timer.cancel()
             self._timer = None
         queue = self.queue
+        gate = self._gate
         while len(queue) and self._started:
-            executor = dispatch.least_busy(self.executors, self._held, self.depth, self._next)
+            executor = gate.take() if gate is not None else None
             if executor is None:
+                executor = dispatch.least_busy(self._free, self._held, self.depth, self._next)
+            if executor is None:
+                if gate is not None:
+                    self._stage(gate)
                 return
             now = time.monotonic_ns()
             decision = form_batch(self.rules, queue, now, busy=self._held[id(executor)] > 0)
@@ -231,10 +247,24 @@ class DynamicBatcher(QueueLifecycle):
                     self._timer = self._loop.call_later((decision.wait_until_ns - now) / 1e9, self._kick)
                 return
             self._launch(executor, queue.pop_front(decision.count))
+        if gate is not None:
+            gate.unstage()  # nothing queued (or closed): no instance needs to wait for resources
+
+    def _stage(self, gate: RateGate) -> None:
+        """No instance can take a batch: once the rules would send one to an idle instance, a limited
+        instance waits for its resources (the batch is formed when they are granted, so it may grow)."""
+        now = time.monotonic_ns()
+        decision = form_batch(self.rules, self.queue, now, busy=False)
+        if decision.count:
+            gate.stage(self._held)
+        elif decision.wait_until_ns and self._loop is not None:
+            self._timer = self._loop.call_later((decision.wait_until_ns - now) / 1e9, self._kick)
 
     def _launch(self, executor: Executor, batch: list[Pending]) -> None:
         """Send one batch now (no task: the Execute leaves within this call); `_finished` answers it."""
         self._held[id(executor)] += 1
+        if self._gate is not None:
+            self._gate.launching(executor)
         self._next = (self.executors.index(executor) + 1) % len(self.executors)
         self.running += len(batch)
         for item in batch:
@@ -256,6 +286,8 @@ class DynamicBatcher(QueueLifecycle):
         if not launched.freed:
             launched.freed = True
             self._held[id(launched.executor)] -= 1
+            if self._gate is not None:
+                self._gate.executed(launched.executor)
             self._refill()
 
     def _finished(self, launched: _Launched, batch: list[Pending], start: int, fut: asyncio.Future[Any]) -> None:
@@ -266,6 +298,8 @@ class DynamicBatcher(QueueLifecycle):
         if freed_here:
             launched.freed = True
             self._held[id(executor)] -= 1
+            if self._gate is not None:
+                self._gate.executed(executor)
         self.running -= len(batch)
         if fut.cancelled():  # close(): the model is going away
             error = InferdError(ErrorCode.UNAVAILABLE, "model '%s' is unloaded" % self.model_name)

@@ -16,6 +16,7 @@ from .batching import BatchRules
 from .default import DefaultScheduler, StatsSink
 from .dynamic import DynamicBatcher
 from .policy import PriorityPolicy
+from .rate_gate import RateGate
 from .sequence import SequenceScheduler
 
 
@@ -26,7 +27,8 @@ class SchedulerSettings:
 
 
 def make_scheduler(model_name: str, config: dict[str, Any], executors: Sequence[Executor], stats: StatsSink,
-                   settings: SchedulerSettings) -> Scheduler:
+                   settings: SchedulerSettings, gate: RateGate | None = None) -> Scheduler:
+    """`gate`: the rate limiter's view of the instances it limits (--rate-limit=execution_count)."""
     max_batch_size = int(config.get("max_batch_size") or 0)
     if "dynamic_batching" in config:
         db = config["dynamic_batching"] or {}
@@ -34,8 +36,9 @@ def make_scheduler(model_name: str, config: dict[str, Any], executors: Sequence[
         # full batches may wait ahead in a worker's pipeline, unless queue policies must see them
         depth = 1 if policy.holds_requests else settings.pipeline_depth
         return DynamicBatcher(model_name, executors, stats, BatchRules.from_config(config), policy,
-                              preserve_ordering=bool(db.get("preserve_ordering")), depth=depth)
+                              preserve_ordering=bool(db.get("preserve_ordering")), depth=depth, gate=gate)
     if "sequence_batching" in config:
-        return SequenceScheduler(model_name, config, executors, stats, max_queue_size=settings.max_queue_size)
+        return SequenceScheduler(model_name, config, executors, stats, max_queue_size=settings.max_queue_size,
+                                 gate=gate)
     return DefaultScheduler(model_name, executors, stats, max_queue_size=settings.max_queue_size,
-                            batched=max_batch_size > 0, runners_per_instance=settings.pipeline_depth)
+                            batched=max_batch_size > 0, runners_per_instance=settings.pipeline_depth, gate=gate)

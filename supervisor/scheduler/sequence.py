@@ -35,6 +35,7 @@ from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferR
 from . import sequence_state
 from .base import Executor
 from .lifecycle import QueueLifecycle
+from .rate_gate import RateGate
 from .sequence_lanes import Lane, SeqItem, Sequence, parse_policy
 from .sequence_requests import WorkerRequests
 
@@ -50,9 +51,10 @@ class SequenceScheduler(QueueLifecycle):
     (lifecycle.py), its own close stopping the runners first."""
 
     def __init__(self, model_name: str, config: dict[str, Any], executors: Seq[Executor], stats: Any,
-                 max_queue_size: int = 0, model_dir: str | None = None) -> None:
+                 max_queue_size: int = 0, model_dir: str | None = None, gate: RateGate | None = None) -> None:
         self.model_name = model_name
         self.executors = executors
+        self._gate = gate  # the rate limiter's instances wait for their resources before each batch
         self.stats = stats  # record_success / record_failure / record_execution (supervisor.stats.ModelStats)
         self.max_queue_size = max_queue_size
         sb = config.get("sequence_batching") or {}
@@ -280,8 +282,24 @@ class SequenceScheduler(QueueLifecycle):
             if not pick.items:
                 wait_s = pick.wait_s or None
                 continue
-            await self._execute(lane, pick.items)
+            if self._gate is not None and self._gate.is_limited(executor):
+                await self._execute_limited(lane, self._gate)
+            else:
+                await self._execute(lane, pick.items)
             lane.wake.set()  # look again: more may be ready
+
+    async def _execute_limited(self, lane: Lane, gate: RateGate) -> None:
+        """A batch once the instance holds its rate-limiter resources (the wait counts as queue time); what
+        it runs is picked then, so requests arriving meanwhile go along."""
+        await gate.acquire(lane.executor)
+        executed = False
+        try:
+            pick = self.policy.pick(lane, time.monotonic_ns())
+            if pick.items and lane.executor.ready:
+                executed = True
+                await self._execute(lane, pick.items)
+        finally:
+            gate.release(lane.executor, executed)
 
     async def _execute(self, lane: Lane, picked: list[SeqItem | None]) -> None:
         real = [item for item in picked if item is not None]

@@ -67,7 +67,7 @@ def test_log_levels_switch_off_and_cpu_metrics_off(server_factory, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--model-namespacing", "true"], "--model-namespacing=true: inferd does not support"),
-    (["--rate-limit", "execution_count"], "--rate-limit=execution_count: inferd does not support"),
+    (["--rate-limit", "sometimes"], "--rate-limit=sometimes: invalid argument for --rate-limit"),
     (["--grpc-use-ssl", "true"], "--grpc-server-cert is required"),
     (["--http-restricted-api", "bogus:k=v"], "unknown category 'bogus'"),
 ])

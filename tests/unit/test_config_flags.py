@@ -53,11 +53,11 @@ def test_inert_flags_are_reported_and_defaults_of_unsupported_ones_pass(tmp_path
 
 def test_every_refusal_is_reported_at_once(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        parse(tmp_path, "--rate-limit", "execution_count", "--model-namespacing", "true",
+        parse(tmp_path, "--rate-limit", "sometimes", "--model-namespacing", "true",
               "--http-header-forward-pattern", "(", "--model-load-retry-count", "-1")
     message = str(exit_info.value)
-    for part in ("--rate-limit=execution_count", "--model-namespacing=true", "--http-header-forward-pattern",
-                 "--model-load-retry-count"):
+    for part in ("--rate-limit=sometimes: invalid argument for --rate-limit", "--model-namespacing=true",
+                 "--http-header-forward-pattern", "--model-load-retry-count"):
         assert part in message
 
 
@@ -128,3 +128,17 @@ def test_busy_poll_defaults_to_the_machine(tmp_path):
 def test_busy_poll_window_is_bounded(tmp_path, value):
     with pytest.raises(SystemExit, match="--busy-poll-us must be between 0 and 1000000"):
         parse(tmp_path, "--busy-poll-us", value)
+
+
+def test_rate_limit_flags(tmp_path):
+    config = parse(tmp_path, "--rate-limit", "EXECUTION_COUNT", "--rate-limit-resource", "R1:10",
+                   "--rate-limit-resource=R2:5:1")
+    assert config.rate_limit == "execution_count"
+    assert config.rate_limit_resources == (("R1", 10, None), ("R2", 5, 1))
+    assert parse(tmp_path).rate_limit == "off"
+    with pytest.raises(SystemExit) as exit_info:
+        parse(tmp_path, "--rate-limit-resource", "R1", "--rate-limit-resource", "R2:two")
+    message = str(exit_info.value)
+    assert "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or '<resource_name>:<count>'. " \
+           "Got R1" in message
+    assert "Got R2:two (count 'two' is not an integer)" in message
