@@ -28,6 +28,9 @@ class Segment:
         try:
             os.ftruncate(fd, self.size)
             self.map = mmap.mmap(fd, self.size)
+        except BaseException:
+            os.unlink("/dev/shm" + self.key)
+            raise
         finally:
             os.close(fd)
 

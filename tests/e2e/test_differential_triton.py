@@ -149,6 +149,8 @@ def clients(servers: dict[str, Any], harness: Any) -> Iterator[dict[str, Clients
     yield made
     for c in made.values():
         c.close()
+    left = sorted(Path("/dev/shm").glob(f"difftest_{os.getpid()}_*"))
+    assert not left, f"segments this test made are left over: {left}"  # every request removes its own
 
 
 # ---------------------------------------------------------------- comparing
@@ -272,17 +274,26 @@ def _unregister(c: Clients, region: str) -> None:
     c.wait_for(done, 10.0, f"shared memory region {region} unregistered")
 
 
-def _register(clients: dict[str, Clients], spec: df.RequestSpec, shm: dw.ShmPlan) -> list[tuple[Clients, str]]:
+def _register(clients: dict[str, Clients], spec: df.RequestSpec, shm: dw.ShmPlan,
+              registered: list[tuple[Clients, str]]) -> None:
     """Make the request's segments and register them with both servers (the input one with both, each
-    server's output one with it); returns what to unregister."""
-    registered = []
+    server's output one with it), noting in `registered` what to unregister."""
     shm.create(spec, list(LABELS))
     for label, c in clients.items():
         for region, seg in ((shm.region_in, shm.seg_in), (shm.region_out, shm.seg_out.get(label))):
             if seg is not None:
                 _shm_call(c, "register", region, {"key": seg.key, "offset": 0, "byte_size": seg.size})
                 registered.append((c, region))
-    return registered
+
+
+def _release(registered: list[tuple[Clients, str]], shm: dw.ShmPlan | None) -> None:
+    """Unregister the regions, and remove the segments whatever that answered."""
+    try:
+        for c, region in registered:
+            _unregister(c, region)
+    finally:
+        if shm is not None:
+            shm.close()
 
 
 def run_everywhere(clients: dict[str, Clients], spec: df.RequestSpec) -> None:
@@ -291,7 +302,7 @@ def run_everywhere(clients: dict[str, Clients], spec: df.RequestSpec) -> None:
     registered: list[tuple[Clients, str]] = []
     try:
         if shm is not None:
-            registered = _register(clients, spec, shm)
+            _register(clients, spec, shm, registered)
         for channel, send in CHANNELS.items():
             got = {}
             for label in LABELS:
@@ -302,10 +313,7 @@ def run_everywhere(clients: dict[str, Clients], spec: df.RequestSpec) -> None:
                     got[label]["shm"] = shm.read_outputs(label)
             assert_same(channel, spec, got)
     finally:
-        for c, region in registered:
-            _unregister(c, region)
-        if shm is not None:
-            shm.close()
+        _release(registered, shm)
 
 
 # ---------------------------------------------------------------- the tests
@@ -348,16 +356,13 @@ def test_random_invalid_requests_get_the_status_triton_gives(clients: dict[str, 
     registered: list[tuple[Clients, str]] = []
     try:
         if shm is not None:
-            registered = _register(clients, spec, shm)
+            _register(clients, spec, shm, registered)
         for channel, send in (("raw HTTP", send_raw_http), ("gRPC", send_grpc)):
             got = {label: send(clients[label], spec, shm) for label in LABELS}
             assert got["inferd"]["status"] == got["triton"]["status"], f"{channel}, {kind}: {spec!r}\n{got}"
             assert got["inferd"]["status"] not in (200, "OK"), f"{channel}, {kind}: {spec!r} was served: {got}"
     finally:
-        for c, region in registered:
-            _unregister(c, region)
-        if shm is not None:
-            shm.close()
+        _release(registered, shm)
 
 
 # ---------------------------------------------------------------- invalid requests, and known differences
