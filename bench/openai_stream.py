@@ -8,16 +8,18 @@ One inferd (--openai-port) serves two copies of tests/fixtures/models/llm_trtllm
 built by tests/openai_support.py:
 - `llm_fast` emits its tokens at no cost (a decoupled Python model sending one response per token);
 - `llm_10ms` emits one token every 10 ms on a steady cadence (token i at start + (i+1) x 10 ms, as an
-  engine's decode steps) and stamps each token with its send time (time.monotonic_ns, the clock the
-  client reads too).
+  engine's decode steps) and stamps each token with the request's arrival in execute() and the token's send
+  time (time.monotonic_ns, the clock the client reads too).
 
 Throughput: c = 1, 16, 64 closed-loop streams, each request asking for --tokens tokens ("COUNT:n"), for
 POST /v1/chat/completions (stream: true) and POST /v2/models/<m>/generate_stream, back to back in each
 round (order alternating). Tokens/s = tokens received / time from the first request to the last answer;
 server CPU per token = CPU seconds of the server process and its workers over that time / tokens.
-Latency (llm_10ms): TTFT at c=1 minus the model's own 10 ms; inter-token latency (gaps between a request's
-tokens) at c=16 minus 10 ms; and "delivery", each token's arrival at the client minus its send time in
-the model: what the server adds to every token, measured directly.
+Latency (llm_10ms), from the stamps: TTFT added = TTFT minus the model's own time to its first token
+(execute() to the first send: the 10 ms and the model's thread start), split into the request's way in
+(client send to execute()) and the first token's way out; "delivery" = each token's arrival at the client
+minus its send time in the model (what the server adds to every token); inter-token latency (the gaps
+between a request's tokens) minus the model's 10 ms. c=1 and c=16. TTFT - 10 ms is printed too.
 
 The client is Python asyncio (uvloop) + aiohttp, parsing every SSE event with orjson; it shares the
 2 CPUs with the server, so its CPU is reported too. Targets (issue 37): chat >= 0.9x generate_stream's
@@ -160,7 +162,9 @@ class Target:
 
 
 async def stream_one(session: aiohttp.ClientSession, target: Target, rec: dict) -> None:
-    """One request: token arrival times (perf_counter) and, for stamped tokens, delivery delays (ns)."""
+    """One request: token arrival times (perf_counter) and, for stamped tokens, the request's way in, the
+    model's own time to its first token and every token's delivery (ns)."""
+    sent_ns = time.monotonic_ns()
     sent = time.perf_counter()
     arrivals: list[float] = []
     async with session.post(target.url, data=target.body, headers={"Content-Type": "application/json"}) as resp:
@@ -177,9 +181,14 @@ async def stream_one(session: aiohttp.ClientSession, target: Target, rec: dict) 
             text = target.text(orjson.loads(payload))
             if not text:
                 continue
-            arrivals.append(now)
             if rec["stamped"]:
-                rec["delivery_ns"].append(now_ns - int(text))
+                arrived_ns, token_ns = (int(v) for v in text.split(":"))
+                rec["delivery_ns"].append(now_ns - token_ns)
+                if not arrivals:
+                    rec["way_in_ns"].append(arrived_ns - sent_ns)
+                    rec["model_ns"].append(token_ns - arrived_ns)
+                    rec["ttft_added_ns"].append(now_ns - sent_ns - (token_ns - arrived_ns))
+            arrivals.append(now)
     if not arrivals:
         raise RuntimeError(f"{target.kind}: a request got no tokens")
     rec["tokens"] += len(arrivals)
@@ -189,11 +198,12 @@ async def stream_one(session: aiohttp.ClientSession, target: Target, rec: dict) 
 
 async def run_point(target: Target, conc: int, duration: float, stamped: bool, server: Server,
                     max_requests: int | None = None) -> dict:
-    rec: dict[str, Any] = {"tokens": 0, "ttft": [], "itl": [], "delivery_ns": [], "stamped": stamped,
-                           "requests": 0}
+    rec: dict[str, Any] = {"tokens": 0, "ttft": [], "itl": [], "delivery_ns": [], "way_in_ns": [], "model_ns": [],
+                           "ttft_added_ns": [], "stamped": stamped, "requests": 0}
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await stream_one(session, target, {**rec, "ttft": [], "itl": [], "delivery_ns": [], "tokens": 0})  # warm
+        await stream_one(session, target, {**rec, **{k: [] for k in rec if isinstance(rec[k], list)},
+                                           "tokens": 0})  # a warm-up request, not counted
         deadline = time.perf_counter() + duration
 
         async def loop() -> None:
@@ -214,7 +224,8 @@ async def run_point(target: Target, conc: int, duration: float, stamped: bool, s
            "ttft_p50_ms": statistics.median(rec["ttft"]) * 1e3,
            "itl_p50_ms": statistics.median(rec["itl"]) * 1e3 if rec["itl"] else None}
     if stamped:
-        out["delivery_p50_ms"] = statistics.median(rec["delivery_ns"]) / 1e6
+        for key in ("delivery", "way_in", "model", "ttft_added"):
+            out[f"{key}_p50_ms"] = statistics.median(rec[f"{key}_ns"]) / 1e6
         out["delivery_p90_ms"] = sorted(rec["delivery_ns"])[int(0.9 * (len(rec["delivery_ns"]) - 1))] / 1e6
     return out
 
@@ -240,7 +251,11 @@ def summarize(results: dict) -> dict:
         c1 = [p for p in results["latency"] if p["kind"] == kind and p["conc"] == 1]
         c16 = [p for p in results["latency"] if p["kind"] == kind and p["conc"] == 16]
         summary["latency"][kind] = {
-            "ttft_added_p50_ms_c1": median_of(c1, "ttft_p50_ms") - MODEL_DELAY_S * 1e3,
+            "ttft_added_p50_ms_c1": median_of(c1, "ttft_added_p50_ms"),
+            "way_in_p50_ms_c1": median_of(c1, "way_in_p50_ms"),
+            "model_own_p50_ms_c1": median_of(c1, "model_p50_ms"),
+            "ttft_minus_10_p50_ms_c1": median_of(c1, "ttft_p50_ms") - MODEL_DELAY_S * 1e3,
+            "ttft_added_p50_ms_c16": median_of(c16, "ttft_added_p50_ms"),
             "itl_added_p50_ms_c16": median_of(c16, "itl_p50_ms") - MODEL_DELAY_S * 1e3,
             "delivery_p50_ms_c1": median_of(c1, "delivery_p50_ms"),
             "delivery_p50_ms_c16": median_of(c16, "delivery_p50_ms"),
@@ -265,13 +280,17 @@ def table(summary: dict) -> str:
         lines.append(f"{conc:>4} | {ch['tokens_per_s']:>11,.0f} {ch['server_cpu_us_per_token']:>7.1f} | "
                      f"{gs['tokens_per_s']:>16,.0f} {gs['server_cpu_us_per_token']:>7.1f} | "
                      f"{row['ratio']:>5.2f} | {ch['client_cores']:>5.2f} / {gs['client_cores']:<5.2f}")
-    lines += ["", "latency added by the server, model emitting one token every 10 ms (ms, p50)",
-              f"{'endpoint':>16} | {'TTFT-10 c=1':>11} | {'ITL-10 c=16':>11} | {'delivery c=1':>12} | "
-              f"{'delivery c=16':>13} | {'p90 c=16':>8}"]
-    for kind, row in summary["latency"].items():
-        lines.append(f"{kind:>16} | {row['ttft_added_p50_ms_c1']:>11.3f} | {row['itl_added_p50_ms_c16']:>11.3f} | "
-                     f"{row['delivery_p50_ms_c1']:>12.3f} | {row['delivery_p50_ms_c16']:>13.3f} | "
-                     f"{row['delivery_p90_ms_c16']:>8.3f}")
+    lines += ["", "latency added by the server, model emitting one token every 10 ms (ms, p50; model = its own "
+              "time to the first token)",
+              f"{'endpoint':>16} | {'TTFT added':>10} {'way in':>6} {'model':>6} {'TTFT-10':>7} | {'ITL-10':>6} "
+              f"{'TTFT added':>10} | {'delivery c=1':>12} {'c=16':>5} {'p90':>5}",
+              f"{'':>16} | {'c=1':>10} {'':>6} {'':>6} {'':>7} | {'c=16':>6} {'c=16':>10} |"]
+    for kind, r in summary["latency"].items():
+        lines.append(f"{kind:>16} | {r['ttft_added_p50_ms_c1']:>10.3f} {r['way_in_p50_ms_c1']:>6.3f} "
+                     f"{r['model_own_p50_ms_c1']:>6.2f} {r['ttft_minus_10_p50_ms_c1']:>7.3f} | "
+                     f"{r['itl_added_p50_ms_c16']:>6.3f} {r['ttft_added_p50_ms_c16']:>10.3f} | "
+                     f"{r['delivery_p50_ms_c1']:>12.3f} {r['delivery_p50_ms_c16']:>5.2f} "
+                     f"{r['delivery_p90_ms_c16']:>5.2f}")
     lines += ["", "targets (issue 37 item 8):"]
     lines += [f"  {'met ' if ok else 'MISS'}  {name}" for name, ok in summary["targets"].items()]
     return "\n".join(lines)
@@ -297,9 +316,9 @@ async def measure(server: Server, args: argparse.Namespace) -> dict:
                                         args.duration, True, server, max_requests=requests)
                 point["round"] = rnd
                 results["latency"].append(point)
-                print(f"  round {rnd} c={conc:<3} {kind:<16} 10 ms model: TTFT {point['ttft_p50_ms']:.3f} ms, "
-                      f"ITL {point['itl_p50_ms']:.3f} ms, delivery {point['delivery_p50_ms']:.3f} ms",
-                      file=sys.stderr)
+                print(f"  round {rnd} c={conc:<3} {kind:<16} 10 ms model: TTFT {point['ttft_p50_ms']:.3f} ms "
+                      f"(added {point['ttft_added_p50_ms']:.3f}), ITL {point['itl_p50_ms']:.3f} ms, "
+                      f"delivery {point['delivery_p50_ms']:.3f} ms", file=sys.stderr)
     return results
 
 

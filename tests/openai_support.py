@@ -25,7 +25,8 @@ Language-model fixtures (tests/fixtures/models; their model.py docstring is the 
   One word (with its leading space) per streamed response.
 - `set_parameters(model_dir, {key: value})`: add or replace string parameters in a copied model's
   config.pbtxt: `tokenizer` (the per-model tokenizer), `token_delay_ms` (one token every N ms),
-  `token_chars` (N-character tokens), `stamp_tokens` ("1": each token is its send time in ns),
+  `token_chars` (N-character tokens), `stamp_tokens` ("1": each token is "<arrived>:<sent>", the request's
+  arrival in execute() and the token's send time, time.monotonic_ns()),
   `cancel_dir` (a cancelled request leaves a file cancelled_* there).
 - `llm_repo(server_factory, models, tokenizer=True) -> Path`: a repository of those fixtures (names or
   {name: fixture}) with a tokenizer built into each model directory (parameter `tokenizer`, the absolute
