@@ -74,12 +74,27 @@ class Reading:
     rest: int = 0  # bytes after a CONNECT
 
 
+class _Closed(Exception):
+    """A message begun after one that ends the connection as the server reads it (below)."""
+
+
+def _parser(ref: Any) -> httptools.HttpRequestParser:
+    """llhttp as the server sets it: a chunked body beside a Content-Length is read as chunked (issue 43)."""
+    parser = httptools.HttpRequestParser(ref)
+    parser.set_dangerous_leniencies(lenient_chunked_length=True)
+    return parser
+
+
 class _Ref:
-    """httptools' callbacks gathering each message as it is, nothing capped, nothing cached."""
+    """httptools' callbacks gathering each message as it is, nothing capped, nothing cached. As the server:
+    a message with both Content-Length and Transfer-Encoding is read as chunked if that is its only coding
+    (RFC 9112 6.3), refused otherwise, and ends the connection (what follows is dropped: end "closed")."""
 
     def __init__(self) -> None:
         self.r = Reading()
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser = _parser(self)
+        self.close_after = False  # the message being read ends the connection
+        self.closed = False
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
         self.body = bytearray()
@@ -87,6 +102,9 @@ class _Ref:
         self.held: Message | None = None  # a message that asked to upgrade, its body still to read
 
     def on_message_begin(self) -> None:
+        if self.closed:
+            raise _Closed
+        self.close_after = False
         self.r.begun += 1
         self.url, self.headers, self.body, self.in_head = b"", [], bytearray(), True
 
@@ -99,6 +117,11 @@ class _Ref:
 
     def on_headers_complete(self) -> None:
         self.in_head = False
+        names = {k.lower(): v for k, v in self.headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            if names[b"transfer-encoding"].strip().lower() != b"chunked":
+                raise ValueError("Content-Length with a Transfer-Encoding other than chunked")
+            self.close_after = True
 
     def on_body(self, body: bytes) -> None:
         self.body += body
@@ -111,7 +134,8 @@ class _Ref:
             self.r.messages.append(held)
             return
         self.r.messages.append(Message(p.get_method().decode("latin-1"), self.url, self.headers, bytes(self.body),
-                                       p.should_keep_alive(), p.should_upgrade()))
+                                       p.should_keep_alive() and not self.close_after, p.should_upgrade()))
+        self.closed = self.close_after and not p.should_upgrade()  # (an upgrade's body is read after it first)
 
 
 def _stand_in(m: Message) -> bytes:
@@ -148,7 +172,7 @@ def httptools_reading(stream: bytes) -> Reading:
                 return r
             r.messages.pop()
             r.begun -= 1
-            ref.parser = httptools.HttpRequestParser(ref)
+            ref.parser = _parser(ref)
             ref.held = None
             try:
                 ref.parser.feed_data(_stand_in(m))
@@ -160,6 +184,9 @@ def httptools_reading(stream: bytes) -> Reading:
                 r.messages[-1] = m
             data = data[at:]
         except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _Closed):
+                r.end = "closed"  # (the bytes after a message that ends the connection: dropped)
+                return r
             r.end, r.error = "error", str(exc)
             return r
 

@@ -18,6 +18,13 @@ from inferd.worker.wire.errors import InferdError
 from ..inference.types import InferRequest, InferResponse
 
 
+class ResponseError(InferdError):
+    """A failure that is the request's answer: the request was accepted, then the model (or running it) failed
+    it. `stream_infer` raises these, while a refusal of the request itself (unknown model, bad input, full
+    queue) stays a plain InferdError: Triton answers the two differently on /generate_stream (an error
+    response starts the event stream with status 400; a refusal is a plain JSON error with its status)."""
+
+
 class DataPlane(abc.ABC):
     # True for a frontend process's data plane (scaleout.RemoteDataPlane), whose statistics, status, index,
     # settings and shm registry live in the core: the frontends then await the `*_async` forms (end of

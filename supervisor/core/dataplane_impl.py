@@ -23,7 +23,7 @@ from ..tracing.options import TraceOptions
 from ..tracing.tracer import Tracer
 from . import classification
 from .busy_poll import BusyPoll
-from .dataplane import DataPlane
+from .dataplane import DataPlane, ResponseError
 from .models import ModelManager, ModelVersion
 from .shm_endpoints import ShmEndpoints
 from .status_json import status_json
@@ -237,7 +237,14 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         went away) cancels the request: dropped from its queue, or the model sees is_cancelled()."""
         mv = self._resolve(request)
         if not mv.decoupled:
-            yield await self.infer(request)
+            future = self.infer_nowait(request)  # (a refusal raises here, as it is)
+            try:
+                response = await future
+            except ResponseError:
+                raise
+            except InferdError as exc:  # accepted, then failed: the request's answer (ResponseError's docstring)
+                raise ResponseError(exc.code, exc.message) from None
+            yield response
             return
         wanted = self._checked(mv, request, self.shm is not None)
         stream = ResponseStream()
@@ -253,7 +260,7 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
                 ended = final
                 if isinstance(item, InferdError):
                     if final:
-                        raise item
+                        raise item if isinstance(item, ResponseError) else ResponseError(item.code, item.message)
                     yield item
                     continue
                 item.model_name, item.model_version, item.id = name, version, request.id

@@ -143,9 +143,13 @@ def _validate(spec: IOSpec, request: InferRequest) -> None:
         n = ""
     if n or len(given) > len(spec_inputs):
         missing = [n for n in required if n not in given]
-        raise invalid_arg("expected %d inputs but got %d inputs for model '%s'. Got input(s) %s, but missing "
+        total = len(spec_inputs) - len(spec.injected.intersection(spec_inputs))
+        # Triton's wording: a range where some inputs are optional (qa L0_optional_input, L0_http)
+        wording = ("%d inputs" % total if total == len(required)
+                   else "number of inputs between %d and %d" % (len(required), total))
+        raise invalid_arg("expected %s but got %d inputs for model '%s'. Got input(s) %s, but missing "
                           "required input(s) %s. Please provide all required input(s)."
-                          % (len(required), len(given), model, _names(given), _names(missing)))
+                          % (wording, len(given), model, _names(given), _names(missing)))
     seen: set[str] = set()
     batch_size: int | None = None
     max_batch = spec.max_batch_size

@@ -50,6 +50,15 @@ DRAIN = 3  # an error was answered; incoming bytes are discarded until the clien
 CLOSING = 4  # the connection's last request was read (no keep-alive, or CONNECT): what follows is dropped
 
 
+def new_parser(protocol: object) -> httptools.HttpRequestParser:
+    """A request parser that reads a chunked body beside a Content-Length (request_reader.py checks the rest)."""
+    parser = httptools.HttpRequestParser(protocol)
+    lenient = getattr(parser, "set_dangerous_leniencies", None)  # (httptools >= 0.6.2; older ones refuse CL+TE)
+    if lenient is not None:
+        lenient(lenient_chunked_length=True)
+    return parser
+
+
 class Refused:
     """A pipelined request beyond the connection's limit: answered with `res` in its turn, never run."""
 
@@ -68,7 +77,7 @@ class ConnectionState(asyncio.Protocol):
         self._handler = server.handler
         self._loop = server.loop
         self._coalescer = server.coalescer
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser = new_parser(self)
         self._transport: asyncio.Transport | None = None
         self.state = IDLE
         self.since = time.monotonic()  # start of the current state (idle / headers) or last read

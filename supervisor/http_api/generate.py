@@ -10,9 +10,18 @@ A response is one JSON object: model_name, model_version, id (when given) and ev
   response; otherwise the answer is Triton's "generate expects model to produce exactly 1
   response..." error (Triton sends it with status 200; we use 400, as for its error responses).
 - /generate_stream answers server-sent events (text/event-stream; charset=utf-8), one
-  `data: {...}\\n\\n` per response, an error response as `data: {"error": "..."}`; errors found
-  before the first response are plain JSON errors with their status. The body is chunked and the
-  connection closes after it; a client that drops the connection cancels the request.
+  `data: {...}\\n\\n` per response, an error response as `data: {"error": "..."}`. As Triton: the
+  status is that of the first response, so a model that fails before its first response starts the
+  stream with 400 (its error as the first event, the responses after it follow); a refusal of the
+  request itself (unknown model, bad or missing inputs, a full queue) is a plain JSON error with its
+  status. The body is chunked and the connection closes after it; a client that drops the connection
+  cancels the request.
+- A model's error answers /generate with 400 whatever its code, as Triton answers it.
+
+A key given twice reads as Triton's JSON reads it: each member name in document order, with the value
+of its first occurrence, so an input named twice is refused ("input 'X' already exists in request")
+and a parameter named twice keeps its first value; "parameters" is read where it stands (a parameter
+both at the top and in "parameters" takes the later one).
 
 Errors in the request body are 400 with a message naming the problem (Triton answers several of
 them with 500).
@@ -20,12 +29,13 @@ them with 500).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import DataPlane, ResponseError
 from inferd.supervisor.inference.tensors import json_to_raw, raw_to_json
 from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire.errors import InferdError, invalid_arg
@@ -47,9 +57,26 @@ class StreamingResponse(Response):
 
     __slots__ = ("chunks",)
 
-    def __init__(self, chunks: AsyncIterator[bytes], content_type: str = SSE_CONTENT_TYPE) -> None:
-        super().__init__(200, b"", content_type)
+    def __init__(self, chunks: AsyncIterator[bytes], content_type: str = SSE_CONTENT_TYPE,
+                 status: int = 200) -> None:
+        super().__init__(status, b"", content_type)
         self.chunks = chunks
+
+
+class _Members(dict):  # type: ignore[type-arg]
+    """A JSON object as Triton reads one: `names` every member name in order (repeats included), each
+    name's value that of its first occurrence."""
+
+    __slots__ = ("names",)
+    names: list[str]
+
+
+def _members(pairs: list[tuple[str, Any]]) -> _Members:
+    obj = _Members()
+    obj.names = [k for k, _ in pairs]
+    for k, v in pairs:
+        obj.setdefault(k, v)
+    return obj
 
 
 # ---- request ----------------------------------------------------------------------------------
@@ -107,10 +134,12 @@ def parse_request(dp: DataPlane, model: str, version: str, body: Any, max_size: 
     config = dp.model_config(model, version)  # unknown model / version: NOT_FOUND first, as Triton
     raw = decode_content(encoding, body, max_size)
     try:
-        doc = orjson.loads(raw)
+        doc = orjson.loads(raw)  # (the checks and the messages: NaN, integer range, depth)
+        if isinstance(doc, dict):
+            doc = json.loads(raw, object_pairs_hook=_members)  # (repeated names: the module's docstring)
     except (orjson.JSONDecodeError, RecursionError, ValueError) as exc:
         raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict):
+    if not isinstance(doc, _Members):
         raise invalid_arg("the generate request body must be a JSON object")
     specs = {str(i.get("name")): i for i in config.get("input") or [] if isinstance(i, dict)}
     batched = int(config.get("max_batch_size") or 0) > 0
@@ -124,20 +153,23 @@ def parse_request(dp: DataPlane, model: str, version: str, body: Any, max_size: 
     def take(key: str, value: Any, where: str) -> None:
         if key in specs:
             if key in inputs:
-                raise invalid_arg(f"{where}input '{key}' already exists in request")
+                raise invalid_arg(f"{where}[request id: {request_id or '<id_unknown>'}] input '{key}' already "
+                                  "exists in request")
             inputs[key] = _input_tensor(key, value, specs[key], batched)
         else:
             request.parameters[key] = _param_value(key, value, where)
 
-    for key, value in doc.items():
-        if key not in _RESERVED:
-            take(key, value, "")
-    params = doc.get("parameters")
-    if params is not None:
-        if not isinstance(params, dict):
-            raise invalid_arg("Expected JSON object for keyword: 'parameters'")
-        for key, value in params.items():
-            take(key, value, "Converting keyword: 'parameters': ")
+    for key in doc.names:  # (in order, repeats included: Triton reads the first value each time)
+        if key == "parameters":
+            params = doc[key]
+            if params is None:
+                continue
+            if not isinstance(params, _Members):
+                raise invalid_arg("Expected JSON object for keyword: 'parameters'")
+            for name in params.names:
+                take(name, params[name], "Converting keyword: 'parameters': ")
+        elif key not in _RESERVED:
+            take(key, doc[key], "")
     request.inputs = list(inputs.values())
     return request
 
@@ -162,6 +194,17 @@ def _is_data(resp: InferResponse) -> bool:
 
 def _sse(obj: Any) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+_ERROR_EVENT = b'data: {"error":'
+
+
+def _error_event(message: str) -> bytes:
+    return _sse({"error": message})
+
+
+async def _one(event: bytes) -> AsyncIterator[bytes]:
+    yield event
 
 
 # ---- endpoints --------------------------------------------------------------------------------
@@ -192,8 +235,8 @@ class Generate:
                     if len(items) > 1:  # closing the iterator below cancels the rest
                         break
         except InferdError as exc:
-            if not items:
-                return errors.from_inferd_error(exc)
+            if not items and not isinstance(exc, ResponseError):
+                return errors.from_inferd_error(exc)  # a refusal of the request: its own status
             items.append(exc)
         finally:
             await responses.aclose()
@@ -212,23 +255,28 @@ class Generate:
         return self._generate_stream(request)
 
     async def _generate_stream(self, request: InferRequest) -> Response:
-        """Waits for the first event, so that errors before it keep their HTTP status."""
+        """Waits for the first event: its status is the stream's (400 for an error response, as Triton), and
+        a refusal of the request before it keeps its own status as a plain JSON error."""
         responses = self.dp.stream_infer(request)
         try:
             first = await self._next_event(responses)
+        except ResponseError as exc:  # the request's only answer is an error: a stream of that one event
+            await responses.aclose()
+            return StreamingResponse(_one(_sse({"error": exc.message})), status=400)
         except InferdError as exc:
             await responses.aclose()
             return errors.from_inferd_error(exc)
         except BaseException:
             await responses.aclose()
             raise
-        return StreamingResponse(self._events(first, responses))
+        status = 400 if first is not None and first.startswith(_ERROR_EVENT) else 200
+        return StreamingResponse(self._events(first, responses), status=status)
 
     async def _next_event(self, responses: AsyncIterator[Any]) -> bytes | None:
-        """The next SSE event (None at the end); an error before any event is raised."""
+        """The next SSE event (None at the end); an error ending the stream before any event is raised."""
         async for item in responses:
             if isinstance(item, InferdError):
-                return _sse({"error": item.message})
+                return _error_event(item.message)
             if _is_data(item):
                 return _sse(response_json(item))
         return None

@@ -5,6 +5,16 @@ turn without running). Bytes that make no progress (an unfinished head, chunk fr
 capped together as a head is; trailer fields never become headers; `Upgrade:` is ignored as Triton ignores
 it (`_upgrade`); bytes after a request without keep-alive are dropped.
 
+A request with both `Content-Length` and `Transfer-Encoding: chunked` is read as chunked, as Triton reads it
+(RFC 9112 6.3: Transfer-Encoding overrides Content-Length), and the connection is closed once it is answered
+(6.3 again: what follows such a request is not trusted, so it is dropped). Any other Transfer-Encoding beside
+a Content-Length (`gzip`, `xchunked`, ...) is refused with 400, as are duplicate Content-Lengths (llhttp).
+
+A request with both `Content-Length` and `Transfer-Encoding: chunked` is read as chunked, as Triton reads it
+(RFC 9112 6.3: Transfer-Encoding overrides Content-Length), and the connection is closed once it is answered
+(6.3 again: what follows such a request is not trusted). Every other Transfer-Encoding beside a
+Content-Length (`gzip`, `xchunked`, ...) is refused with 400, as are duplicate Content-Lengths (llhttp).
+
 The body cap (--http-max-input-size) applies as Triton applies it: to the JSON of a request, and
 separately to the bytes after it, so a binary request may be its `Inference-Header-Content-Length`
 (at most the cap) plus the cap.
@@ -24,7 +34,7 @@ import time
 
 import httptools
 
-from .connection_state import BODY, CLOSING, DRAIN, HEADERS, IDLE, ConnectionState, Refused
+from .connection_state import BODY, CLOSING, DRAIN, HEADERS, IDLE, ConnectionState, Refused, new_parser
 from .messages import Request, Response
 
 log = logging.getLogger("inferd.http")
@@ -43,6 +53,16 @@ _CACHE_MAX = 256
 _METHODS = {m: m.decode() for m in (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH")}
 _new_request = object.__new__
 HEAD_MAX = 1024  # longest head kept for reading again (one per connection)
+
+
+class _Dropped(Exception):
+    """Raised at the start of a request parsed after the connection's last one (see `_CHUNKED_OVER_LENGTH`):
+    parsing stops and the rest is dropped, as after a request without keep-alive."""
+
+
+# _clen of a chunked request that also had a Content-Length: the body is read as chunked and the connection
+# closes after the answer (llhttp reads it so with lenient_chunked_length; its other checks stay)
+_CHUNKED_OVER_LENGTH = -2
 
 
 class Abort(Exception):
@@ -88,6 +108,8 @@ class RequestReader(ConnectionState):
             return
         except httptools.HttpParserCallbackError as exc:
             cause = exc.__context__
+            if isinstance(cause, _Dropped):
+                return
             if isinstance(cause, Abort):
                 self._fatal(cause.status, cause.message)
             else:
@@ -162,7 +184,7 @@ class RequestReader(ConnectionState):
             head = b"POST / HTTP/1.1\r\n%s%s\r\n" % (b"" if keep else b"Connection: close\r\n", framing)
             rest = memoryview(data)[at:]
         # a fresh parser: the one that stopped may refuse what follows (an upgrade without keep-alive)
-        self._parser = httptools.HttpRequestParser(self)
+        self._parser = new_parser(self)
         self._parser.feed_data(head)  # (a request without a body is answered here)
         if self.state == BODY:  # its body follows: the held head's size (trailers add to it) and Expect
             self._hbytes, self._expect = hbytes, expect
@@ -170,6 +192,8 @@ class RequestReader(ConnectionState):
 
     # ---- httptools callbacks ----
     def on_message_begin(self) -> None:
+        if self.state == CLOSING:  # llhttp read on after a request the connection ends with
+            raise _Dropped
         self.state = HEADERS
         self.since = self.last_read  # the read that began it
         self._url = b""
@@ -211,7 +235,13 @@ class RequestReader(ConnectionState):
             cap += int(hlen)  # the JSON header is capped on its own, as Triton caps it (codec checks it)
         self._cap = cap
         clen = headers.get("content-length")
-        if clen is not None:
+        if clen is not None and "transfer-encoding" in headers:
+            # RFC 9112 6.3: chunked wins, then close; any other coding is a framing no one can agree on
+            if headers["transfer-encoding"].strip().lower() != "chunked":
+                raise Abort(400, "malformed HTTP request: Content-Length with a Transfer-Encoding other than "
+                                 f"chunked ({headers['transfer-encoding']!r})")
+            self._clen = _CHUNKED_OVER_LENGTH
+        elif clen is not None:
             # llhttp has validated the digits; refuse before reading a byte of the body
             n = int(clen)
             if n > cap:
@@ -247,7 +277,7 @@ class RequestReader(ConnectionState):
         held = self._held
         if held is None:
             method = parser.get_method()
-            keep = parser.should_keep_alive()
+            keep = parser.should_keep_alive() and self._clen != _CHUNKED_OVER_LENGTH
             # (llhttp upgrades only on an Upgrade header or CONNECT: the cheap test first)
             if (method == b"CONNECT" or "upgrade" in self._headers) and parser.should_upgrade():
                 self._held = (method, keep, self._url, self._headers, self._raw)  # answered with its body: _upgrade

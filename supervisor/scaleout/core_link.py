@@ -24,6 +24,7 @@ from typing import Any
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..core.dataplane import ResponseError
 from ..core.dataplane_impl import ServerDataPlane
 from ..inference.types import InferResponse
 from ..tracing import live
@@ -191,8 +192,9 @@ class Session:
                     head, chunks, size = frames.response_parts(item)
                     link.send(Kind.STREAM_ITEM, call, frames.dumps({"final": False, "response": head}), chunks, size)
                 await link.drain()
-        except InferdError as exc:
-            link.send(Kind.STREAM_ITEM, call, frames.dumps({"final": True, "error": [int(exc.code), exc.message]}))
+        except InferdError as exc:  # ("answer": a ResponseError, the request's answer rather than its refusal)
+            link.send(Kind.STREAM_ITEM, call, frames.dumps({"final": True, "error": [int(exc.code), exc.message],
+                                                            "answer": isinstance(exc, ResponseError)}))
             return
         except asyncio.CancelledError:
             raise

@@ -31,7 +31,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
-from ..core.dataplane import DataPlane
+from ..core.dataplane import DataPlane, ResponseError
 from ..inference.types import InferRequest, InferResponse
 from ..memory.client_shm import ClientShm
 from ..memory.shm_pool import ShmPool
@@ -136,6 +136,8 @@ class RemoteDataPlane(DataPlane):
                 item: Any = None  # None: the stream ended after its last response
                 if "error" in h:
                     item = frames.error_of({"code": h["error"][0], "message": h["error"][1]})
+                    if h.get("answer"):
+                        item = ResponseError(item.code, item.message)
                 elif "response" in h:
                     item = frames.decode_response(h["response"], data)
                 if final:
