@@ -32,6 +32,7 @@ from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.runtime import Runtime
 from .custom_metrics import CustomMetrics
 from .gpu_metrics import GpuMetrics
+from .repository.agents import PollFailed
 from .tracing.tracer import Tracer
 
 log = logging.getLogger("inferd")
@@ -218,7 +219,8 @@ class App:
                     await manager.load_once(name)  # an ensemble may have loaded it already
                     return True
                 except InferdError as exc:
-                    log.error("failed to load '%s': %s", name, exc.message)
+                    if not isinstance(exc, PollFailed):  # the manager logged it as Triton does
+                        log.error("failed to load '%s': %s", name, exc.message)
                     return False
 
         results = await asyncio.gather(*(load(n) for n in names))

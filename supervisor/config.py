@@ -119,6 +119,7 @@ class ServerConfig:
     allow_client_shm: bool = False
     model_config_name: str = ""  # load <model>/configs/<name>.pbtxt where it exists, else config.pbtxt
     model_load_retry_count: int = 0  # a failed load is tried again this many times
+    repoagent_directory: str = "/opt/tritonserver/repoagents"  # where Triton's agent libraries would be
     log_verbose: int = 0
     log_file: str = ""  # "" = standard error
     log_format: str = "default"  # default | ISO8601

@@ -26,6 +26,7 @@ from .config import (
 )
 from .core.busy_poll import cpu_quota, default_window_us
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
+from .repository import agents as repo_agents
 from .repository.cloud import credentials as cloud_credentials
 from .repository.cloud import location as cloud_location
 from .scheduler import rate_limiter
@@ -135,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config-name", default="",
                    help="load <model>/configs/<NAME>.pbtxt where a model has it, else its config.pbtxt")
     p.add_argument("--model-load-retry-count", type=int, default=0, help="times a failed model load is retried")
+    p.add_argument("--repoagent-directory", default=repo_agents.DEFAULT_DIRECTORY,
+                   help="where Triton keeps repository agent libraries; inferd's agents (checksum) are built in, "
+                        "and a model naming another agent fails to load, naming this directory")
     p.add_argument("--log-verbose", type=int, default=0)
     p.add_argument("--log-file", default="", help="write the log (the workers' output too) to this file")
     p.add_argument("--log-format", choices=("default", "ISO8601", "json"), default="default",
@@ -492,6 +496,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         allow_client_shm=args.allow_client_shm,
         model_config_name=args.model_config_name,
         model_load_retry_count=args.model_load_retry_count,
+        repoagent_directory=args.repoagent_directory,
         log_verbose=args.log_verbose,
         log_file=os.path.abspath(args.log_file) if args.log_file else "",
         log_format=args.log_format,

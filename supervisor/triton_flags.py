@@ -23,7 +23,6 @@ INERT: dict[str, str] = {
     "--cuda-virtual-address-size": "no CUDA virtual address reservation",
     "--backend-directory": "the backends are built in",
     "--backend-config": "backend settings of Triton's backends",
-    "--repoagent-directory": "no repository agents",
     "--host-policy": "no host policies",
     "--min-supported-compute-capability": "GPU models run in their worker's framework",
     "--enable-peer-access": "GPU models run in their worker's framework",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ServerConfig, WorkerTimings
+from ..repository.agents import DEFAULT_DIRECTORY as DEFAULT_AGENT_DIRECTORY
 from ..repository.sources import CloudSettings, Repositories
 from .runtime import Runtime
 
@@ -21,6 +22,7 @@ class LoaderSettings:
     gpu_ids: tuple[int, ...] = ()  # the GPUs discovery found (CUDA numbering); none: KIND_AUTO is CPU
     model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
     load_retries: int = 0  # --model-load-retry-count
+    repoagent_directory: str = DEFAULT_AGENT_DIRECTORY  # --repoagent-directory (named when an agent is missing)
     repos: Repositories = None  # type: ignore[assignment]  # built from `repositories` when not given
 
     def __post_init__(self) -> None:
@@ -35,4 +37,5 @@ class LoaderSettings:
         return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
                    config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
                    model_config_name=config.model_config_name, load_retries=config.model_load_retry_count,
+                   repoagent_directory=config.repoagent_directory,
                    repos=Repositories(config.model_repositories, cloud))

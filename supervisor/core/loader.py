@@ -5,6 +5,7 @@ Keeping it here leaves ModelManager about lifecycle only.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ from ..envs import ExecEnv
 from ..instances.external import BACKEND as EXTERNAL_BACKEND
 from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
-from ..repository import autocomplete, layout, metadata, normalize, versions
+from ..repository import agents, autocomplete, layout, metadata, normalize, versions
 from ..repository import config as repo_config
 from ..scheduler.rate_limiter import LimiterSpec
 from . import classification, overrides
@@ -102,6 +103,8 @@ async def _plan(settings: LoaderSettings, name: str, source: layout.ModelSource,
         cfg = repo_config.parse_json_config(config_override)
     else:
         cfg = repo_config.load_config(source, settings.disable_autocomplete)
+    if cfg.HasField("model_repository_agents"):  # as Triton: on the config as written, before normalising
+        await _run_agents(settings, name, cfg, source.path)
     cfg = normalize.normalize(cfg, source, gpu_ids=settings.gpu_ids)
     if not source.versions and not normalize.is_ensemble(cfg):
         raise InferdError(ErrorCode.INVALID_ARG,
@@ -123,6 +126,14 @@ async def _plan(settings: LoaderSettings, name: str, source: layout.ModelSource,
     meta.pop("versions", None)
     labels = classification.load_labels(source.path, config)
     return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env, labels, override_root)
+
+
+async def _run_agents(settings: LoaderSettings, name: str, cfg: Any, model_dir: str) -> None:
+    """The config's repository agents (checksums read whole files: off the event loop)."""
+    try:
+        await asyncio.to_thread(agents.run_load_agents, cfg, model_dir, settings.repoagent_directory)
+    except agents.AgentError as exc:
+        raise agents.PollFailed(name, str(exc)) from None
 
 
 def _mentions_auto_complete(model_dir: str, max_bytes: int = 4 << 20) -> bool:

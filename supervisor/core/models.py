@@ -24,6 +24,7 @@ from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
+from ..repository.agents import PollFailed
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from ..scheduler.rate_gate import RateGate
@@ -189,7 +190,11 @@ class ModelManager:
                 loader.discard_override(plan)  # a failed ensemble check; plan_load cleans up after itself
                 if not isinstance(exc, InferdError):
                     raise
-                if exc.code == ErrorCode.NOT_FOUND and not e.versions:
+                if isinstance(exc, PollFailed):  # as Triton: the model keeps its state (and readiness)
+                    log.error("Poll failed for model directory '%s': %s", name, exc.detail, extra={"model": name})
+                    if not e.versions and not e.records:
+                        self.entries.pop(name, None)
+                elif exc.code == ErrorCode.NOT_FOUND and not e.versions:
                     self.entries.pop(name, None)  # nothing on disk: no index entry, as Triton
                 else:
                     e.records = {None: (UNAVAILABLE, exc.message)}

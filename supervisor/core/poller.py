@@ -17,6 +17,7 @@ import logging
 
 from inferd.worker.wire.errors import InferdError
 
+from ..repository.agents import PollFailed
 from ..repository.sources import Repositories
 from .models import ModelManager
 
@@ -77,7 +78,8 @@ class RepositoryPoller:
                 try:
                     await self.manager.load(name)
                 except InferdError as exc:
-                    log.error("failed to load '%s': %s", name, exc.message)
+                    if not isinstance(exc, PollFailed):  # the manager logged it as Triton does
+                        log.error("failed to load '%s': %s", name, exc.message)
 
         await asyncio.gather(*(load(name) for name in changed))
 
