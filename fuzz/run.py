@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("targets", nargs="*", help="target names (default: every fuzz/targets/*.py)")
     ap.add_argument("--seconds", type=float, default=60.0, help="time per target (default 60)")
     ap.add_argument("--runs", type=int, default=0, help="stop a target after this many executions (0: no limit)")
+    ap.add_argument("--list", action="store_true", help="name each target and what it checks")
     ap.add_argument("--replay", action="store_true", help="run each target once on every kept corpus file")
     ap.add_argument("--input", action="append", default=[], help="with --replay: these files instead")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -288,12 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="start from the kept corpus alone (empty fuzz/work/<t>)")
     ap.add_argument("--engine", choices=("auto", "atheris", "mutate"), default="auto")
     ap.add_argument("--seed", type=int, default=0, help="the mutation engine's random seed")
+    ap.add_argument("--jobs", type=int, default=1, help="targets fuzzed at once (one process each)")
     ap.add_argument("--verbose", action="store_true", help="show libFuzzer's output")
     args = ap.parse_args(argv)
     names = args.targets or harness.target_names()
     unknown = [n for n in names if n not in harness.target_names()]
     if unknown:
         ap.error(f"unknown targets {unknown}; there are {harness.target_names()}")
+    if args.list:
+        for name in names:
+            doc = ast.get_docstring(ast.parse((harness.TARGETS_DIR / f"{name}.py").read_text())) or ""
+            print(f"{name:<22} {' '.join(doc.split(chr(10) + chr(10))[0].split())}")
+        return 0
     if args.replay:
         return do_replay(names, args)
     engine = args.engine
@@ -303,12 +311,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("atheris is not installed for this Python (pip install atheris)")
     if engine == "mutate" and not args.json:
         print("atheris is not available: falling back to random mutations without coverage", file=sys.stderr)
-    reports = []
-    for name in names:
+    def one(name: str) -> Report:
         rep = fuzz_atheris(name, args) if engine == "atheris" else fuzz_fallback(name, args)
-        reports.append(rep)
         if not args.json:
             print(rep.line(), flush=True)
+        return rep
+
+    if engine == "atheris" and args.jobs > 1:  # each target is its own process: threads only wait on them
+        with ThreadPoolExecutor(args.jobs) as pool:
+            reports = list(pool.map(one, names))
+    else:
+        reports = [one(name) for name in names]
     if args.json:
         print(json.dumps([{**asdict(r), "exec_per_s": round(r.exec_per_s, 1)} for r in reports], indent=2))
     return 1 if any(r.signatures for r in reports) else 0
