@@ -138,6 +138,7 @@ class RateLimiter:
         limits = self._limits_for(self._tickets + tickets)
         self._tickets.extend(tickets)
         self.limits = limits
+        log.debug("rate limiter: %s registered %d instance(s); resources: %s", owner, len(tickets), self.describe())
         return tickets
 
     def unregister(self, tickets: Iterable[Ticket]) -> None:
