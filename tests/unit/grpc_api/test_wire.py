@@ -242,6 +242,16 @@ def test_parameter_values_in_several_occurrences_read_like_protobuf(entries: lis
         _ld(1, b"abc")[:-1],  # truncated
         _ld(5, _ld(1, b"X") + b"\x1a\x02\x80"),  # a packed varint running past its field
         _ld(5, b"\x18\x80"),  # an unpacked varint running past its message
+        # the protobuf rules the fast parser leaves to protobuf (issue 38 #7 audit)
+        b"\x7b\x7c" + _ld(1, b"m"),  # a group (field 15), skipped by protobuf
+        _ld(5, _ld(1, b"X") + b"\x7b\x7c"),  # a group inside an input
+        b"\x0c",  # an end-group tag alone: refused by protobuf
+        _ld(4, _ld(1, b"a") + b"\x18\x01" + _ld(2, b"\x10\x05")),  # an unknown field in a map entry: protobuf drops it
+        _ld(4, b"\x08\x01" + _ld(2, b"\x10\x05")),  # a map key of the wrong wire type: likewise
+        _ld(4, _ld(1, b"a") + _ld(2, b"\x10\x05\x30\x01")),  # an unknown field inside the value: kept
+        _ld(5, b"\x18" + b"\xff" * 9 + b"\x7f"),  # a 10-byte varint above 64 bits: protobuf truncates it
+        _ld(5, _ld(5, b"\x08\x01") + _ld(5, b"\x10\x02")),  # typed contents twice: merged
+        _ld(1, b"\xed\xa0\x80"),  # a UTF-16 surrogate in UTF-8: refused by both
     ],
 )
 def test_unusual_messages_go_to_protobuf(data: bytes) -> None:
