@@ -17,7 +17,8 @@ in-memory transport; the handler answers each request with its number. Invariant
 - the i-th request handed on is the i-th message httptools reads in the stream at once (Upgrade ignored as
   Triton ignores it, a CONNECT ending the stream: _http1.httptools_reading): the same method, target, head
   fields (lower-cased, last wins; trailer fields are not the request's headers), body and keep-alive; and
-  the same (method, target, body) as h11 where h11 reads that message too (its first 4 KiB);
+  the same (method, target, body) as h11 where h11 reads that message too (its first 4 KiB; up to a
+  CONNECT, whose body, if any, means nothing);
 - no request is handed on that httptools does not read (no extra message, nothing read differently);
 - responses come back in order, one per request (or a 503 for one beyond the pipelining cap), plus at most
   one error answer, written last, and only where there is something to refuse: bytes httptools refuses or
@@ -227,6 +228,8 @@ def test_one_input(data: bytes) -> None:
             assert req.raw_headers == raw, f"request {k} raw headers {req.raw_headers!r:.300} != {raw!r:.300}"
     h11_msgs = h11_reading(stream[:H11_BYTES])
     for i, (m, h) in enumerate(zip(ref.messages, h11_msgs)):
+        if m.method == "CONNECT":  # its content has no meaning (RFC 9110 9.3.6): h11 reads a body, llhttp
+            break  # none, and inferd ends the connection after answering it
         assert (m.method, m.url, m.body) == h, f"message {i}: httptools reads {(m.method, m.url, m.body)!r:.300}, " \
                                                f"h11 {h!r:.300}"
 
