@@ -17,6 +17,7 @@ from inferd.supervisor._gen import model_config_pb2 as mc
 from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire.errors import invalid_arg
 
+from .batch_io import validate_batch_io
 from .layout import ModelSource
 
 SEQUENCE_IDLE_DEFAULT_US = 1_000_000
@@ -367,3 +368,4 @@ def validate(config: mc.ModelConfig, gpu_ids: Sequence[int] = ()) -> None:
         _validate_dynamic_batching(config)
     if config.HasField("sequence_batching"):
         _validate_sequence_batching(config)
+    validate_batch_io(config)

@@ -11,6 +11,9 @@ external data) run by an onnxruntime InferenceSession.
   datatypes and dims; with no I/O and no max_batch_size configured, a model whose every input and
   output has a dynamic first dimension gets max_batch_size 4 (Triton's default-max-batch-size) and
   dynamic batching.
+- Ragged batching (`allow_ragged_batch`, `batch_input`, `batch_output`; ragged.py): a ragged input must be
+  [-1] in the model and gets every request's elements in one 1-D tensor; batch inputs are fed under their
+  target names; batch outputs are scattered back by their source input's shape.
 - A batch of requests is concatenated along dim 0 into one session run and split back. One request
   with every input of the model, on a CPU session, takes a shorter path (`_execute_one`): the request's
   arrays go straight to the session's native `run` (the Python wrapper's per-call checks are done once
@@ -29,7 +32,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..wire.errors import ErrorCode, InferdError
-from . import framework
+from . import framework, ragged
 from .base import ModelSpec, Request, Response, Tensor, WorkerContext
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
@@ -121,6 +124,7 @@ class OnnxRuntimeBackend:
         self._run_native: Any = None  # the session's C++ run(names, feeds, options) for _execute_one
         self._required: frozenset[str] = frozenset()  # inputs the model cannot run without
         self._out_types: dict[str, str] = {}  # output name -> protocol datatype the model returns
+        self._ragged: Optional[ragged.RaggedPlan] = None  # the config's ragged batching, if any
 
     # ---- auto-complete ---------------------------------------------------------------------------
 
@@ -129,6 +133,7 @@ class OnnxRuntimeBackend:
         session = ort.InferenceSession(_onnx_file(model), providers=["CPUExecutionProvider"])
         inputs, outputs = session.get_inputs(), session.get_outputs()
         have_in = {i.get("name") for i in config.get("input") or []}
+        have_in.update(t for b in config.get("batch_input") or [] for t in b.get("target_name") or [])
         have_out = {o.get("name") for o in config.get("output") or []}
         mbs = int(config.get("max_batch_size") or 0)
         if not have_in and not have_out and mbs == 0:
@@ -170,6 +175,8 @@ class OnnxRuntimeBackend:
                               % (model.model_name, path, exc)) from None
         self._spec = model
         self._batching = int(model.config.get("max_batch_size") or 0) > 0
+        self._ragged = ragged.RaggedPlan.from_config(model.model_name, model.config)
+        self._check_ragged_inputs(model)
         self._outputs = model.output_names or [o.name for o in self._session.get_outputs()]
         self._string_inputs = {i.name for i in self._session.get_inputs() if i.type == "tensor(string)"}
         # I/O binding needs numeric outputs (no strings on a device) and the CUDA provider in use
@@ -180,12 +187,31 @@ class OnnxRuntimeBackend:
         self.device_inputs = self._gpu
         self._prepare_fast_path()
 
+    def _check_ragged_inputs(self, model: ModelSpec) -> None:
+        """As Triton's onnxruntime backend: a ragged input is [-1] in the model and never optional."""
+        if self._ragged is None:
+            return
+        shapes = {i.name: _dims(i.shape) for i in self._session.get_inputs()}
+        for entry in model.config.get("input") or []:
+            name = entry.get("name")
+            if name not in self._ragged.ragged:
+                continue
+            if entry.get("optional"):
+                raise InferdError(ErrorCode.INVALID_ARG, "unable to load model '%s', configuration expects model "
+                                  "provides input with shape [-1] for ragged input '%s', which is not supported "
+                                  "for optional input" % (model.model_name, name))
+            if name in shapes and shapes[name] != [-1]:
+                raise InferdError(ErrorCode.INVALID_ARG, "unable to load model '%s', configuration expects model "
+                                  "provides input with shape [-1] for ragged input '%s', model provides %s"
+                                  % (model.model_name, name, shapes[name]))
+
     def _prepare_fast_path(self) -> None:
         """What `_execute_one` needs: the native run (CPU sessions only: the wrapper's provider fallback
         is for GPU ones), the required input names, and each numeric output's protocol datatype."""
         session = self._session
         self._run_native = None
-        if (self._gpu or self._string_inputs or session.get_providers() != ["CPUExecutionProvider"]
+        if (self._gpu or self._string_inputs or self._ragged is not None
+                or session.get_providers() != ["CPUExecutionProvider"]
                 or not callable(getattr(getattr(session, "_sess", None), "run", None))):
             return
         self._required = frozenset(i.name for i in session.get_inputs() if not i.type.startswith("optional"))
@@ -200,7 +226,8 @@ class OnnxRuntimeBackend:
             response = self._execute_one(requests[0])
             if response is not None:
                 return [response]
-        merged = framework.batch_requests(requests, self._batching)
+        plan = self._ragged
+        merged = framework.batch_requests(requests, self._batching) if plan is None else plan.feeds(requests)
         if merged is None:  # mixed shapes: one run per request
             return [self.execute([request])[0] for request in requests]
         feeds, sizes = merged
@@ -214,7 +241,8 @@ class OnnxRuntimeBackend:
             model = self._spec.model_name if self._spec else ""
             error = InferdError(ErrorCode.INTERNAL, "onnxruntime failed to run model '%s': %s" % (model, exc))
             return [Response(error=error) for _ in requests]
-        return framework.split_batch(requests, list(zip(names, results)), sizes, self._outputs)
+        split = framework.split_batch if plan is None else plan.split
+        return split(requests, list(zip(names, results)), sizes, self._outputs)
 
     def _execute_one(self, request: Request) -> Optional[Response]:
         """One request on a CPU session, as `execute` would run it; None when it needs the general path

@@ -12,6 +12,9 @@
   or copies them to the host for a client.
 - No auto-complete (TorchScript does not describe its I/O): the config must list inputs and outputs.
 - A batch of requests is concatenated along dim 0 into one forward() call and split back.
+- Ragged batching (ragged.py): a ragged input gets every request's elements in one 1-D tensor; a
+  batch_input's target names take forward() positions as the configured inputs do (argument names, or
+  `<name>__<index>`); batch outputs are scattered back by their source input's shape.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..wire.errors import ErrorCode, InferdError
-from . import framework
+from . import framework, ragged
 from .base import ModelSpec, Request, Response, WorkerContext
 
 DEFAULT_MODEL_FILENAME = "model.pt"
@@ -72,6 +75,7 @@ class PyTorchBackend:
         self._outputs: list[str] = []
         self._output_index: dict[str, int] = {}
         self._inference_mode = True
+        self._ragged: Optional[ragged.RaggedPlan] = None
 
     def auto_complete(self, model: ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
         return config
@@ -110,6 +114,7 @@ class PyTorchBackend:
                               % (model.model_name, path, exc)) from None
         self._spec = model
         self._batching = int(config.get("max_batch_size") or 0) > 0
+        self._ragged = ragged.RaggedPlan.from_config(model.model_name, config)
         self._map_inputs(model)
         self._outputs = model.output_names
         indices = _indices(self._outputs)
@@ -124,17 +129,23 @@ class PyTorchBackend:
             if i.get("data_type") == "TYPE_STRING":
                 raise InferdError(ErrorCode.UNSUPPORTED, "model '%s': input '%s' is TYPE_STRING, which this "
                                   "pytorch backend does not support" % (model.model_name, i["name"]))
+        targets = self._ragged.targets if self._ragged is not None else []
         indices = _indices(names)
         if indices is not None:
-            self._positions = dict(zip(names, indices))
+            target_indices = _indices(targets)
+            if targets and target_indices is None:
+                raise InferdError(ErrorCode.INVALID_ARG, "model '%s': the inputs follow the naming convention "
+                                  "<name>__<index>, the batch_input target names %s must too"
+                                  % (model.model_name, targets))
+            self._positions = dict(zip(names + targets, indices + (target_indices or [])))
         else:
             args = _forward_args(self._module)
-            missing = [n for n in names if n not in args]
+            missing = [n for n in names + targets if n not in args]
             if missing:
                 raise InferdError(ErrorCode.INVALID_ARG, "model '%s': input '%s' follows neither the naming "
                                   "convention <name>__<index> nor a forward() argument name (%s)"
                                   % (model.model_name, missing[0], ", ".join(args)))
-            self._positions = {n: args.index(n) for n in names}
+            self._positions = {n: args.index(n) for n in names + targets}
         self._arity = max(self._positions.values()) + 1 if self._positions else 0
 
     def _tensor(self, array: Any) -> Any:
@@ -161,8 +172,10 @@ class PyTorchBackend:
         return np.asarray(tensor.cpu().numpy())
 
     def execute(self, requests: list[Request]) -> list[Response]:
-        merged = framework.batch_requests(requests, self._batching,
-                                          self._concat if self._device.type != "cpu" else None)
+        concat = self._concat if self._device.type != "cpu" else None
+        plan = self._ragged
+        merged = (framework.batch_requests(requests, self._batching, concat) if plan is None
+                  else plan.feeds(requests, concat))
         if merged is None:
             return [self.execute([request])[0] for request in requests]
         feeds, sizes = merged
@@ -190,7 +203,8 @@ class PyTorchBackend:
             message = exc.message if isinstance(exc, InferdError) else "%s: %s" % (type(exc).__name__, exc)
             error = InferdError(ErrorCode.INTERNAL, "PyTorch failed to run model '%s': %s" % (model, message))
             return [Response(error=error) for _ in requests]
-        return framework.split_batch(requests, outputs, sizes, self._outputs)
+        split = framework.split_batch if plan is None else plan.split
+        return split(requests, outputs, sizes, self._outputs)
 
     def unload(self) -> Optional[InferdError]:
         self._module = None
