@@ -24,7 +24,8 @@ in-memory transport; the handler answers each request with its number. Invariant
   one error answer, written last, and only where there is something to refuse: bytes httptools refuses or
   has not finished reading, or a request over a cap. Nothing follows an answer that closes the connection;
 - reading is never left paused with nothing in flight;
-- what the connection holds once everything is answered stays within its caps (measured with tracemalloc).
+- what the connection holds once everything is answered stays within its caps (measured with tracemalloc;
+  one that answered an error may hold the read that failed until it closes).
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def test_one_input(data: bytes) -> None:
     run = Run(flags, flags2)
     _logged.clear()
     assert _loop is not None
-    transport, stalled = _loop.run_until_complete(run.feed(split(stream, sizes)))
+    reads = split(stream, sizes)
+    transport, stalled = _loop.run_until_complete(run.feed(reads))
     assert not _logged, f"logged: {[r.getMessage() for r in _logged]}"
     assert not stalled, "reading stays paused with nothing in flight"
     ref = httptools_reading(stream)
@@ -242,7 +244,8 @@ def test_one_input(data: bytes) -> None:
             f"error answer {fatal.status} {fatal.body[:120]!r} though every message was read and answered "
             f"(httptools: {len(ref.messages)} messages, {ref.end})")
 
-    # bounded: a connection holds at most a few requests' worth of its caps
+    # bounded: a connection holds at most a few requests' worth of its caps; one that answered an error and
+    # only drains until it closes (2 s at most) may still hold the read that failed (the parser's buffer)
     cap = run.caps["max_header_size"] + 2 * run.caps["max_body"]
-    bound = (run.pipelined + 2) * cap + IDLE_HELD
+    bound = (run.pipelined + 2) * cap + IDLE_HELD + (max(map(len, reads), default=0) if fatal is not None else 0)
     assert run.held <= bound, f"the connection holds {run.held} bytes once answered (bound {bound})"
