@@ -156,3 +156,102 @@ def torch_save(repo: Path, name: str, module: Any, config: str, traced_example: 
     version = _model_dir(repo, name, config)
     jit.save(str(version / "model.pt"))
     return version / "model.pt"
+
+
+# ---- ragged batching (docs/ragged-batching.md) --------------------------------------------------
+
+RAGGED_OUTPUTS = ("RAGGED_OUTPUT", "COUNT_OUT", "ACC_OUT", "ACC0_OUT", "MAX_OUT", "ITEM_OUT", "FLAT_OUT")
+
+
+def ragged_config(name: str, backend: str, max_batch_size: int = 5) -> str:
+    """RAGGED_INPUT [-1, -1] ragged; one batch_input of each kind but BATCH_ITEM_SHAPE's twin, each echoed to
+    an output; RAGGED_OUTPUT = 2 x RAGGED_INPUT scattered back with RAGGED_INPUT's shape. The ITEM batch input
+    ([total batch, 2]) gives the model its row count: every other batch input comes back once per row."""
+    outputs = ",\n".join('  { name: "%s" data_type: TYPE_FP32 dims: [ %s ] }' % (n, d) for n, d in (
+        ("RAGGED_OUTPUT", "-1, -1"), ("COUNT_OUT", "-1"), ("ACC_OUT", "-1"), ("ACC0_OUT", "-1"), ("MAX_OUT", "1"),
+        ("ITEM_OUT", "2"), ("FLAT_OUT", "-1")))
+    batch_inputs = ",\n".join(
+        '  { kind: %s target_name: "%s" data_type: %s source_input: "RAGGED_INPUT" }' % spec for spec in (
+            ("BATCH_ELEMENT_COUNT", "COUNT", "TYPE_FP32"), ("BATCH_ACCUMULATED_ELEMENT_COUNT", "ACC", "TYPE_INT32"),
+            ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "ACC0", "TYPE_FP32"),
+            ("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "MAXS", "TYPE_FP32"), ("BATCH_ITEM_SHAPE", "ITEM", "TYPE_FP32"),
+            ("BATCH_ITEM_SHAPE_FLATTEN", "FLAT", "TYPE_INT32")))
+    return ('name: "%s"\nbackend: "%s"\nmax_batch_size: %d\n' % (name, backend, max_batch_size)
+            + 'input [ { name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true } ]\n'
+            + "output [\n%s\n]\nbatch_input [\n%s\n]\n" % (outputs, batch_inputs)
+            + 'batch_output [ { target_name: "RAGGED_OUTPUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE '
+              'source_input: "RAGGED_INPUT" } ]\n'
+            + "dynamic_batching { max_queue_delay_microseconds: 30000000 }\n")
+
+
+def onnx_ragged(repo: Path, name: str, max_batch_size: int = 5) -> Path:
+    """The ragged probe of `ragged_config` as an ONNX graph."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+             (("two", 2.0), ("zero", 0.0), ("one", 1.0), ("half_col", [[0.5], [0.5]]))]
+    inits.append(numpy_helper.from_array(np.array([1, -1], np.int64), "row"))
+    nodes = [helper.make_node("Mul", ["RAGGED_INPUT", "two"], ["RAGGED_OUTPUT"]),
+             helper.make_node("Mul", ["ITEM", "zero"], ["item0"]), helper.make_node("Add", ["item0", "one"], ["ones"]),
+             helper.make_node("MatMul", ["ones", "half_col"], ["expander"]),  # [rows, 1] of ones
+             helper.make_node("Identity", ["ITEM"], ["ITEM_OUT"]),
+             helper.make_node("Shape", ["MAXS"], ["maxs_shape"]),
+             helper.make_node("Cast", ["maxs_shape"], ["MAXS_f"], to=f32)]
+    for source, cast in (("COUNT", False), ("ACC", True), ("ACC0", False), ("MAXS_f", False), ("FLAT", True)):
+        value = source
+        if cast:
+            nodes.append(helper.make_node("Cast", [source], [source + "_f"], to=f32))
+            value = source + "_f"
+        out = {"MAXS_f": "MAX_OUT"}.get(source, source + "_OUT")
+        nodes += [helper.make_node("Reshape", [value, "row"], [source + "_row"]),
+                  helper.make_node("MatMul", ["expander", source + "_row"], [out])]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("RAGGED_INPUT", f32, ["e"]), helper.make_tensor_value_info("COUNT", f32, ["n"]),
+         helper.make_tensor_value_info("ACC", i32, ["n"]), helper.make_tensor_value_info("ACC0", f32, ["n1"]),
+         helper.make_tensor_value_info("MAXS", f32, ["m"]), helper.make_tensor_value_info("ITEM", f32, ["t", 2]),
+         helper.make_tensor_value_info("FLAT", i32, ["t2"])],
+        [helper.make_tensor_value_info(n, f32, ["e"] if n == "RAGGED_OUTPUT" else ["rows", n.lower()])
+         for n in RAGGED_OUTPUTS],
+        initializer=inits,
+    )
+    version = _model_dir(repo, name, ragged_config(name, "onnxruntime", max_batch_size))
+    _save_onnx(graph, version / "model.onnx")
+    return version / "model.onnx"
+
+
+def torch_ragged(repo: Path, name: str, max_batch_size: int = 5) -> Path:
+    """The ragged probe of `ragged_config` as a scripted module (inputs by forward() argument name)."""
+    import torch
+
+    class RaggedProbe(torch.nn.Module):
+        def forward(self, RAGGED_INPUT: torch.Tensor, COUNT: torch.Tensor, ACC: torch.Tensor,  # noqa: N803
+                    ACC0: torch.Tensor, MAXS: torch.Tensor, ITEM: torch.Tensor,  # noqa: N803
+                    FLAT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,  # noqa: N803
+                                                 torch.Tensor, torch.Tensor, torch.Tensor]:
+            rows = torch.ones(ITEM.shape[0], 1)
+            maxs = torch.tensor([float(MAXS.shape[0])])
+            return (RAGGED_INPUT * 2, rows * COUNT.view(1, -1), rows * ACC.float().view(1, -1),
+                    rows * ACC0.view(1, -1), rows * maxs.view(1, -1), ITEM, rows * FLAT.float().view(1, -1))
+
+    return torch_save(repo, name, RaggedProbe(), ragged_config(name, "pytorch", max_batch_size))
+
+
+def ragged_reference(shapes: list[tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
+    """What each request of one batch gets from the ragged probe, from Triton's definitions of the batch
+    inputs (model_config.proto) computed here with numpy; RAGGED_OUTPUT is left to the caller (2 x input)."""
+    counts = np.array([int(np.prod(s)) for s in shapes], np.float32)
+    rows = [list(s[1:]) for s in shapes for _ in range(s[0])]
+    item = np.array(rows, np.float32).reshape(len(rows), 2)
+    per_batch = {"COUNT_OUT": counts, "ACC_OUT": np.cumsum(counts),
+                 "ACC0_OUT": np.concatenate([[0], np.cumsum(counts)]),
+                 "MAX_OUT": np.array([counts.max()], np.float32), "FLAT_OUT": item.reshape(-1)}
+    out, start = [], 0
+    for s in shapes:
+        b = s[0]
+        entry = {k: np.tile(v.astype(np.float32), (b, 1)) for k, v in per_batch.items()}
+        entry["ITEM_OUT"] = item[start:start + b]
+        out.append(entry)
+        start += b
+    return out
