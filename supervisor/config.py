@@ -120,6 +120,9 @@ class ServerConfig:
     model_config_name: str = ""  # load <model>/configs/<name>.pbtxt where it exists, else config.pbtxt
     model_load_retry_count: int = 0  # a failed load is tried again this many times
     repoagent_directory: str = "/opt/tritonserver/repoagents"  # where Triton's agent libraries would be
+    model_load_thread_count: int = 4  # models whose workers start at once (Triton's load threads)
+    # --host-policy: policy name -> {"cpu-cores" | "numa-node": value} (instances/host_policy.py)
+    host_policies: dict[str, dict[str, str]] = field(default_factory=dict)
     log_verbose: int = 0
     log_file: str = ""  # "" = standard error
     log_format: str = "default"  # default | ISO8601

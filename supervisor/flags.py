@@ -25,6 +25,7 @@ from .config import (
     WorkerTimings,
 )
 from .core.busy_poll import cpu_quota, default_window_us
+from .instances import host_policy
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository import agents as repo_agents
 from .repository.cloud import credentials as cloud_credentials
@@ -55,6 +56,12 @@ def _bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError("expected a boolean, got %r" % text)
+
+
+def _int_or_bool(text: str) -> int:
+    """tritonserver's reading of --log-verbose: true is 1, false 0, else an integer."""
+    value = text.strip().lower()
+    return 1 if value == "true" else 0 if value == "false" else int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--grpc-max-connection-age", keepalive.max_connection_age_ms, int),
         ("--grpc-max-connection-age-grace", keepalive.max_connection_age_grace_ms, int),
     ):
-        p.add_argument(flag, type=kind, default=default,
+        # None: not given (only the grpcio server caps its PINGs, so the start-up log says so when it is)
+        p.add_argument(flag, type=kind, default=None if flag == "--grpc-http2-max-pings-without-data" else default,
                        help="as tritonserver's (the native server applies all but --grpc-http2-max-pings-without-data)")
     p.add_argument("--http-restricted-api", action="append", default=[], metavar="APIS:KEY=VALUE",
                    help="answer these API categories only when header KEY is VALUE (repeatable)")
@@ -127,19 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export nv_gpu_* metrics read from NVML (where NVML works)")
     p.add_argument("--metrics-interval-ms", type=float, default=2000.0,
                    help="how often the GPU metrics are read (the other gauges are read when scraped)")
-    p.add_argument("--metrics-address", default="0.0.0.0")
+    p.add_argument("--metrics-address", default=None, help="default: --http-address, as tritonserver")
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
                    help="summary_latencies=true (latency summaries), counter_latencies=false (no *_duration_us "
                         "counters), summary_quantiles=<q>:<error>,...; repeatable")
     p.add_argument("--allow-client-shm", type=_bool, default=False)
-    p.add_argument("--model-config-name", default="",
+    p.add_argument("--model-config-name", default=None,
                    help="load <model>/configs/<NAME>.pbtxt where a model has it, else its config.pbtxt")
     p.add_argument("--model-load-retry-count", type=int, default=0, help="times a failed model load is retried")
+    p.add_argument("--model-load-thread-count", type=int, default=4,
+                   help="how many models start their workers at once (tritonserver's load threads)")
+    p.add_argument("--host-policy", action="append", default=[], metavar="NAME,SETTING=VALUE",
+                   help="cpu-cores=<first>-<last>[,...] or numa-node=<n>: the CPUs of the workers of instances "
+                        "whose policy is NAME (their group's host_policy, else cpu, gpu_<n> or model); repeatable")
     p.add_argument("--repoagent-directory", default=repo_agents.DEFAULT_DIRECTORY,
                    help="where Triton keeps repository agent libraries; inferd's agents (checksum) are built in, "
                         "and a model naming another agent fails to load, naming this directory")
-    p.add_argument("--log-verbose", type=int, default=0)
+    p.add_argument("--log-verbose", type=_int_or_bool, default=0, help="verbose level (true: 1, false: 0)")
     p.add_argument("--log-file", default="", help="write the log (the workers' output too) to this file")
     p.add_argument("--log-format", choices=("default", "ISO8601", "json"), default="default",
                    help="default and ISO8601 as tritonserver; json: one JSON object per line")
@@ -156,8 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="response cache, as tritonserver: local,size=<bytes> (repeatable)")
     p.add_argument("--response-cache-byte-size", type=int, default=None,
                    help="deprecated tritonserver spelling of --cache-config local,size=<bytes>")
-    p.add_argument("--cache-directory", default="",
-                   help="accepted for tritonserver command lines; the local cache is built in")
     p.add_argument("--rate-limit", default="off", metavar="MODE",
                    help="execution_count: an instance whose group has a rate_limiter runs only once it holds its "
                         "resources, turns going by executions x priority; off (default): no rate limiting")
@@ -322,6 +333,13 @@ def _trace_notes(trace: TraceOptions) -> list[str]:
     return []
 
 
+def _grpc_notes(args: argparse.Namespace) -> list[str]:
+    if args.grpc_http2_max_pings_without_data is not None and args.grpc_server == "native":
+        return [f"--grpc-http2-max-pings-without-data={args.grpc_http2_max_pings_without_data} has no effect in "
+                "inferd: the native gRPC server does not cap its keepalive PINGs (--grpc-server grpcio does)"]
+    return []
+
+
 def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
     """What is wrong with the flags, a line each (all of them at once, not the first only)."""
     errors = triton_flags.refusals(args)
@@ -342,6 +360,8 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         except re.error as exc:
             errors.append(f"{flag}: not a regular expression: {exc}")
     name = args.model_config_name
+    if name == "":
+        errors.append("--model-config-name: empty argument")
     if name and (len(name) > 255 or name in (".", "..") or any(c.isspace() or c in "/\\" for c in name)):
         errors.append(f"--model-config-name {name!r}: must be a file name (no spaces or slashes)")
     for repo in args.model_repository:
@@ -359,6 +379,23 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         errors.append("--cloud-timeout-secs must be greater than 0")
     if args.model_control_mode == "poll" and not args.repository_poll_secs > 0:
         errors.append("--repository-poll-secs must be greater than 0 with --model-control-mode poll")
+    if args.load_model and args.model_control_mode != "explicit":
+        errors.append("--load-model requires --model-control-mode=explicit (tritonserver refuses it in "
+                      f"{args.model_control_mode} mode)")
+    if args.http_max_input_size <= 0:
+        errors.append("--http-max-input-size must be greater than 0")
+    if args.response_cache_byte_size is not None and args.cache_config:
+        errors.append("--response-cache-byte-size and --cache-config both given: give one or the other "
+                      "(as tritonserver)")
+    if args.model_load_thread_count < 1:
+        errors.append("--model-load-thread-count must be at least 1")
+    try:
+        host_policy.parse(args.host_policy)
+    except ValueError as exc:
+        errors.append(str(exc))
+    if environ.get("AIP_MODE", "") == "PREDICTION" and not args.triton_allow_vertex_ai:
+        errors.append("AIP_MODE=PREDICTION: tritonserver serves Vertex AI then (--allow-vertex-ai defaults to true, "
+                      "HTTP and gRPC to false), which inferd does not have: give --allow-vertex-ai=false")
     if args.model_load_retry_count < 0:
         errors.append("--model-load-retry-count must not be negative")
     if not args.metrics_interval_ms > 0:
@@ -418,13 +455,13 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
     try:
         metrics_latency, metrics_notes = parse_metrics_config(args.metrics_config)
     except ValueError as exc:
-        errors.append(str(exc))
+        errors.append(str(exc) if str(exc).startswith("--metrics-config") else f"--metrics-config {exc}")
     trace = TraceOptions()
     try:
         trace = trace_options.parse(args.trace_config, args.trace_file, args.trace_level, args.trace_rate,
                                     args.trace_count, args.trace_log_frequency)
     except ValueError as exc:
-        errors.append(str(exc))
+        errors.append(str(exc) if str(exc).startswith("--") else f"--trace-config (or --trace-level): {exc}")
     if errors:
         raise SystemExit("error: " + "\nerror: ".join(errors))
     cache_values = list(args.cache_config)
@@ -433,7 +470,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
     try:
         cache = parse_cache_config(cache_values)
     except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        raise SystemExit(f"error: --cache-config: {exc}") from None
     run_dir = args.run_dir or rundir.create()
     os.makedirs(run_dir, exist_ok=True)
     timings = WorkerTimings(
@@ -476,7 +513,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
             time_ms=args.grpc_keepalive_time,
             timeout_ms=args.grpc_keepalive_timeout,
             permit_without_calls=args.grpc_keepalive_permit_without_calls,
-            max_pings_without_data=args.grpc_http2_max_pings_without_data,
+            max_pings_without_data=(GrpcKeepalive().max_pings_without_data if args.grpc_http2_max_pings_without_data
+                                    is None else args.grpc_http2_max_pings_without_data),
             min_recv_ping_interval_without_data_ms=args.grpc_http2_min_recv_ping_interval_without_data,
             max_ping_strikes=args.grpc_http2_max_ping_strikes,
             max_connection_age_ms=args.grpc_max_connection_age,
@@ -490,20 +528,23 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         allow_cpu_metrics=args.allow_cpu_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,
         metrics_interval_ms=args.metrics_interval_ms,
-        metrics_address=args.metrics_address,
+        metrics_address=args.http_address if args.metrics_address is None else args.metrics_address,
         metrics_port=args.metrics_port,
         metrics_latency=metrics_latency,
         allow_client_shm=args.allow_client_shm,
-        model_config_name=args.model_config_name,
+        model_config_name=args.model_config_name or "",
         model_load_retry_count=args.model_load_retry_count,
         repoagent_directory=args.repoagent_directory,
+        model_load_thread_count=args.model_load_thread_count,
+        host_policies=host_policy.parse(args.host_policy),
         log_verbose=args.log_verbose,
         log_file=os.path.abspath(args.log_file) if args.log_file else "",
         log_format=args.log_format,
         log_info=args.log_info,
         log_warning=args.log_warning,
         log_error=args.log_error,
-        inert_flags=tuple(triton_flags.inert_given(args)) + tuple(metrics_notes) + tuple(_trace_notes(trace)),
+        inert_flags=(tuple(triton_flags.inert_given(args)) + tuple(metrics_notes) + tuple(_trace_notes(trace))
+                     + tuple(_grpc_notes(args))),
         response_cache_bytes=cache.size_bytes if cache is not None else None,
         trace=replace(trace, file=os.path.abspath(trace.file)) if trace.file else trace,
         rate_limit=args.rate_limit.strip().lower(),

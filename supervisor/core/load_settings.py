@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ..config import ServerConfig, WorkerTimings
 from ..repository.agents import DEFAULT_DIRECTORY as DEFAULT_AGENT_DIRECTORY
@@ -23,6 +24,8 @@ class LoaderSettings:
     model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
     load_retries: int = 0  # --model-load-retry-count
     repoagent_directory: str = DEFAULT_AGENT_DIRECTORY  # --repoagent-directory (named when an agent is missing)
+    load_threads: int = 4  # --model-load-thread-count: models whose workers start at once
+    host_policies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # --host-policy
     repos: Repositories = None  # type: ignore[assignment]  # built from `repositories` when not given
 
     def __post_init__(self) -> None:
@@ -37,5 +40,6 @@ class LoaderSettings:
         return cls(config.model_repositories, config.disable_auto_complete_config, config.max_queue_size,
                    config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
                    model_config_name=config.model_config_name, load_retries=config.model_load_retry_count,
-                   repoagent_directory=config.repoagent_directory,
+                   repoagent_directory=config.repoagent_directory, load_threads=config.model_load_thread_count,
+                   host_policies=config.host_policies,
                    repos=Repositories(config.model_repositories, cloud))

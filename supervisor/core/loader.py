@@ -14,6 +14,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..envs import ExecEnv
+from ..instances import host_policy
 from ..instances.external import BACKEND as EXTERNAL_BACKEND
 from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
@@ -167,14 +168,18 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
         devices = list(group.gpus) if group.kind == normalize.KIND_GPU and group.gpus else [0]
         index = 0
         for device in devices:
+            kind = _KIND_NAMES.get(group.kind, "CPU")
+            # --host-policy: the CPUs of the instance's workers (InferdError for a NUMA node not found)
+            cpus = host_policy.cpus_of(settings.host_policies.get(host_policy.policy_name(group.host_policy, kind,
+                                                                                            device)))
             for k in range(group.count):
                 load = m.LoadModel(
                     model_name=plan.name, model_dir=plan.source.path, version=str(version),
                     config_json=plan.config_json, backend=plan.proto.backend,
                     instance_name="%s_%d" % (group.name, index if len(devices) > 1 else k),
-                    instance_kind=_KIND_NAMES.get(group.kind, "CPU"), device_id=device)
+                    instance_kind=kind, device_id=device)
                 launcher = (ExternalLauncher(rt.host, plan.name) if plan.proto.backend == EXTERNAL_BACKEND
-                            else rt.launcher)
+                            else rt.launcher if cpus is None else host_policy.PinnedLauncher(rt.launcher, cpus))
                 out.append(Instance(load, channel=rt.channel, launcher=launcher, timings=settings.timings,
                                     pool=rt.pool, log_verbose=settings.log_verbose, passive=group.passive,
                                     rate_limiter=_rate_limiter(group), **_env_kwargs(plan.env)))

@@ -121,6 +121,8 @@ class ModelManager:
         # processes' publisher (scaleout/) watch every change; the data plane says where ensemble steps go
         self._watchers: list[Callable[[], None]] = []
         self.steps: StepRouter | None = None
+        # --model-load-thread-count: how many models' workers start at once (ensembles have none to start)
+        self._load_slots = asyncio.Semaphore(max(1, settings.load_threads))
 
     def watch(self, callback: Callable[[], None]) -> None:
         """Call `callback` on every change, in the order watchers were added."""
@@ -209,7 +211,11 @@ class ModelManager:
         """Start the plan's versions; once all are ready, swap them in and stop the old ones (and remove the
         directory of the old ones' `file:` parameters, which no worker uses any more)."""
         name = plan.name
-        new_versions, failed = await self._start_versions(plan, ensemble)
+        if ensemble is not None:
+            new_versions, failed = await self._start_versions(plan, ensemble)
+        else:
+            async with self._load_slots:
+                new_versions, failed = await self._start_versions(plan, ensemble)
         e.records.update((v, (UNAVAILABLE, message)) for v, message in failed.items())
         errors = list(failed.values())
         if errors:
