@@ -149,3 +149,23 @@ def test_a_bad_batch_input_is_refused_at_load(entry):
     with pytest.raises(InferdError) as info:
         RaggedPlan.from_config("m", dict(CONFIG, batch_input=[entry]))
     assert info.value.code == ErrorCode.INVALID_ARG
+
+
+def test_onnx_auto_complete_leaves_batch_input_targets_out_of_the_inputs(tmp_path):
+    # they are the server's to make: as config inputs, every client would have to send them
+    pytest.importorskip("onnxruntime")
+    fm = pytest.importorskip("framework_models")
+    from inferd.worker.backends import create
+    from inferd.worker.backends.base import ModelSpec
+
+    fm.onnx_ragged(tmp_path, "m")
+    source = {"data_type": "TYPE_FP32", "source_input": ["RAGGED_INPUT"]}
+    config = {"name": "m", "backend": "onnxruntime", "max_batch_size": 5,
+              "input": [{"name": "RAGGED_INPUT", "data_type": "TYPE_FP32", "dims": [-1, -1],
+                         "allow_ragged_batch": True}],
+              "batch_input": [{"kind": k, "target_name": [t], **source}
+                              for k, t in (("BATCH_ELEMENT_COUNT", "COUNT"), ("BATCH_ITEM_SHAPE", "ITEM"))]}
+    spec = ModelSpec("m", str(tmp_path / "m"), "1", "{}", "onnxruntime")
+    completed = create("onnxruntime").auto_complete(spec, config)
+    assert [i["name"] for i in completed["input"]] == ["RAGGED_INPUT", "ACC", "ACC0", "MAXS", "FLAT"]
+    assert {o["name"] for o in completed["output"]} == set(fm.RAGGED_OUTPUTS)
