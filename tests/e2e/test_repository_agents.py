@@ -13,6 +13,7 @@ missing-agent case runs there as it is."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -167,6 +168,13 @@ def test_explicit_load_and_reload_check_again(server_factory, repo, agents_dir):
         assert info.value.status() == "StatusCode.INTERNAL"
         assert server.post("/v2/repository/models/bad/load")[0] == 500
         assert index_row(server, "bad") == {"name": "bad"}
+
+        # a config given with the load request runs its agents too (on the model's directory)
+        override = http.get_model_config("good")
+        override["model_repository_agents"]["agents"][0]["parameters"] = {"MD5:1/model.py": "0123"}
+        with pytest.raises(InferenceServerException, match=f"failed to load 'good', {POLL_FAILED}"):
+            http.load_model("good", config=json.dumps(override))
+        assert index_row(server, "good")["state"] == "READY"
 
         # the loaded model's file changes: a reload fails and the loaded version keeps serving
         model_py.write_text(model_py.read_text() + "# changed\n")
