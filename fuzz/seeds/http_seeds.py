@@ -13,7 +13,8 @@ What the client sent becomes, per target: http1_request, each request alone and 
 connection together (with the target's two option bytes in front); json_request, each JSON infer body;
 binary_tensors, each binary infer request as `<model> <header length>\\n<body>`. Candidates are deduplicated
 and, with atheris, only those that add coverage to the kept corpus are added (libFuzzer -merge=1); nothing
-kept is removed (the kept corpus holds the regressions).
+kept is removed (the kept corpus holds the regressions). The adversarial streams are also kept as they are
+with small caps and http1_request's memory check on.
 
     .venv/bin/python fuzz/seeds/http_seeds.py [--dry-run]
 """
@@ -36,6 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "fuzz"), str(ROOT / "fuzz" / "targets"), str(ROOT / "tests")]
+import harness  # noqa: E402
 
 MODELS = ["identity", "identity_bf16", "identity_fp32", "classify", "gen_echo", "add_sub"]
 MAX_SEED = 16384  # longer candidates are left out (the targets' MAX_LEN is about this)
@@ -225,7 +227,7 @@ _CHUNKED = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: c
 ADVERSARIAL = [
     _CHUNKED + b"%x\r\n%s\r\n0\r\n\r\n" % (len(_INFER), _INFER),
     _CHUNKED + b"4;ext=1;q=\"x\"\r\nabcd\r\n0\r\nX-Trailer: 1\r\nContent-Length: 5\r\n\r\n",
-    _CHUNKED + b"3\r\nabc\r\n0\r\nX-Trailer: " + b"a" * 600,
+    _CHUNKED + b"3\r\nabc\r\n0\r\nX-Trailer: " + b"a" * 24000,  # (issue 38 item 1: a trailer line that never ends)
     _CHUNKED + b"ffffffffffffffff\r\n",
     _CHUNKED + b"3\nabc\n0\n\n",
     b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
@@ -336,8 +338,13 @@ def candidates(streams: list[bytes]) -> dict[str, set[bytes]]:
                 out["binary_tensors"].add(prefix.encode() + hlen + b"\n" + body)
     for stream in adversarial_streams():
         out["http1_request"].add(b"\0\0" + stream)
-        out["http1_request"].add(b"\x08\0" + stream)  # with small caps
     return {k: {c for c in v if len(c) <= MAX_SEED} for k, v in out.items()}
+
+
+def measured() -> list[bytes]:
+    """The adversarial streams in 64-byte reads with small caps and the memory check on (byte 1 bit 6): kept
+    as they are, not merged by coverage (the check adds none; it is what finds a buffer that grows)."""
+    return [b"\x08\x41" + struct.pack("<H", 64) + stream for stream in adversarial_streams()]  # (64-byte reads)
 
 
 def capture() -> list[bytes]:
@@ -381,6 +388,12 @@ def main() -> int:
             continue
         added = run.add_seeds(name, sorted(cands))
         print(f"{name}: {len(cands)} candidates, {added} added to fuzz/corpus/{name}/")
+    if not args.dry_run:
+        kept = harness.CORPUS_DIR / "http1_request"
+        new = [s for s in measured() if not (kept / harness.content_name(s)).exists()]
+        for s in new:
+            harness.save_input(kept, s)
+        print(f"http1_request: {len(new)} adversarial streams with the memory check added")
     return 0
 
 
