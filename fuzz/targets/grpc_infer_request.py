@@ -64,6 +64,13 @@ class _StubPlane:
     def shm_is_cuda(self, region: str) -> bool:
         return False
 
+    def shm_check(self, region: str, offset: int, byte_size: int) -> None:
+        if offset < 0 or byte_size < 0:  # (read unsigned, as Triton reads them: out of any region's bounds)
+            raise invalid_arg(f"Invalid offset for shared memory region: '{region}'")
+
+    def shm_hold(self, names: Any) -> None:
+        return None
+
 
 _PLANE: Any = _StubPlane()
 

@@ -152,6 +152,16 @@ class DataPlane(abc.ABC):
     def shm_write(self, region: str, offset: int, data: Any) -> None:
         """Write an output into a registered region (outputs with shared_memory_region)."""
 
+    def shm_check(self, region: str, offset: int, byte_size: int) -> None:
+        """Triton's checks of a tensor's window in a registered region, as a request naming it is read
+        (outputs too): NOT_FOUND for an unknown region, INVALID_ARG with Triton's words out of bounds."""
+        return None
+
+    def shm_hold(self, names: Any) -> Any:
+        """Hold the registered regions among `names` for a request in flight: a memory.client_shm.ShmHold
+        (None when none is registered), released when collected; unregistering a held region is refused."""
+        return None
+
     # ---- the queries and settings above, awaitable: the gRPC servicer always awaits these; HTTP routes
     # answer at once from the plain forms unless `remote` (a frontend process, scaleout/) ----
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:

@@ -40,6 +40,14 @@ class ShmEndpoints:
     def shm_is_cuda(self, region: str) -> bool:
         return self.shm is not None and region in self.shm.cuda.regions
 
+    def shm_check(self, region: str, offset: int, byte_size: int) -> None:
+        if self.shm is None:
+            raise _no_region(region)
+        self.shm.check(region, offset, byte_size)
+
+    def shm_hold(self, names: Any) -> Any:
+        return None if self.shm is None else self.shm.hold(names)
+
     def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
         if self.shm is None:
             raise _no_region(region)

@@ -70,8 +70,15 @@ def deserializer(cls: Any) -> Callable[[bytes], Any]:
     return decode
 
 
-# shm output name -> (region, offset, byte_size)
-ShmOutputs = dict[str, tuple[str, int, int]]
+class ShmOutputs(dict[str, tuple[str, int, int]]):
+    """shm output name -> (region, offset, byte_size); `hold` keeps the request's regions held until its
+    outputs are written (memory.client_shm.ShmHold)."""
+
+    __slots__ = ("hold",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold: Any = None
 
 # one InferParameter: (name of the oneof member that is set, or None; its value)
 Param = tuple[str | None, Any]
@@ -232,15 +239,14 @@ def _region(params: Params, name: str) -> str:
 
 
 def _shm_size_offset(params: Params, what: str) -> tuple[int, int]:
-    """The byte size (required) and offset (default 0) of a tensor in a shm region, both >= 0."""
+    """The byte size (required) and offset (default 0) of a tensor in a shm region. A negative one is left
+    to the region's check, which reads it as Triton does: unsigned, so out of bounds with Triton's words."""
     if "shared_memory_byte_size" not in params:
         raise invalid_arg(f"{what}: 'shared_memory_byte_size' is required with a shm region")
     byte_size = _int_param(params["shared_memory_byte_size"], "shared_memory_byte_size")
     offset = (
         _int_param(params["shared_memory_offset"], "shared_memory_offset") if "shared_memory_offset" in params else 0
     )
-    if byte_size < 0 or offset < 0:
-        raise invalid_arg(f"{what}: negative shared memory offset or byte size")
     return byte_size, offset
 
 
@@ -250,6 +256,7 @@ def _shm_input(t: ParsedInput, count: int, itemsize: int, dataplane: DataPlane) 
     byte_size, offset = _shm_size_offset(params, f"input '{t.name}'")
     if t.contents is not None:
         raise invalid_arg(f"input '{t.name}' cannot give both shared memory and typed contents")
+    dataplane.shm_check(region, offset, byte_size)  # (Triton checks the window before the size)
     if itemsize and byte_size != count * itemsize:
         raise invalid_arg(
             f"input '{t.name}': shared memory byte size {byte_size} does not match "
@@ -269,6 +276,7 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
         raise invalid_arg(f"too many inputs or outputs (limit {MAX_TENSORS})")
     raw_idx = 0
     inputs = req.inputs
+    regions: list[str] = []  # the shm regions it names, held while it is in flight
     for t in msg.inputs:
         name = t.name
         datatype = t.datatype
@@ -287,6 +295,7 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
         tparams = t.parameters
         if tparams and "shared_memory_region" in tparams:
             data = _shm_input(t, count, itemsize, dataplane)
+            regions.append(_region(tparams, name))
             if not itemsize:
                 check_bytes_framing(data, count, name)
         elif t.contents is not None:
@@ -340,9 +349,15 @@ def to_core(msg: ParsedRequest, dataplane: DataPlane) -> tuple[InferRequest, Shm
             continue  # an output asked for again: Triton keeps the first request of it
         asked.add(o.name)
         if region is not None:
-            shm_out = shm_out or {}
+            dataplane.shm_check(*region)
+            regions.append(region[0])
+            shm_out = shm_out if shm_out is not None else ShmOutputs()
             shm_out[o.name] = region
         req.outputs.append(out)
+    if regions:
+        # held until the outputs are written (the servicer lets go then), or the request is collected
+        shm_out = shm_out if shm_out is not None else ShmOutputs()
+        req.shm_hold = shm_out.hold = dataplane.shm_hold(regions)
     if shm_out and len(shm_out) == len(req.outputs) and all(dataplane.shm_is_cuda(r) for r, _, _ in shm_out.values()):
         req.device_outputs = True  # every output goes to a CUDA region: a GPU model's go device to device
     return req, shm_out

@@ -189,7 +189,11 @@ class InferenceService:
         """Takes what `wire.decode_request` made of the bytes; answers serialized bytes."""
         future, shm_out = self.infer_start(request, context)
         # a client cancel cancels this task, and with it the awaiting infer (never swallowed)
-        return wire.encode_response(await future, shm_out, self.dp)
+        try:
+            return wire.encode_response(await future, shm_out, self.dp)
+        finally:
+            if shm_out is not None and shm_out.hold is not None:
+                shm_out.hold.release()  # its shm regions are free to unregister once its outputs are written
 
     def infer_start(self, request: convert.ParsedRequest | convert.BadRequest, context: Any = None) -> tuple[Any, Any]:
         """ModelInfer without a task: the data plane's future (cancelling it cancels the request).
@@ -211,7 +215,11 @@ class InferenceService:
 
     def infer_finish(self, resp: Any, shm_out: Any) -> tuple[list[Any], int]:
         """The ModelInferResponse of `infer_start`'s result, as byte pieces (outputs not copied)."""
-        return wire.response_parts(resp, shm_out, self.dp)
+        try:
+            return wire.response_parts(resp, shm_out, self.dp)
+        finally:
+            if shm_out is not None and shm_out.hold is not None:
+                shm_out.hold.release()
 
     # ---- repository ----
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:

@@ -144,6 +144,7 @@ class InferCodec:
             if tpl is not None:
                 parsed = ParsedInfer(*tpl.instantiate(model, version, body, hlen))
                 if tpl.shm_outputs:
+                    self._hold_regions(parsed, [])
                     self._ask_device_outputs(parsed)
                 return parsed
         parsed = self._parse_doc(model, version, _load_doc(head), body, hlen, total)
@@ -175,6 +176,7 @@ class InferCodec:
         pos = hlen if hlen >= 0 else total
         view: memoryview | None = None
         seen: set[str] = set()
+        regions: list[str] | None = None  # the shm regions of its inputs
         for item in inputs:
             name = _name_of(item, "input", lim)
             if name in seen:
@@ -217,8 +219,12 @@ class InferCodec:
                     tensors.check_bytes_framing(data, count, name)
             else:
                 region, offset, size = _shm_params(params, name)
+                self.dp.shm_check(region, offset, size)  # (Triton checks the window before the size)
                 self._check_size(name, datatype, shape, nbytes, size, model)
                 data = self.dp.shm_read(region, offset, size, nbytes is not None)  # BYTES: host bytes
+                if regions is None:
+                    regions = []
+                regions.append(region)
                 if nbytes is None:
                     tensors.check_bytes_framing(data, count, name)
             req.inputs.append(Tensor(name, datatype, shape, data, extra))
@@ -235,8 +241,24 @@ class InferCodec:
             for item in outputs:
                 self._requested_output(item, parsed)
             if parsed.plans:
+                if any(p.shm is not None for p in parsed.plans.values()):
+                    self._hold_regions(parsed, regions or [])
+                    regions = None
                 self._ask_device_outputs(parsed)
+        if regions:
+            self._hold_regions(parsed, regions)
         return parsed
+
+    def _hold_regions(self, parsed: ParsedInfer, names: list[str]) -> None:
+        """Triton's rules for the regions a request names, applied as it is read: each output's window is
+        checked, then every region is held until the request is done (memory.client_shm.ShmHold)."""
+        for plan in parsed.plans.values():
+            if plan.shm is not None:
+                region, offset, size = plan.shm
+                self.dp.shm_check(region, offset, size)
+                names.append(region)
+        if names:
+            parsed.request.shm_hold = parsed.hold = self.dp.shm_hold(names)
 
     def _ask_device_outputs(self, parsed: ParsedInfer) -> None:
         """Every output goes to a CUDA region: a GPU model's outputs stay on the device, copied there."""

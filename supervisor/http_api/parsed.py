@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from inferd.supervisor.inference.types import InferRequest
 
@@ -18,3 +19,4 @@ class ParsedInfer:
     request: InferRequest
     binary_default: bool = False
     plans: dict[str, OutputPlan] = field(default_factory=dict)
+    hold: Any = None  # memory.client_shm.ShmHold: the shm regions it names, held until its answer is written

@@ -272,6 +272,9 @@ class Router:
             return self.codec.build(parsed, future.result())
         except Exception as exc:
             return errors.from_exception(exc)
+        finally:
+            if parsed.hold is not None:
+                parsed.hold.release()  # its shm regions are free to unregister once its outputs are written
 
     async def _infer_compressed(self, req: Request, model: str, version: str, encoding: str) -> Response:
         try:
@@ -307,6 +310,9 @@ class Router:
             return res
         except Exception as exc:
             return errors.from_exception(exc)
+        finally:
+            if parsed.hold is not None:
+                parsed.hold.release()
 
     @staticmethod
     async def _compress(res: Response, encoding: str) -> None:

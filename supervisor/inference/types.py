@@ -60,6 +60,9 @@ class InferRequest:
     # its ensemble's or BLS caller's trace, tracing.record.UNTRACED, or a client's W3C traceparent
     trace: Any = None
     trace_parent: Any = None
+    # the client shm regions it names, held while it is in flight (memory.client_shm.ShmHold; unregistering
+    # a held region is refused, as Triton refuses it)
+    shm_hold: Any = None
 
 
 @dataclass(slots=True)

@@ -12,6 +12,14 @@ than a memcpy from a mapping (bench/client_shm_copy.py measures how much), the p
 can turn into a crash.
 
 CUDA regions (kind "cuda") are kept by memory.cuda_regions, built on the first CUDA call.
+
+A request holds every region it names (`hold`, system or CUDA) from the moment it is read until it is
+done: the frontends tie a `ShmHold` to the request (and to what writes its outputs), and it lets go when
+the last of those goes. Unregistering a held region is refused, as Triton 2.51 refuses it ("Cannot
+unregister shared memory region '<name>', it is currently in use."); unregistering all of a kind removes
+the free ones and names the held ones. Offsets and sizes are read as Triton reads them, as unsigned
+64-bit numbers (a negative one over gRPC is a huge one), and checked with its two messages ("Invalid
+offset for shared memory region", "Invalid offset + byte size for shared memory region").
 """
 
 from __future__ import annotations
@@ -49,6 +57,33 @@ def _bad(message: str) -> InferdError:
     return InferdError(ErrorCode.INVALID_ARG, message)
 
 
+def check_window(name: str, size: int, offset: int, byte_size: int) -> None:
+    """Triton's bounds check of (offset, byte_size) in a region of `size` bytes, with its messages. Triton
+    reads both as unsigned 64-bit numbers, so a negative one (gRPC's int64) is a huge one: out of bounds."""
+    if offset < 0 or offset >= size:
+        raise _bad("Invalid offset for shared memory region: '%s'" % name)
+    if byte_size < 0 or offset + byte_size > size:
+        raise _bad("Invalid offset + byte size for shared memory region: '%s'" % name)
+
+
+class ShmHold:
+    """The regions one request names, held until it is done (released explicitly or when collected)."""
+
+    __slots__ = ("_owner", "names", "__weakref__")
+
+    def __init__(self, owner: ClientShm, names: tuple[str, ...]) -> None:
+        self._owner: ClientShm | None = owner
+        self.names = names
+
+    def release(self) -> None:
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner._release(self.names)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 def server_created(st: os.stat_result, directory: str = SHM_DIR) -> bool:
     """True if the object `st` describes is one the server or its workers created: one this process has
     mapped (its pool regions, the workers' output and BLS regions it attached), or one that any
@@ -78,6 +113,7 @@ class ClientShm:
     def __init__(self, cuda: CudaRegions | None = None, cuda_probe: bool | None = None) -> None:
         self.system: dict[str, SystemRegion] = {}
         self.cuda = cuda if cuda is not None else CudaRegions(IpcDevice)
+        self.users: dict[str, int] = {}  # region name -> requests holding it (ShmHold)
         # whether CUDA shared memory can work here (the cuda_shared_memory extension), judged at start
         # without importing a CUDA library
         self.cuda_available = probe() if cuda_probe is None else cuda_probe
@@ -85,9 +121,9 @@ class ClientShm:
     def status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         if kind == "cuda":
             return self.cuda.status(name)
+        if name and name not in self.system:  # NOT_FOUND (HTTP 404), as Triton answers it
+            raise InferdError(ErrorCode.NOT_FOUND, "Unable to find system shared memory region: '%s'" % name)
         regions = [self.system[name]] if name else list(self.system.values())
-        if name and name not in self.system:
-            raise _bad("Unable to find system shared memory region: '%s'" % name)
         return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
 
     def register(self, kind: str, name: str, **fields: Any) -> None:
@@ -143,23 +179,65 @@ class ClientShm:
             raise
         self.system[name] = SystemRegion(name, key, offset, byte_size, fd)
 
-    def unregister(self, kind: str, name: str = "") -> None:
+    def unregister(self, kind: str, name: str = "", held_too: bool = False) -> None:
+        """Unregister one region (or all of `kind`); a region a request holds is refused as Triton 2.51
+        refuses it, unless `held_too` (a frontend process following the core's registry)."""
+        table: dict[str, Any] = self.cuda.regions if kind == "cuda" else self.system
+        names = [name] if name else sorted(table)
+        held = [] if held_too else [n for n in names if self.users.get(n) and n in table]
+        free = [n for n in names if n not in held]
         if kind == "cuda":
-            self.cuda.unregister(name)
+            for each in free:
+                self.cuda.unregister(each)
+        else:
+            for each in free:
+                region = self.system.pop(each, None)
+                if region is not None:
+                    os.close(region.fd)
+        if held and name:
+            raise InferdError(ErrorCode.INTERNAL,
+                              "Cannot unregister shared memory region '%s', it is currently in use." % name)
+        if held:  # Triton's wording, separators included
+            raise InferdError(ErrorCode.INTERNAL, "Failed to unregister the following %s shared memory regions: %s"
+                              % ("cuda" if kind == "cuda" else "system", "".join(n + " ," for n in held)))
+
+    # ---- requests in flight ----
+    def hold(self, names: Any) -> ShmHold | None:
+        """Hold the registered regions among `names` until the returned hold is released or collected."""
+        cuda = self.cuda.regions
+        held = tuple({n: None for n in names if n in self.system or n in cuda})
+        if not held:
+            return None
+        users = self.users
+        for n in held:
+            users[n] = users.get(n, 0) + 1
+        return ShmHold(self, held)
+
+    def _release(self, names: tuple[str, ...]) -> None:
+        users = self.users
+        for n in names:
+            left = users.get(n, 0) - 1
+            if left > 0:
+                users[n] = left
+            else:
+                users.pop(n, None)
+
+    def check(self, region: str, offset: int, byte_size: int) -> None:
+        """Triton's checks of a tensor's window in a region, made when the request is read (outputs too)."""
+        r = self.system.get(region)
+        if r is not None:
+            check_window(region, r.byte_size, offset, byte_size)
             return
-        names = [name] if name else list(self.system)
-        for each in names:
-            region = self.system.pop(each, None)
-            if region is not None:
-                os.close(region.fd)
+        c = self.cuda.regions.get(region)
+        if c is None:  # NOT_FOUND (HTTP 404) as Triton answers a tensor naming an unknown region
+            raise InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
+        check_window(region, c.byte_size, offset, byte_size)
 
     def _window(self, region: str, offset: int, byte_size: int) -> tuple[SystemRegion, int]:
         r = self.system.get(region)
         if r is None:  # NOT_FOUND (HTTP 404) as Triton answers a tensor naming an unknown region
             raise InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
-        if offset < 0 or byte_size < 0 or offset + byte_size > r.byte_size:
-            raise _bad("shared memory region '%s': offset %d + byte_size %d is out of bounds (size %d)"
-                       % (region, offset, byte_size, r.byte_size))
+        check_window(region, r.byte_size, offset, byte_size)
         return r, r.offset + offset
 
     @staticmethod

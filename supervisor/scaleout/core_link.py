@@ -136,6 +136,8 @@ class Session:
     def _infer(self, call: int, header: memoryview, data: memoryview) -> None:
         self._admit(call)
         request = frames.decode_request(header, data, self.regions.view)
+        if request.shm_hold:  # the client shm regions the frontend read it with: held here while it runs
+            request.shm_hold = self.dp.shm_hold(request.shm_hold)
         future = self.dp.infer_nowait(request)
         self.inflight[call] = future
         future.add_done_callback(functools.partial(self._answer, call))  # no lambda frame per answer
@@ -182,6 +184,8 @@ class Session:
 
     async def _stream(self, call: int, header: memoryview, data: memoryview) -> None:
         request = frames.decode_request(header, data, self.regions.view)
+        if request.shm_hold:
+            request.shm_hold = self.dp.shm_hold(request.shm_hold)
         link = self.link
         try:
             async for item in self.dp.stream_infer(request):

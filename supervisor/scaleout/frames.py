@@ -181,6 +181,8 @@ def request_parts(req: InferRequest) -> tuple[bytes, list[Any], int]:
         head["t"] = req.timeout_us
     if isinstance(req.trace_parent, str):
         head["tp"] = req.trace_parent
+    if req.shm_hold is not None:  # the client shm regions it names: the core holds them too (core_link)
+        head["sh"] = list(req.shm_hold.names)
     return dumps(head), chunks, size
 
 
@@ -201,6 +203,9 @@ def decode_request(header: Any, data: memoryview, attach: Any) -> InferRequest:
     tp = h.get("tp")
     if tp is not None:
         req.trace_parent = tp
+    sh = h.get("sh")
+    if isinstance(sh, list):  # region names (core_link turns them into the core's hold)
+        req.shm_hold = tuple(n for n in sh if isinstance(n, str))
     return req
 
 

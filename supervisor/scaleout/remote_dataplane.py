@@ -212,7 +212,7 @@ class RemoteDataPlane(DataPlane):
         wanted = {name: (key, offset, size) for name, key, offset, size in regions}
         for name, r in list(shm.system.items()):
             if wanted.get(name) != (r.key, r.offset, r.byte_size):
-                shm.unregister("system", name)
+                shm.unregister("system", name, held_too=True)  # (the core refused it while it was in use)
         for name, (key, offset, size) in wanted.items():
             if name not in shm.system:
                 try:
@@ -382,6 +382,14 @@ class RemoteDataPlane(DataPlane):
             from ..core.shm_endpoints import CLIENT_SHM_DISABLED
 
             raise InferdError(ErrorCode.UNSUPPORTED, CLIENT_SHM_DISABLED)
+
+    def shm_check(self, region: str, offset: int, byte_size: int) -> None:
+        if not self.view.doc.get("shm_allowed"):
+            raise _no_region(region)
+        self.client_shm.check(region, offset, byte_size)
+
+    def shm_hold(self, names: Any) -> Any:
+        return self.client_shm.hold(names)  # (sent with the request: the core, which unregisters, holds them too)
 
     def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
         if not self.view.doc.get("shm_allowed"):

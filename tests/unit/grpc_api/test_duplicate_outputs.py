@@ -14,6 +14,12 @@ class Regions:
     def shm_is_cuda(self, region: str) -> bool:
         return False
 
+    def shm_check(self, region: str, offset: int, byte_size: int) -> None:
+        return None
+
+    def shm_hold(self, names: object) -> None:
+        return None
+
 
 def to_core(outputs: list[convert.ParsedOutput]) -> tuple:
     return convert.to_core(convert.ParsedRequest("m", outputs=outputs), Regions())  # type: ignore[arg-type]
