@@ -31,6 +31,8 @@ class WorkerTimings:
     restart_give_up: int = 5  # failures in a row before the model stays UNAVAILABLE
     healthy_run_s: float = 10.0  # a worker that lived this long after ready restarts at once
     pipeline_depth: int = 8  # batches sent ahead to one worker (hides the round trip; executed in order)
+    # --instance-memory-limit, or the model's INFERD_INSTANCE_MEMORY_LIMIT (instances/memory_cap.py); None: no cap
+    memory_limit_bytes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .config import (
     WorkerTimings,
 )
 from .core.busy_poll import cpu_quota, default_window_us
-from .instances import host_policy
+from .instances import host_policy, memory_cap
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository import agents as repo_agents
 from .repository.cloud import credentials as cloud_credentials
@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-start-timeout", type=float, default=30.0)
     p.add_argument("--restart-base-delay", type=float, default=0.25)
     p.add_argument("--restart-max-delay", type=float, default=10.0)
+    p.add_argument("--instance-memory-limit", default="", metavar="SIZE",
+                   help="memory cap of each model instance's worker (bytes, or with K, M or G: 512M; default: none); "
+                        "a model's INFERD_INSTANCE_MEMORY_LIMIT parameter overrides it (docs/reliability.md)")
     p.add_argument("--host-fd", type=int, default=-1,
                    help="inherited Unix socket to the process that hosts the 'external' backend's models (the "
                         "Python API, inferd.pytriton); its EOF shuts the server down")
@@ -473,7 +476,12 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         raise SystemExit(f"error: --cache-config: {exc}") from None
     run_dir = args.run_dir or rundir.create()
     os.makedirs(run_dir, exist_ok=True)
+    try:
+        memory_limit = memory_cap.parse_size(args.instance_memory_limit)
+    except ValueError as exc:
+        raise SystemExit(f"error: --instance-memory-limit: {exc}") from None
     timings = WorkerTimings(
+        memory_limit_bytes=memory_limit,
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_misses=args.heartbeat_misses,
         spawn_timeout_s=args.worker_start_timeout,

@@ -23,6 +23,8 @@ from .stats import FAILURE_REASONS, ModelStats, StatsRegistry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 INSTANCE_STATES = ("starting", "ready", "draining", "stopped", "failed")
+# why a worker was replaced (instances/worker.py EXIT_REASONS): one inferd_instance_restarts_total series each
+RESTART_REASONS = ("exit", "signal", "hung", "memory", "recycled")
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class InstanceMetrics:
     instance: str  # e.g. "simple_0"
     state: str  # one of INSTANCE_STATES
     restarts: int = 0  # restarts since the version loaded
+    restart_reasons: Mapping[str, int] = field(default_factory=dict)  # the same by reason (RESTART_REASONS)
     inflight: int = 0  # requests sent to the worker and not yet answered
 
 
@@ -258,7 +261,8 @@ def _instance_families(extra: ExtraMetrics, tags: Mapping[tuple[str, str], str])
     instances = sorted(extra.instances, key=lambda i: (i.model, i.version, i.instance))
     if instances:
         restarts = _Family("inferd_instance_restarts_total", "counter",
-                           "Worker process restarts per model instance since the version loaded")
+                           "Worker process restarts per model instance since the version loaded, by why the "
+                           "worker before ended (exit, signal, hung, memory, recycled)")
         state = _Family("inferd_instance_state", "gauge",
                         "Model instance state: 1 for the current state, 0 for the others")
         inflight = _Family("inferd_instance_inflight_requests", "gauge",
@@ -267,7 +271,9 @@ def _instance_families(extra: ExtraMetrics, tags: Mapping[tuple[str, str], str])
             head = (f'{tags.get((inst.model, inst.version), "")}instance="{_escape(inst.instance)}",'
                     f'model="{_escape(inst.model)}"')
             version = f'version="{_escape(inst.version)}"'
-            restarts.add(f"{head},{version}", inst.restarts)
+            reasons = inst.restart_reasons
+            for why in RESTART_REASONS if not reasons or set(reasons) <= set(RESTART_REASONS) else sorted(reasons):
+                restarts.add(f'{head},reason="{_escape(why)}",{version}', reasons.get(why, 0))
             inflight.add(f"{head},{version}", inst.inflight)
             known = inst.state in INSTANCE_STATES
             for st in INSTANCE_STATES if known else (*INSTANCE_STATES, inst.state):

@@ -6,6 +6,7 @@ Keeping it here leaves ModelManager about lifecycle only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..envs import ExecEnv
-from ..instances import host_policy
+from ..instances import host_policy, memory_cap
 from ..instances.external import BACKEND as EXTERNAL_BACKEND
 from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
@@ -163,6 +164,12 @@ def _mentions_auto_complete(model_dir: str, max_bytes: int = 4 << 20) -> bool:
 def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> list[Instance]:
     rt = settings.runtime
     out: list[Instance] = []
+    try:  # the model's own memory cap, else the server's --instance-memory-limit
+        cap = memory_cap.model_limit(plan.proto.parameters, settings.timings.memory_limit_bytes)
+    except ValueError as exc:
+        raise InferdError(ErrorCode.INVALID_ARG, f"model '{plan.name}': {exc}") from None
+    timings = (settings.timings if cap == settings.timings.memory_limit_bytes
+               else dataclasses.replace(settings.timings, memory_limit_bytes=cap))
     for group in plan.proto.instance_group:
         # KIND_GPU: `count` instances on each listed GPU (normalize lists every GPU when the config lists none)
         devices = list(group.gpus) if group.kind == normalize.KIND_GPU and group.gpus else [0]
@@ -180,7 +187,7 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
                     instance_kind=kind, device_id=device)
                 launcher = (ExternalLauncher(rt.host, plan.name) if plan.proto.backend == EXTERNAL_BACKEND
                             else rt.launcher if cpus is None else host_policy.PinnedLauncher(rt.launcher, cpus))
-                out.append(Instance(load, channel=rt.channel, launcher=launcher, timings=settings.timings,
+                out.append(Instance(load, channel=rt.channel, launcher=launcher, timings=timings,
                                     pool=rt.pool, log_verbose=settings.log_verbose, passive=group.passive,
                                     rate_limiter=_rate_limiter(group), **_env_kwargs(plan.env)))
                 index += 1

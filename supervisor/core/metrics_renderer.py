@@ -22,7 +22,7 @@ def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics:
                 instances.append(metrics_mod.InstanceMetrics(
                     mv.name, str(mv.version), inst.name,
                     state if state in metrics_mod.INSTANCE_STATES else "starting",
-                    restarts=inst.restarts, inflight=inst.inflight))
+                    restarts=inst.restarts, restart_reasons=dict(inst.restart_reasons), inflight=inst.inflight))
         return metrics_mod.ExtraMetrics(pending=pending, instances=instances,
                                         shm_bytes_in_use=runtime.pool.in_use_bytes,
                                         shm_bytes_reserved=runtime.pool.total_bytes)

@@ -165,7 +165,7 @@ class ModelManager:
                     state = mv.state if mv.state != READY or mv.ready else UNAVAILABLE
                     reason = mv.reason if state != READY else ""
                     if state == UNAVAILABLE and not reason:
-                        reason = "no ready instance"
+                        reason = _unready_reason(mv)
                     rows.append(_row(name, str(v), state, reason))
                 for rv, (state, reason) in sorted(e.records.items(), key=lambda kv: kv[0] or 0):
                     if rv is None or rv not in e.versions:
@@ -436,6 +436,13 @@ class ModelManager:
         mv.state = UNAVAILABLE
         mv.reason = "unloaded"
         self.changed()
+
+
+def _unready_reason(mv: ModelVersion) -> str:
+    """'no ready instance', with why each instance is not ready (its worker's last end: memory cap, crash)."""
+    why = [f"instance '{i.name}' is {i.state.value}: {i.last_error.message}" for i in mv.instances
+           if not i.ready and getattr(i, "last_error", None) is not None]
+    return "; ".join(["no ready instance", *why])
 
 
 def _row(name: str, version: str, state: str, reason: str) -> dict[str, Any]:

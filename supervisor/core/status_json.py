@@ -19,7 +19,8 @@ def status_json(manager: Any, name: str = "") -> dict[str, Any]:
             for inst in mv.instances:
                 err = inst.last_error
                 instances.append({"name": inst.name, "pid": inst.pid, "state": inst.state.value,
-                                  "restarts": inst.restarts, "inflight": inst.inflight,
+                                  "restarts": inst.restarts, "restart_reasons": dict(inst.restart_reasons),
+                                  "memory_limit": inst.memory_limit, "inflight": inst.inflight,
                                   "last_error": err.message if err is not None else ""})
         models.append({"name": row["name"], "version": row.get("version", ""),
                        "state": row.get("state", ""), "reason": row.get("reason", ""),

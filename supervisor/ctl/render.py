@@ -74,20 +74,37 @@ def status_view(doc: dict[str, Any]) -> str:
             lines.append("  (no instances)")
         else:
             with_uptime = any("uptime_s" in i for i in instances)
+            with_limit = any(i.get("memory_limit") for i in instances)
             headers = ["INSTANCE", "PID", "STATE", "RESTARTS", "INFLIGHT"]
             if with_uptime:
                 headers.append("UPTIME")
+            if with_limit:
+                headers.append("MEMORY LIMIT")
             headers.append("LAST ERROR")
             rows = []
             for i in instances:
-                row = [i.get("name"), i.get("pid"), i.get("state"), i.get("restarts"), i.get("inflight")]
+                row = [i.get("name"), i.get("pid"), i.get("state"), restarts(i), i.get("inflight")]
                 if with_uptime:
                     row.append(duration(i.get("uptime_s")))
+                if with_limit:
+                    row.append(mib(i.get("memory_limit")))
                 row.append(i.get("last_error"))
                 rows.append(row)
             lines.append(table(headers, rows, indent="  "))
         blocks.append("\n".join(lines))
     return "\n".join(blocks)
+
+
+def restarts(instance: dict[str, Any]) -> str:
+    """'3 (memory 2, hung 1)': the count, and why the workers before ended where the server says."""
+    count = instance.get("restarts")
+    reasons = instance.get("restart_reasons")
+    why = ", ".join(f"{k} {v}" for k, v in reasons.items() if v) if isinstance(reasons, dict) else ""
+    return f"{count} ({why})" if why else str(count)
+
+
+def mib(size: Any) -> str:
+    return f"{size / (1 << 20):.0f} MiB" if isinstance(size, int) and size > 0 else "-"
 
 
 def duration(seconds: Any) -> str:

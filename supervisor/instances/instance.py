@@ -32,7 +32,7 @@ from .channel import Channel
 from .external import ExternalLauncher
 from .launcher import Launcher
 from .results import BatchResult
-from .worker import WorkerProcess
+from .worker import EXIT_REASONS, WorkerProcess
 
 log = logging.getLogger("inferd.instances")
 
@@ -80,6 +80,8 @@ class Instance:
         self.model_name = load.model_name
         self.state = InstanceState.STOPPED
         self.restarts = 0  # replacement processes spawned after the first
+        self.restart_reasons = dict.fromkeys(EXIT_REASONS, 0)  # the same, by why the one before ended
+        self._end_reason = "exit"  # why the last worker ended: the next restart's reason
         self.failures = 0  # consecutive failures (deaths soon after ready, failed restarts): the backoff
         self.start_failures = 0  # consecutive failed restarts: the only ones that lead to giving up
         self.last_error: InferdError | None = None
@@ -109,6 +111,11 @@ class Instance:
     def pid(self) -> int | None:
         w = self._worker
         return w.pid if w is not None and not w.exited else None
+
+    @property
+    def memory_limit(self) -> int | None:
+        """Bytes a worker of this instance may use (--instance-memory-limit or the model's parameter)."""
+        return self._timings.memory_limit_bytes
 
     @property
     def inflight(self) -> int:
@@ -190,6 +197,7 @@ class Instance:
         if worker is not self._worker or self.state is not InstanceState.READY:
             return
         self.last_error = err
+        self._end_reason = worker.exit_reason or "exit"
         ran = self._loop.time() - (worker.ready_at or self._loop.time())
         if ran >= self._timings.healthy_run_s:
             self.failures = 0
@@ -215,6 +223,7 @@ class Instance:
                      extra={"model": self.model_name, "instance": self.name})
             await asyncio.sleep(delay)
         self.restarts += 1
+        self.restart_reasons[self._end_reason] = self.restart_reasons.get(self._end_reason, 0) + 1
         worker = self._new_worker()
         self._worker = worker
         try:
@@ -222,6 +231,7 @@ class Instance:
         except InferdError as exc:
             if self.state is InstanceState.RESTARTING:
                 self.last_error = exc
+                self._end_reason = worker.exit_reason or "exit"
                 self.failures += 1
                 self.start_failures += 1
                 self._schedule_restart()

@@ -104,7 +104,7 @@ class Watchdog:
 
     def __init__(self, *, pid: int | None, interval_s: float, misses: int, starting_silence_s: float,
                  ping: Callable[[int], object], settle: Callable[[], Awaitable[None]], starting: Callable[[], bool],
-                 kill: Callable[[str], None], who: Callable[[], str]) -> None:
+                 kill: Callable[[str], None], who: Callable[[], str], tick: Callable[[], None] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._interval = interval_s
         self._limit = interval_s * misses
@@ -114,6 +114,7 @@ class Watchdog:
         self._starting = starting
         self._kill = kill
         self._who = who
+        self._tick = tick  # run at every ping (the memory cap's RSS look)
         # silence alone is not hang: a model may hold the GIL for seconds in a C call
         self._probe = Probe(pid, self._limit) if pid is not None else None
         self.last = self._loop.time()  # when the worker was last heard
@@ -130,6 +131,8 @@ class Watchdog:
             await asyncio.sleep(self._interval)
             seq += 1
             self._ping(seq)
+            if self._tick is not None:
+                self._tick()
             silent = self._loop.time() - self.last
             # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
             # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout

@@ -29,7 +29,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import liveness, results
+from . import cgroup_memory, liveness, memory_cap, results
 from .channel import Channel
 from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
@@ -55,13 +55,20 @@ class WorkerState(str, enum.Enum):
     FAILED = "failed"
 
 
+# why a worker ended, as the restart metric counts it (recycled: a rolling replacement asked for)
+EXIT_REASONS = ("exit", "signal", "hung", "memory", "recycled")
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = "?"
-        return f"killed by signal {-returncode} ({name})"
+        text = f"killed by signal {-returncode} ({name})"
+        if returncode == -signal.SIGKILL:  # not sent by us (ours name their reason): the usual sender is the OOM killer
+            text += ", possibly by the kernel's OOM killer"
+        return text
     return f"exited with code {returncode}"
 
 
@@ -102,6 +109,7 @@ class WorkerProcess:
         self._path_prefix = tuple(path_prefix)
         self._log_verbose = log_verbose
         self._on_exit = on_exit
+        self._device = device
         self._loop = asyncio.get_running_loop()
         # an asyncio process, or an external.ExternalProcess (a worker hosted by the API user's process)
         self._proc: Any = None
@@ -112,6 +120,11 @@ class WorkerProcess:
         self._control: dict[type, asyncio.Future[Any]] = {}
         self._stopping = False
         self._kill_reason = ""
+        self._kill_cause = ""  # the EXIT_REASONS entry of a kill of ours
+        self.exit_reason = ""  # why an unrequested exit happened (EXIT_REASONS), set when it is seen
+        self.memory_limit = timings.memory_limit_bytes  # bytes; None: no cap
+        self._rss: memory_cap.RssWatch | None = None  # the watchdog's looks, where no cgroup holds the cap
+        self._cgroup: cgroup_memory.WorkerGroup | None = None
         # large outputs the worker wrote into its own regions; their names go back once collected
         self._outputs = WorkerOutputs(lambda names: self._send_quiet(m.ReleaseOutputs(names)), self.identity, name,
                                       lambda keys: self._send_quiet(m.ReleaseOutputs([], keys)))
@@ -216,6 +229,8 @@ class WorkerProcess:
             boot, python=self._python, extra_env=self._extra_env, path_prefix=self._path_prefix
         )
         self._exit_task = self._loop.create_task(self._watch_exit(self._proc), name="exit-" + self.name)
+        if self.memory_limit is not None and not getattr(self._proc, "external", False):
+            self._cap_memory(self._proc.pid, self.memory_limit)
         hello: m.Hello = await self._await_control(hello_fut, t.spawn_timeout_s, "start-up (spawn to Hello)")
         if hello.wire_version != m.WIRE_VERSION:
             raise InferdError(
@@ -230,9 +245,26 @@ class WorkerProcess:
             pid=self._proc.pid, interval_s=t.heartbeat_interval_s, misses=t.heartbeat_misses,
             starting_silence_s=STARTING_SILENCE_S,
             ping=lambda seq: self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq))),
-            settle=self._channel.settle, starting=lambda: self.state is WorkerState.STARTING, kill=self._kill,
-            who=self._who)
+            settle=self._channel.settle, starting=lambda: self.state is WorkerState.STARTING,
+            kill=lambda reason: self._kill(reason, "hung"), who=self._who,
+            tick=self.check_memory if self._rss is not None else None)
         self._hb_task = self._loop.create_task(self._watchdog.run(self._exited), name="hb-" + self.name)
+
+    # ---- memory cap (memory_cap.py, cgroup_memory.py) ----
+    def _cap_memory(self, pid: int, cap: int) -> None:
+        parent = cgroup_memory.parent()
+        if parent is not None:
+            self._cgroup = parent.worker_group(f"inferd-{os.getpid()}-{self.identity}", cap, pid)
+        if self._cgroup is None:
+            self._rss = memory_cap.RssWatch(pid, cap)
+            if self._device is None:
+                memory_cap.set_rlimit_data(pid, cap)
+
+    def check_memory(self) -> None:
+        """The RSS watchdog's look (after each answered batch, on each heartbeat tick): over the cap, killed."""
+        watch = self._rss
+        if watch is not None and self._proc is not None and self._proc.returncode is None and watch.over():
+            self._kill(memory_cap.exceeded(self.model_name, self.name, watch.cap, watch.last), "memory")
 
     def _expect_future(self, cls: type) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = self._loop.create_future()
@@ -311,6 +343,8 @@ class WorkerProcess:
         cls = type(msg)
         if cls is results.PlainResult or cls is m.ExecuteResult or cls is m.ExecuteResultColumns:
             self._pipeline.on_result(msg, data)
+            if self._rss is not None:  # its batch has answered: over the cap now, it takes no more
+                self.check_memory()
         elif cls is m.StreamResponse:
             self._pipeline.on_stream_response(msg, data)
         elif cls is m.Log:
@@ -325,11 +359,12 @@ class WorkerProcess:
             else:
                 fut.set_result(msg)
 
-    def _kill(self, reason: str) -> None:
+    def _kill(self, reason: str, cause: str = "signal") -> None:
         if self._proc is None or self._proc.returncode is not None:
             return
         if not self._kill_reason:
             self._kill_reason = reason
+            self._kill_cause = cause
         try:
             self._proc.kill()
         except ProcessLookupError:
@@ -340,9 +375,19 @@ class WorkerProcess:
         self.returncode = rc
         if self._stopping:
             err = self.error or InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} was stopped")
+        elif self._kill_cause == "memory":
+            err = InferdError(ErrorCode.UNAVAILABLE, f"{self._kill_reason}; killed (pid {proc.pid})")
+            self.exit_reason = "memory"
         elif self._kill_reason:
             err = InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} {self._kill_reason}; killed")
+            self.exit_reason = self._kill_cause
+        elif self._cgroup is not None and self.memory_limit is not None and self._cgroup.oom_kills():
+            err = InferdError(ErrorCode.UNAVAILABLE, memory_cap.exceeded(
+                self.model_name, self.name, self.memory_limit, None,
+                f"; killed by the kernel's OOM killer in its cgroup (pid {proc.pid})"))
+            self.exit_reason = "memory"
         else:
+            self.exit_reason = "signal" if rc < 0 else "exit"
             cause = f"{self._who()} died: {describe_exit(rc)}"
             if self.state is WorkerState.STARTING:  # Triton's words first, so that what matches them still does
                 cause = (f"Stub process '{self.name}' is not healthy. {self._who()} died during start-up: "
@@ -374,6 +419,8 @@ class WorkerProcess:
         self._outputs.close()
         if self._proc is not None and self._proc.returncode is not None and not getattr(self._proc, "external", False):
             shm.unlink_owned(self._proc.pid)  # regions a dead worker created (its output/BLS arenas)
+            if self._cgroup is not None:
+                self._cgroup.remove()
         self._channel.unregister(self.identity)
         if self._hb_task is not None and self._hb_task is not asyncio.current_task():
             self._hb_task.cancel()

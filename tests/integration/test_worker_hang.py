@@ -32,6 +32,7 @@ async def test_sigstop_is_detected_killed_and_restarted(env):
     assert not alive(victim)
     await watch.wait(inst, InstanceState.READY, timeout=5)
     assert inst.pid != victim
+    assert inst.restart_reasons["hung"] == 1 and sum(inst.restart_reasons.values()) == 1
     try:
         os.kill(victim, signal.SIGCONT)  # the old pid is gone
     except ProcessLookupError:

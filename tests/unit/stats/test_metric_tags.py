@@ -23,7 +23,8 @@ def test_metric_tags_label_every_per_model_metric():
     assert f'nv_inference_count{{{tags}model="probe",version="1"}} 0' in text
     assert f'nv_inference_request_failure{{{tags}model="probe",reason="BACKEND",version="1"}} 0' in text
     assert f'nv_cache_num_hits_per_model{{{tags}model="probe",version="1"}} 0' in text
-    assert f'inferd_instance_restarts_total{{{tags}instance="probe_0",model="probe",version="1"}} 0' in text
+    restarts = f'inferd_instance_restarts_total{{{tags}instance="probe_0",model="probe",reason="memory",version="1"}}'
+    assert f'{restarts} 0' in text
     assert 'nv_inference_count{model="plain",version="1"} 0' in text
     text_string_to_metric_families(text)  # valid exposition
 

@@ -92,7 +92,8 @@ def test_pending_instances_and_shm_from_the_callback() -> None:
         calls.append(1)
         return ExtraMetrics(
             pending={("alpha", "1"): 4},
-            instances=[InstanceMetrics("alpha", "1", "alpha_1", "failed", restarts=3, inflight=0),
+            instances=[InstanceMetrics("alpha", "1", "alpha_1", "failed", restarts=3, inflight=0,
+                                       restart_reasons={"memory": 2, "hung": 1}),
                        InstanceMetrics("alpha", "1", "alpha_0", "ready", restarts=0, inflight=2),
                        InstanceMetrics("beta", "1", "beta_0", "weird")],
             shm_bytes_in_use=4096,
@@ -105,7 +106,10 @@ def test_pending_instances_and_shm_from_the_callback() -> None:
     assert _value(fams["nv_inference_pending_request_count"], model="beta", version="1") == 0
     restarts = fams["inferd_instance_restarts"]
     assert restarts.type == "counter"
-    assert _value(restarts, instance="alpha_1") == 3
+    assert _value(restarts, instance="alpha_1", reason="memory") == 2
+    assert _value(restarts, instance="alpha_1", reason="hung") == 1
+    assert {s.labels["reason"] for s in restarts.samples if s.labels["instance"] == "alpha_0"} == {
+        "exit", "signal", "hung", "memory", "recycled"}  # every reason has a series: sum() is the total
     assert _value(fams["inferd_instance_inflight_requests"], instance="alpha_0") == 2
     state = fams["inferd_instance_state"]
     assert _value(state, instance="alpha_0", state="ready") == 1
