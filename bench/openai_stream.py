@@ -52,7 +52,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(BENCH.parent / "tests"))
 import openai_support  # noqa: E402  (tests/openai_support.py: tokenizers and fixture parameters)
-from run import INFERD, ROOT, git_commit, loadavg, machine  # noqa: E402  (bench/ is not a package)
+from run import INFERD, ROOT, git_commit, loadavg, machine, system_busy  # noqa: E402  (bench/ is not a package)
 
 FIXTURE = ROOT / "tests" / "fixtures" / "models" / "llm_trtllm"
 MODEL_DELAY_S = 0.010
@@ -211,16 +211,19 @@ async def run_point(target: Target, conc: int, duration: float, stamped: bool, s
                 rec["requests"] += 1
                 await stream_one(session, target, rec)
 
-        cpu0, self0, t0 = server.cpu(), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        busy0, cpu0, self0, t0 = system_busy(), server.cpu(), resource.getrusage(resource.RUSAGE_SELF), \
+            time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(conc)))
         elapsed = time.perf_counter() - t0
-        cpu1, self1 = server.cpu(), resource.getrusage(resource.RUSAGE_SELF)
+        busy1, cpu1, self1 = system_busy(), server.cpu(), resource.getrusage(resource.RUSAGE_SELF)
     client_cpu = (self1.ru_utime + self1.ru_stime) - (self0.ru_utime + self0.ru_stime)
     tokens = rec["tokens"]
     out = {"kind": target.kind, "conc": conc, "requests": rec["requests"], "tokens": tokens,
            "elapsed_s": elapsed, "tokens_per_s": tokens / elapsed,
            "server_cpu_us_per_token": (cpu1 - cpu0) / tokens * 1e6, "server_cores": (cpu1 - cpu0) / elapsed,
            "client_cores": client_cpu / elapsed,
+           # CPU that other processes on the machine used meanwhile (a shared 2-vCPU host)
+           "foreign_cores": max(0.0, (busy1 - busy0) - (cpu1 - cpu0) - client_cpu) / elapsed,
            "ttft_p50_ms": statistics.median(rec["ttft"]) * 1e3,
            "itl_p50_ms": statistics.median(rec["itl"]) * 1e3 if rec["itl"] else None}
     if stamped:
@@ -244,7 +247,7 @@ def summarize(results: dict) -> dict:
         for kind in KINDS:
             pts = [p for p in results["throughput"] if p["kind"] == kind and p["conc"] == conc]
             row[kind] = {k: median_of(pts, k) for k in ("tokens_per_s", "server_cpu_us_per_token", "server_cores",
-                                                          "client_cores")}
+                                                          "client_cores", "foreign_cores")}
         row["ratio"] = row["chat"]["tokens_per_s"] / row["generate_stream"]["tokens_per_s"]
         summary["throughput"][conc] = row
     for kind in KINDS:
@@ -274,12 +277,13 @@ def summarize(results: dict) -> dict:
 def table(summary: dict) -> str:
     lines = ["streamed tokens/s (median of rounds), no-cost model, server CPU per token",
              f"{'c':>4} | {'chat tok/s':>11} {'us/tok':>7} | {'gen_stream tok/s':>16} {'us/tok':>7} | "
-             f"{'ratio':>5} | {'client cores':>12}"]
+             f"{'ratio':>5} | {'client cores':>12} | {'others cores':>12}"]
     for conc, row in summary["throughput"].items():
         ch, gs = row["chat"], row["generate_stream"]
         lines.append(f"{conc:>4} | {ch['tokens_per_s']:>11,.0f} {ch['server_cpu_us_per_token']:>7.1f} | "
                      f"{gs['tokens_per_s']:>16,.0f} {gs['server_cpu_us_per_token']:>7.1f} | "
-                     f"{row['ratio']:>5.2f} | {ch['client_cores']:>5.2f} / {gs['client_cores']:<5.2f}")
+                     f"{row['ratio']:>5.2f} | {ch['client_cores']:>5.2f} / {gs['client_cores']:<5.2f}| "
+                     f"{ch['foreign_cores']:>5.2f} / {gs['foreign_cores']:<5.2f}")
     lines += ["", "latency added by the server, model emitting one token every 10 ms (ms, p50; model = its own "
               "time to the first token)",
               f"{'endpoint':>16} | {'TTFT added':>10} {'way in':>6} {'model':>6} {'TTFT-10':>7} | {'ITL-10':>6} "
@@ -309,7 +313,8 @@ async def measure(server: Server, args: argparse.Namespace) -> dict:
                 point["round"] = rnd
                 results["throughput"].append(point)
                 print(f"  round {rnd} c={conc:<3} {kind:<16} {point['tokens_per_s']:>9,.0f} tok/s "
-                      f"{point['server_cpu_us_per_token']:6.1f} us/tok", file=sys.stderr)
+                      f"{point['server_cpu_us_per_token']:6.1f} us/tok, others {point['foreign_cores']:.2f} cores",
+                      file=sys.stderr)
         for kind in KINDS:
             for conc, requests in ((1, args.latency_requests), (16, None)):
                 point = await run_point(Target(kind, server, "llm_10ms", args.latency_tokens), conc,
