@@ -117,9 +117,19 @@ class EnsembleScheduler:
         if not future.done():
             future.set_result(response)
 
+    def _tensors(self, request: InferRequest) -> dict[str, Tensor | None]:
+        """The ensemble's tensor table at the start: the request's inputs, and None for every optional input
+        it left out. None marks a tensor known to be absent (an input not given, an output a step did not
+        produce): a step runs once each tensor it reads is present or absent and gets the present ones, as
+        Triton runs it (its model decides whether what is missing was optional)."""
+        tensors: dict[str, Tensor | None] = {t.name: t for t in request.inputs}
+        for name in self.plan.inputs:
+            tensors.setdefault(name, None)
+        return tensors
+
     async def _dataflow(self, request: InferRequest) -> InferResponse:
         plan = self.plan
-        tensors: dict[str, Tensor] = {t.name: t for t in request.inputs}
+        tensors = self._tensors(request)
         waiting = {s.index: s for s in plan.steps}
         running: dict[asyncio.Task[InferResponse], Step] = {}
         try:
@@ -147,7 +157,7 @@ class EnsembleScheduler:
         if sink is None:
             raise InferdError(ErrorCode.UNSUPPORTED, "ensemble '%s' streams responses (it has a decoupled "
                               "step); use a streaming call" % self.plan.name)
-        tensors = {t.name: t for t in request.inputs}
+        tensors = self._tensors(request)
         try:
             await self._branch(request, tensors, {s.index: s for s in self.plan.steps}, sink)
         except InferdError as exc:
@@ -156,7 +166,7 @@ class EnsembleScheduler:
         sink.put(InferResponse(self.plan.name, self.version, request.id), True)  # flag-only final
         return InferResponse(self.plan.name, self.version, request.id)
 
-    async def _branch(self, request: InferRequest, tensors: dict[str, Tensor], waiting: dict[int, Step],
+    async def _branch(self, request: InferRequest, tensors: dict[str, Tensor | None], waiting: dict[int, Step],
                       sink: Any) -> None:
         running: dict[asyncio.Task[InferResponse], Step] = {}
         try:
@@ -183,8 +193,8 @@ class EnsembleScheduler:
             await _cancel_all(running)
         sink.put(self._response(request, tensors), False)
 
-    async def _fork(self, request: InferRequest, step: Step, tensors: dict[str, Tensor], waiting: dict[int, Step],
-                    sink: Any) -> None:
+    async def _fork(self, request: InferRequest, step: Step, tensors: dict[str, Tensor | None],
+                    waiting: dict[int, Step], sink: Any) -> None:
         branches: list[asyncio.Task[None]] = []
         slots = asyncio.Semaphore(self.plan.max_inflight) if self.plan.max_inflight else None
         try:
@@ -204,30 +214,24 @@ class EnsembleScheduler:
             for task in branches:
                 task.cancel()
 
-    def _map_outputs(self, step: Step, response: InferResponse, tensors: dict[str, Tensor]) -> None:
+    def _map_outputs(self, step: Step, response: InferResponse, tensors: dict[str, Tensor | None]) -> None:
         produced = {t.name: t for t in response.outputs}
         for model_output, tensor_name in step.output_map.items():
             out = produced.get(model_output)
-            if out is None:
-                raise InferdError(ErrorCode.INTERNAL, "in ensemble '%s', step %d (%s) returned no output '%s'"
-                                  % (self.plan.name, step.index, step.model_name, model_output))
-            tensors[tensor_name] = Tensor(tensor_name, out.datatype, out.shape, out.data, device_ref=out.device_ref)
+            # an output the step did not produce is absent: the steps reading it run without it (Triton)
+            tensors[tensor_name] = None if out is None else Tensor(tensor_name, out.datatype, out.shape, out.data,
+                                                                   device_ref=out.device_ref)
 
-    def _response(self, request: InferRequest, tensors: dict[str, Tensor]) -> InferResponse:
+    def _response(self, request: InferRequest, tensors: dict[str, Tensor | None]) -> InferResponse:
+        """The outputs asked for (all by default) that the steps produced; as Triton, one no step produced is
+        left out of the response."""
         wanted = [o.name for o in request.outputs] or list(self.plan.outputs)
-        outputs = []
-        for name in wanted:
-            t = tensors.get(name)
-            if t is None:
-                raise InferdError(ErrorCode.INVALID_ARG, "unexpected inference output '%s' for model '%s'"
-                                  % (name, self.plan.name))
-            outputs.append(t)
+        outputs = [t for t in map(tensors.get, wanted) if t is not None]
         return InferResponse(self.plan.name, self.version, request.id, outputs)
 
-    def _step_request(self, request: InferRequest, step: Step, tensors: dict[str, Tensor]) -> InferRequest:
-        inputs = [Tensor(model_input, tensors[name].datatype, tensors[name].shape, tensors[name].data,
-                         device_ref=tensors[name].device_ref)
-                  for model_input, name in step.input_map.items()]
+    def _step_request(self, request: InferRequest, step: Step, tensors: dict[str, Tensor | None]) -> InferRequest:
+        inputs = [Tensor(model_input, t.datatype, t.shape, t.data, device_ref=t.device_ref)
+                  for model_input, t in ((k, tensors[name]) for k, name in step.input_map.items()) if t is not None]
         # a step's device outputs may stay on the GPU (for the next step's worker, by CUDA IPC handle)
         # unless one of them is an output of the ensemble going to a client: those leave as host bytes
         internal = request.device_outputs or not any(t in self.plan.outputs for t in step.output_map.values())
