@@ -99,10 +99,13 @@ class RequestReader(ConnectionState):
         completed = self._completed
         blen = self._blen
         try:
+            at = -1
             try:
                 self._parser.feed_data(data)
             except httptools.HttpParserUpgrade as exc:
-                self._upgrade(data, exc.args[0])
+                at = exc.args[0]
+            if at >= 0:  # parsed on outside the except block: a callback error raised there has its own context
+                self._upgrade(data, at)  # (inside, it carried the upgrade, and an Abort became a 500)
         except Abort as exc:
             self._fatal(exc.status, exc.message)
             return
