@@ -343,7 +343,7 @@ class WorkerProcess:
         cls = type(msg)
         if cls is results.PlainResult or cls is m.ExecuteResult or cls is m.ExecuteResultColumns:
             self._pipeline.on_result(msg, data)
-            if self._rss is not None:  # its batch has answered: over the cap now, it takes no more
+            if self._rss is not None and self._rss.due():  # its batch has answered: over the cap now, no more
                 self.check_memory()
         elif cls is m.StreamResponse:
             self._pipeline.on_stream_response(msg, data)
