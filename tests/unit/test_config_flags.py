@@ -142,3 +142,11 @@ def test_rate_limit_flags(tmp_path):
     assert "--rate-limit-resource option format is '<resource_name>:<count>:<device>' or '<resource_name>:<count>'. " \
            "Got R1" in message
     assert "Got R2:two (count 'two' is not an integer)" in message
+
+
+def test_instance_memory_limit(tmp_path):
+    assert parse(tmp_path).worker.memory_limit_bytes is None  # no cap unless asked
+    assert parse(tmp_path, "--instance-memory-limit", "512M").worker.memory_limit_bytes == 512 << 20
+    assert parse(tmp_path, "--instance-memory-limit", "2G").worker.memory_limit_bytes == 2 << 30
+    with pytest.raises(SystemExit, match="--instance-memory-limit: '12X' is not a memory size"):
+        parse(tmp_path, "--instance-memory-limit", "12X")
