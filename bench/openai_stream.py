@@ -268,7 +268,8 @@ async def raw_point(server: Server, kind: str, requests: int) -> dict:
 
 # ---------------------------------------------------------------------------------------------- report
 
-def median_of(points: list[dict], key: str) -> float | None:
+def median_of(points: list[dict], key: str) -> Any:
+    """The median of `key` over the points that have it (None when none has it)."""
     values = [p[key] for p in points if p.get(key) is not None]
     return statistics.median(values) if values else None
 
@@ -276,7 +277,7 @@ def median_of(points: list[dict], key: str) -> float | None:
 def summarize(results: dict) -> dict:
     summary: dict[str, Any] = {"throughput": {}, "latency": {}}
     for conc in results["args"]["conc"]:
-        row = {}
+        row: dict[str, Any] = {}
         for kind in KINDS:
             pts = [p for p in results["throughput"] if p["kind"] == kind and p["conc"] == conc]
             row[kind] = {k: median_of(pts, k) for k in ("tokens_per_s", "server_cpu_us_per_token", "server_cores",
@@ -334,6 +335,8 @@ def table(summary: dict) -> str:
     lines += ["", "first token at c=1 with a bare asyncio client (ms, p50): TCP connect + way in (request written "
               "-> model's execute()) + way out (model's send -> client)"]
     for kind, r in summary["raw_client_c1"].items():
+        if None in r.values():
+            continue
         lines.append(f"{kind:>16} | {r['connect_p50_ms']:.3f} + {r['way_in_p50_ms']:.3f} + {r['way_out_p50_ms']:.3f}"
                      f" = {r['ttft_added_p50_ms']:.3f}")
     lines += ["", "targets (issue 37 item 8):"]
