@@ -75,7 +75,9 @@ async def test_a_leak_past_the_cap_is_replaced_and_the_next_request_succeeds(env
         answered += 1
         if inst.state is not InstanceState.READY:  # killed after the batch that took it past the cap
             break
-    assert 2 <= answered <= 4, (answered, failures)
+    # past the cap after the 4th (the 3rd with a large interpreter); one more where the look after a batch was
+    # skipped (at most one per 20 ms) and the tick came only during the next
+    assert 2 <= answered <= 5, (answered, failures)
     await watch.wait(inst, InstanceState.READY, timeout=20)
     assert inst.pid != first and inst.restarts == 1
     assert inst.restart_reasons == {"exit": 0, "signal": 0, "hung": 0, "memory": 1, "recycled": 0}
