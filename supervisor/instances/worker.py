@@ -188,6 +188,10 @@ class WorkerProcess:
             result: m.LoadResult = await self._expect(m.LoadResult, timeout, "model load")
             if result.error is not None:
                 raise InferdError(ErrorCode(result.error.code), result.error.message)
+            if self._rss is not None and self._rss.over():  # initialize() alone took it past its cap
+                self.exit_reason = "memory"
+                raise InferdError(ErrorCode.UNAVAILABLE, memory_cap.exceeded(
+                    self.model_name, self.name, self._rss.cap, self._rss.last, " after loading the model"))
         except BaseException as exc:
             await self._abort(exc)
             raise

@@ -133,3 +133,17 @@ async def test_a_sigkill_not_sent_by_the_server_is_reported_as_a_possible_oom_ki
                                        "(SIGKILL), possibly by the kernel's OOM killer")
     await watch.wait(inst, InstanceState.READY, timeout=20)
     assert inst.restart_reasons["signal"] == 1 and inst.restart_reasons["memory"] == 0
+
+
+async def test_a_model_whose_initialize_alone_passes_the_cap_fails_its_load_naming_the_cap(env):
+    source = LEAK_MODEL.replace("class TritonPythonModel:\n", "class TritonPythonModel:\n"
+                                "    def initialize(self, args):\n"
+                                "        KEPT.append(np.ones(260 << 20, dtype=np.uint8))\n\n")
+    # heartbeat ticks 5 s apart: none during initialize(), the look once it returned finds it
+    inst = env.instance(write_model(env.models, "bloated", source),
+                        timings=dataclasses.replace(CAPPED, heartbeat_interval_s=5.0))
+    with pytest.raises(InferdError) as info:
+        await inst.start()
+    assert re.fullmatch(r"model 'bloated' instance 'bloated_0' exceeded its memory limit of 200 MiB \(RSS \d+ MiB\)"
+                        r" after loading the model", info.value.message), info.value.message
+    assert inst.state is InstanceState.FAILED and inst.pid is None
