@@ -111,7 +111,8 @@ class BlsService:
         caller.waiting += 1
         try:
             request = self._request(caller, msg, data, worker)
-            if not self.dataplane.model_ready(msg.model_name, msg.model_version):  # python_backend asks first, too
+            # python_backend asks first, too (the callee's is_ready() included, in the current Triton)
+            if not await self.dataplane.model_ready_async(msg.model_name, msg.model_version):
                 raise InferdError(ErrorCode.INTERNAL, "Failed for execute the inference request. Model '%s' is "
                                   "not ready." % msg.model_name)
             self._check_deadlock(identity, request)
@@ -286,7 +287,7 @@ class BlsService:
         result = m.ModelControlResult(msg.call_id)
         try:
             if msg.op == "ready":
-                result.ready = self.dataplane.model_ready(msg.model_name, msg.model_version)
+                result.ready = await self.dataplane.model_ready_async(msg.model_name, msg.model_version)
             elif msg.op == "load":
                 params: dict[str, Any] = {}
                 if msg.config:

@@ -164,7 +164,15 @@ def main(argv: Optional[list] = None) -> int:
 
     bls.configure(context, boot["endpoint"], boot["identity"])
 
-    runtime = Runtime(channel, log_verbose=int(boot.get("log_verbose") or 0), log=log, metrics=metrics.flush)
+    def open_readiness(check: Any) -> Any:  # a model defining is_ready(): its own socket (readiness.py)
+        from .readiness import ReadinessResponder
+
+        responder = ReadinessResponder(context, boot["endpoint"], boot["identity"], check, log)
+        responder.start()
+        return responder
+
+    runtime = Runtime(channel, log_verbose=int(boot.get("log_verbose") or 0), log=log, metrics=metrics.flush,
+                      readiness=open_readiness)
     code = EXIT_OK
     try:
         runtime.run()
@@ -174,6 +182,7 @@ def main(argv: Optional[list] = None) -> int:
     except Exception as exc:  # a bug in the worker itself
         log("internal error: %s: %s" % (type(exc).__name__, exc))
         code = EXIT_INTERNAL
+    runtime.stop_readiness()  # its socket closes before the context ends
     _finish(context, channel, heartbeat, code)
     return code
 

@@ -80,9 +80,12 @@ class Runtime:
         self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
         metrics: Optional[Callable[[], None]] = None,
         backend_factory: Optional[Callable[[str], Backend]] = None, polls: bool = True,
+        readiness: Optional[Callable[[Callable[[], bool]], Any]] = None,
     ) -> None:
         """`polls`: an Execute's poll_us is honoured (False for a worker thread hosted in the API user's
-        process, worker/pytriton/host.py: its polling would take the interpreter from the user's threads)."""
+        process, worker/pytriton/host.py: its polling would take the interpreter from the user's threads).
+        `readiness(check)`: starts the `<identity>/ready` socket's thread (readiness.py) for a model that
+        defines is_ready(), returning something with `stop()`; None: such checks are not offered."""
         self._channel = channel
         self._polls = polls
         # sends the custom metrics' changes before an answer leaves (worker/metrics_sender.py)
@@ -108,6 +111,8 @@ class Runtime:
         self._poller: Optional[zmq.Poller] = None
         self._open: set[int] = set()  # decoupled requests that have not ended
         self._open_lock = threading.Lock()
+        self._open_readiness = readiness
+        self._readiness: Any = None  # the model's is_ready() responder, while the model is loaded
         self._running = True
         self.bye_error: Optional[WireError] = None
         self._handlers: dict[type[Any], Callable[[Any, Sequence[Any]], None]] = {
@@ -193,7 +198,7 @@ class Runtime:
         try:
             backend = backends.create(message.backend)
             spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
-                             message.backend)
+                             message.backend, backend_dir=message.backend_dir)
             if getattr(backend, "supports_auto_complete", False):
                 completed = backend.auto_complete(spec, dict(spec.config))
             else:
@@ -210,7 +215,8 @@ class Runtime:
             return
         try:
             spec = ModelSpec(message.model_name, message.model_dir, message.version, message.config_json,
-                             message.backend, message.instance_name, message.instance_kind, message.device_id)
+                             message.backend, message.instance_name, message.instance_kind, message.device_id,
+                             message.backend_dir)
             backend = self._create_backend(message.backend)
             if spec.instance_kind == "GPU":  # its device is current before initialize (main thread)
                 from . import cuda_device
@@ -233,8 +239,12 @@ class Runtime:
             self._poller.register(self._outbox.fileno(), zmq.POLLIN)
         if self._owns_process:
             settle_heap()
+        # is_ready() defined: its socket opens before the load is answered (the supervisor may probe at once)
+        check = backend.readiness_check() if hasattr(backend, "readiness_check") else None
+        if check is not None and self._open_readiness is not None:
+            self._readiness = self._open_readiness(check)
         self._flush_metrics()  # what initialize made is on /metrics once the load is answered
-        self._channel.send(LoadResult(backend=backend.name))
+        self._channel.send(LoadResult(backend=backend.name, readiness=self._readiness is not None))
 
     def _execute_thread_start(self) -> None:
         """The CUDA device is per thread: a GPU instance's execute thread gets it too."""
@@ -250,8 +260,15 @@ class Runtime:
         self._cache.close()
         self._results.close()
 
+    def stop_readiness(self) -> None:
+        """Close the is_ready() socket (Shutdown does, before finalize; the worker's exit too)."""
+        if self._readiness is not None:
+            self._readiness.stop()
+            self._readiness = None
+
     def _on_shutdown(self, message: Shutdown, frames: Sequence[Any]) -> None:
         error = None
+        self.stop_readiness()  # no is_ready() once finalize may run
         backend, self._backend = self._backend, None
         if self._execute_thread is not None:
             self._execute_thread.shutdown(wait=True)  # batches already received finish first

@@ -51,6 +51,16 @@ class DataPlane(abc.ABC):
     def model_ready(self, name: str, version: str = "") -> bool:
         """False when the version is not READY; raises INVALID_ARG for an unknown model."""
 
+    async def model_ready_async(self, name: str, version: str = "") -> bool:
+        """What the model readiness endpoints answer: `model_ready`, and for a Python model defining
+        is_ready() (python_backend after 2.51) that check's answer too (core/readiness.py)."""
+        return self.model_ready(name, version)
+
+    async def ready_async(self) -> bool:
+        """What the server readiness endpoints answer: `ready`, and with --strict-readiness the is_ready()
+        checks of the models defining one."""
+        return self.ready()
+
     @abc.abstractmethod
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         """The normalised ModelConfig in Triton's JSON rendering (preserved field names, all fields)."""

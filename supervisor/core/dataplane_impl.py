@@ -21,7 +21,7 @@ from ..memory.cuda_regions import CudaSpan
 from ..tracing import live
 from ..tracing.options import TraceOptions
 from ..tracing.tracer import Tracer
-from . import classification
+from . import classification, readiness
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane, ResponseError
 from .models import ModelManager, ModelVersion
@@ -154,6 +154,12 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         except InferdError:
             return False  # as Triton: an unknown model or version is simply not ready
         return mv.ready
+
+    async def model_ready_async(self, name: str, version: str = "") -> bool:
+        return await readiness.model_ready(self, name, version)
+
+    async def ready_async(self) -> bool:
+        return await readiness.server_ready(self)
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return self.resolve(name, version).config

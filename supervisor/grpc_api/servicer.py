@@ -148,10 +148,10 @@ class InferenceService:
         return pb.ServerLiveResponse(live=self.dp.live())
 
     async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.dp.ready())
+        return pb.ServerReadyResponse(ready=await self.dp.ready_async())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(ready=await self.dp.model_ready_async(request.name, request.version))
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         md = self.dp.server_metadata()
@@ -326,7 +326,7 @@ class InferenceService:
     # ---- grpc.health.v1 ----
     async def HealthCheck(self, request: Any, context: Any) -> health_pb2.HealthCheckResponse:
         status = health_pb2.HealthCheckResponse
-        return status(status=status.SERVING if self.dp.ready() else status.NOT_SERVING)
+        return status(status=status.SERVING if await self.dp.ready_async() else status.NOT_SERVING)
 
     # ---- registration ----
     def method_table(self) -> dict[str, tuple[Any, Any]]:

@@ -67,6 +67,15 @@ def _json(obj: Any) -> Response:
     return Response(200, orjson.dumps(obj))
 
 
+async def _readiness(pending: Awaitable[bool], not_ready: Response) -> Response:
+    """A readiness answer the data plane gives once asked (DataPlane.ready_async / model_ready_async)."""
+    try:
+        ready = await pending
+    except Exception as exc:
+        return errors.from_exception(exc)
+    return _EMPTY_OK if ready else not_ready
+
+
 async def _json_later(pending: Awaitable[Any]) -> Response:
     """The JSON answer of a query the data plane answers later (one in a frontend process: DataPlane.remote)."""
     try:
@@ -225,8 +234,8 @@ class Router:
     def _live(self, req: Request) -> Response:
         return _EMPTY_OK if self.dp.live() else _NOT_READY
 
-    def _ready(self, req: Request) -> Response:
-        return _EMPTY_OK if self.dp.ready() else _NOT_READY
+    def _ready(self, req: Request) -> HandlerResult:
+        return _readiness(self.dp.ready_async(), _NOT_READY)
 
     def _server_metadata(self, req: Request) -> Response:
         return _json(self.dp.server_metadata())
@@ -234,8 +243,9 @@ class Router:
     def _model_metadata(self, req: Request, model: str, version: str) -> Response:
         return _json(self.dp.model_metadata(model, version))
 
-    def _model_ready(self, req: Request, model: str, version: str) -> Response:
-        return _EMPTY_OK if self.dp.model_ready(model, version) else _VERSION_NOT_READY
+    def _model_ready(self, req: Request, model: str, version: str) -> HandlerResult:
+        # (a Python model's is_ready() may be asked: python_backend after 2.51)
+        return _readiness(self.dp.model_ready_async(model, version), _VERSION_NOT_READY)
 
     def _model_config(self, req: Request, model: str, version: str) -> Response:
         return _json(self.dp.model_config(model, version))

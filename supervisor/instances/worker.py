@@ -29,7 +29,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from . import cgroup_memory, liveness, memory_cap, results
+from . import cgroup_memory, liveness, memory_cap, readiness, results
 from .channel import Channel
 from .external import ExternalLauncher
 from .launcher import Bootstrap, Launcher
@@ -101,6 +101,8 @@ class WorkerProcess:
         self.ready_at: float | None = None  # loop time when it became ready
         self.error: InferdError | None = None  # why it failed
         self.returncode: int | None = None
+        # the model defines is_ready() (LoadResult.readiness): readiness requests ask it (readiness.py)
+        self.readiness: readiness.WorkerReadiness | None = None
         self._channel = channel
         self._launcher = launcher
         self._timings = timings
@@ -192,6 +194,8 @@ class WorkerProcess:
                 self.exit_reason = "memory"
                 raise InferdError(ErrorCode.UNAVAILABLE, memory_cap.exceeded(
                     self.model_name, self.name, self._rss.cap, self._rss.last, " after loading the model"))
+            if result.readiness is True:
+                self.readiness = readiness.for_worker(self._channel, self.identity)
         except BaseException as exc:
             await self._abort(exc)
             raise
@@ -216,6 +220,7 @@ class WorkerProcess:
 
     async def _spawn_and_hello(self) -> None:
         t = self._timings
+        readiness.listen(self._channel)  # a model's is_ready() socket may greet before its LoadResult
         self._channel.register(self.identity, self._on_message, self._on_heartbeat,
                                lambda reason: self._kill(f"broke the worker protocol ({reason})"))
         boot = Bootstrap(
@@ -312,6 +317,14 @@ class WorkerProcess:
         `launch(requests)` is the same without a coroutine while a slot is free (the schedulers' path).
         """
         return await self._pipeline.execute(requests)
+
+    async def check_ready(self) -> readiness.Answer:
+        """The model's is_ready() answer (True at once for a model without one); False while not READY."""
+        if self.state is not WorkerState.READY:
+            return False, f"{self._who()} is {self.state.value}"
+        if self.readiness is None:
+            return True, ""
+        return await self.readiness.check()
 
     def cancel(self, requests: Iterable[InferRequest]) -> None:
         """Tell the worker that these requests (of the batch in flight) are cancelled."""

@@ -247,6 +247,10 @@ class Session:
             return dp.trace_settings(*args)
         if op == Op.LOG_SETTINGS:
             return dp.log_settings(*args)
+        if op == Op.MODEL_READY:
+            return await dp.model_ready_async(*args)
+        if op == Op.READY:
+            return await dp.ready_async()
         raise InferdError(ErrorCode.INTERNAL, "unknown control op %d" % op)
 
     def _on_lost(self, exc: Exception | None) -> None:

@@ -62,6 +62,8 @@ class Op(enum.IntEnum):
     SHM_UNREGISTER = 8
     TRACE_SETTINGS = 9
     LOG_SETTINGS = 10
+    MODEL_READY = 11  # a model whose readiness asks its is_ready() (snapshot "asks"): the core asks it
+    READY = 12  # server readiness while such a model is loaded under --strict-readiness
 
 
 def _default(value: Any) -> Any:

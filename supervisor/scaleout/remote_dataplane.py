@@ -314,6 +314,16 @@ class RemoteDataPlane(DataPlane):
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.view.model_ready(name, version)
 
+    async def model_ready_async(self, name: str, version: str = "") -> bool:
+        if not self.view.model_asks(name, version):
+            return self.view.model_ready(name, version)
+        return bool(await self._control(Op.MODEL_READY, name, version))  # its is_ready(), asked in the core
+
+    async def ready_async(self) -> bool:
+        if not self.view.doc.get("ready_asks") or not self.ready():
+            return self.ready()
+        return bool(await self._control(Op.READY)) and not self.lost.is_set()
+
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return self.view.value("config", name, version)  # type: ignore[no-any-return]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
+from ..core import readiness
 from ..core.dataplane_impl import ServerDataPlane
 
 
@@ -26,8 +27,18 @@ def _answer(fn: Any, *args: Any) -> Any:
 
 
 def _model(dp: ServerDataPlane, name: str, version: str) -> dict[str, Any]:
-    return {"meta": _answer(dp.model_metadata, name, version), "config": _answer(dp.model_config, name, version),
-            "decoupled": _answer(dp.model_is_decoupled, name, version), "ready": dp.model_ready(name, version)}
+    doc = {"meta": _answer(dp.model_metadata, name, version), "config": _answer(dp.model_config, name, version),
+           "decoupled": _answer(dp.model_is_decoupled, name, version), "ready": dp.model_ready(name, version)}
+    if _asks(dp, name, version):
+        doc["asks"] = True  # its readiness comes from its is_ready(): the frontend asks the core
+    return doc
+
+
+def _asks(dp: ServerDataPlane, name: str, version: str) -> bool:
+    try:
+        return readiness.asks_model(dp.resolve(name, version))
+    except InferdError:
+        return False
 
 
 def build(dp: ServerDataPlane, version: int, trace_armed: bool) -> dict[str, Any]:
@@ -39,9 +50,10 @@ def build(dp: ServerDataPlane, version: int, trace_armed: bool) -> dict[str, Any
         models[name] = {key: _model(dp, name, key) for key in keys}
     shm = dp.shm
     regions = [[r.name, r.key, r.offset, r.byte_size] for r in shm.system.values()] if shm is not None else []
-    return {"version": version, "live": dp.live(), "ready": dp.ready(), "server": dp.server_metadata(),
-            "models": models, "shm_allowed": shm is not None, "shm": regions, "trace_armed": trace_armed,
-            "log": dp.log_settings()}
+    ready_asks = dp.strict_readiness and any(readiness.asks_model(mv) for mv in dp.manager.loaded_versions())
+    return {"version": version, "live": dp.live(), "ready": dp.ready(), "ready_asks": ready_asks,
+            "server": dp.server_metadata(), "models": models, "shm_allowed": shm is not None, "shm": regions,
+            "trace_armed": trace_armed, "log": dp.log_settings()}
 
 
 def _raise(err: list[Any]) -> Any:
@@ -84,5 +96,12 @@ class View:
     def model_ready(self, name: str, version: str) -> bool:
         try:
             return bool(self._entry(name, version)["ready"])
+        except InferdError:
+            return False
+
+    def model_asks(self, name: str, version: str) -> bool:
+        """Whether the model's readiness comes from its is_ready() (asked in the core)."""
+        try:
+            return bool(self._entry(name, version).get("asks"))
         except InferdError:
             return False

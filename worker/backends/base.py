@@ -26,7 +26,7 @@ class ModelSpec:
 
     __slots__ = (
         "model_name", "model_dir", "version", "config_json", "config", "backend",
-        "instance_name", "instance_kind", "device_id",
+        "instance_name", "instance_kind", "device_id", "backend_dir",
     )
 
     def __init__(
@@ -39,6 +39,7 @@ class ModelSpec:
         instance_name: str = "",
         instance_kind: str = "CPU",
         device_id: int = 0,
+        backend_dir: str = "",
     ) -> None:
         self.model_name = model_name
         self.model_dir = model_dir
@@ -50,6 +51,7 @@ class ModelSpec:
         self.instance_name = instance_name or model_name
         self.instance_kind = instance_kind
         self.device_id = int(device_id)
+        self.backend_dir = backend_dir  # a Python-based backend's directory (its model.py is the model's code)
 
     @property
     def output_names(self) -> list[str]:
@@ -266,3 +268,6 @@ class Backend(Protocol):
     def unload(self) -> Optional[InferdError]:
         """Run the model's finalization; return (not raise) an error it reported."""
         ...
+
+    # optional: `readiness_check() -> Optional[Callable[[], bool]]`, after load: the model's own readiness
+    # check (a Python model's is_ready()), which raises or returns its bool; None or absent: there is none

@@ -1,8 +1,9 @@
 """Triton's Python backend semantics: `<model_dir>/<version>/model.py` defining `TritonPythonModel`.
 
-- Import: `<model_dir>/<version>` and `<model_dir>` are appended to sys.path (as Triton does) so helper
-  modules beside model.py import; the file itself is loaded under a module name unique to the model,
-  so two models' `model.py` never clash in sys.modules.
+- Import (python_import.py): `<model_dir>/<version>` and `<model_dir>` are appended to sys.path (as Triton
+  does) so helper modules beside model.py import; the file itself is loaded under a module name unique to
+  the model, so two models' `model.py` never clash in sys.modules. A Python-based backend's model.py comes
+  from its backend directory instead.
 - `auto_complete_config(pb_utils.ModelConfig)` (static), `initialize(args)` with Triton's keys,
   `execute(requests)` (plain or `async def`: coroutines run on a per-instance event loop thread,
   model_loop.py; a decoupled model's run in the background, so executions overlap), `finalize()`.
@@ -15,24 +16,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
-import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from ..compat import load_pb_utils
 from ..wire.errors import ErrorCode, InferdError
+from . import python_import
 from . import python_reschedule as reschedule
 from . import python_senders as senders
 from .base import ModelSpec, PlainRequests, Request, Response, Tensor, WorkerContext
 from .model_loop import ModelLoop, is_awaitable
 from .python_plain import alike_results, plain_results
 
-DEFAULT_MODEL_FILENAME = "model.py"
 _RESCHEDULE = reschedule.RESCHEDULE
 
 
@@ -92,55 +90,9 @@ class PythonBackend:
 
     def _import_model(self, spec: ModelSpec, log_verbose: int) -> Any:
         version_dir = os.path.join(spec.model_dir, spec.version)
-        filename = spec.config.get("default_model_filename") or DEFAULT_MODEL_FILENAME
-        if not filename.endswith(".py") or os.sep in filename:
-            raise InferdError(
-                ErrorCode.INVALID_ARG, "Model name must end with '.py'. Model name is \"%s\"." % filename
-            )
-        path = os.path.join(version_dir, filename)
-        if not os.path.isfile(path):
-            raise InferdError(ErrorCode.NOT_FOUND, "Python model file not found in '%s'" % path)
-        self._model_path = path
         self._pb._configure(model_dir=version_dir, log_verbose=log_verbose, instance=spec.instance_name,
                             model=spec.model_name, version=spec.version)
-        for entry in (version_dir, spec.model_dir):
-            if entry not in sys.path:
-                sys.path.append(entry)
-        # The model file is a module of a package whose path is the version directory, as Triton
-        # imports `<version>.model`: `from .helper import x` finds <version>/helper.py. The package
-        # name is unique per model file: two models' model.py never share a module (nor a stale one).
-        digest = hashlib.sha1(os.path.realpath(path).encode("utf-8", "surrogateescape")).hexdigest()[:10]
-        package = "inferd_model_%s_%s_%s" % (
-            re.sub(r"\W", "_", spec.model_name), re.sub(r"\W", "_", spec.version), digest
-        )
-        module_name = package + "." + filename[: -len(".py")]
-        module = sys.modules.get(module_name)
-        if module is not None:
-            return module
-        import importlib.util
-        import types
-
-        parent = types.ModuleType(package)
-        parent.__path__ = [version_dir]
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise InferdError(ErrorCode.INTERNAL, "cannot import Python model file '%s'" % path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[package] = parent
-        sys.modules[module_name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except BaseException as exc:
-            sys.modules.pop(module_name, None)
-            sys.modules.pop(package, None)
-            self._log_exception("importing %s" % path)
-            raise InferdError(ErrorCode.INTERNAL, _describe(exc)) from None
-        if not isinstance(getattr(module, "TritonPythonModel", None), type):
-            sys.modules.pop(module_name, None)
-            raise InferdError(
-                ErrorCode.INTERNAL,
-                "AttributeError: Python model file '%s' does not define class 'TritonPythonModel'" % path,
-            )
+        module, self._model_path = python_import.import_model(spec, self._log_exception)
         return module
 
     # ---- Backend protocol -----------------------------------------------------------------------
@@ -345,6 +297,26 @@ class PythonBackend:
             emit(request, response, final)
 
         return stream
+
+    def readiness_check(self) -> Optional[Callable[[], bool]]:
+        """The model's is_ready() (python_backend after 2.51), if its object has one once initialized (as the
+        stub looks): sync or async, it must return a bool. Runs on the readiness thread (worker/readiness.py);
+        a coroutine runs on the instance's event loop, as async execute does."""
+        if self._model is None or not hasattr(self._model, "is_ready"):
+            return None
+
+        def check() -> bool:
+            model = self._model
+            if model is None:
+                raise InferdError(ErrorCode.UNAVAILABLE, "model is not loaded")
+            result = model.is_ready()
+            if is_awaitable(result):
+                result = self._loop.run(result)
+            if type(result) is not bool:
+                raise InferdError(ErrorCode.INTERNAL, "is_ready() must return a boolean value")
+            return result
+
+        return check
 
     def unload(self) -> Optional[InferdError]:
         self._loop.drain()  # background executions of a decoupled model end before finalize

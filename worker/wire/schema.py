@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-WIRE_VERSION = 7  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
+WIRE_VERSION = 8  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
 # 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device;
-# 5: LogSettings; 6: Execute/ExecuteColumns.poll_us; 7: MetricsReport.ack, MetricsAck
+# 5: LogSettings; 6: Execute/ExecuteColumns.poll_us; 7: MetricsReport.ack, MetricsAck;
+# 8: LoadResult.readiness, ReadinessProbe / ReadinessResult, LoadModel/AutoComplete.backend_dir
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -94,6 +95,9 @@ class AutoCompleteResult:
 class LoadResult:
     error: Optional[WireError] = None
     backend: str = ""  # backend that loaded the model
+    # the model defines is_ready() (python_backend after 2.51): the worker answers ReadinessProbes on its
+    # "<identity>/ready" socket, opened before this LoadResult left
+    readiness: bool = False
 
 
 @dataclass
@@ -167,6 +171,7 @@ class AutoComplete:
     version: str
     config_json: str
     backend: str
+    backend_dir: str = ""  # as LoadModel's
 
 
 @dataclass
@@ -179,6 +184,9 @@ class LoadModel:
     instance_name: str  # <group>_<k>
     instance_kind: str  # CPU / GPU / MODEL
     device_id: int = 0
+    # a Python-based backend's directory (<backend dir>/<name>): its model.py is the model's code, run by the
+    # python backend (python_backend README, "Python-based Backends"); "" for every other model
+    backend_dir: str = ""
 
 
 @dataclass
@@ -336,6 +344,27 @@ class MetricsAck:
     seq: int = 0
 
 
+# ---- user readiness (the worker's "<identity>/ready" socket, only for models defining is_ready()) ----
+
+
+@dataclass
+class ReadinessProbe:
+    """supervisor -> worker: call the model's is_ready() (a readiness request for its model). One at a time
+    per worker; `seq` > 0 is echoed in the answer."""
+
+    seq: int = 0
+
+
+@dataclass
+class ReadinessResult:
+    """worker -> supervisor: is_ready()'s answer to probe `seq` (`error`: it raised or returned no bool).
+    seq 0: the socket's first message, sent as it opens (the supervisor knows then it can probe)."""
+
+    seq: int = 0
+    ready: bool = False
+    error: Optional[WireError] = None
+
+
 # ---- both ways ------------------------------------------------------------------------------
 
 
@@ -370,5 +399,7 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "model_control_result": ModelControlResult,
     "metrics_report": MetricsReport,
     "metrics_ack": MetricsAck,
+    "readiness_probe": ReadinessProbe,
+    "readiness_result": ReadinessResult,
 }
 TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}

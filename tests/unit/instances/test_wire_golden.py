@@ -1,6 +1,6 @@
 """Golden bytes: the wire encoding of every supervisor<->worker message, pinned (docs/worker-protocol.md).
 
-The literals were produced by the encoders as of WIRE_VERSION 7. A change here is a wire change: it
+The literals were produced by the encoders as of WIRE_VERSION 8. A change here is a wire change: it
 needs a WIRE_VERSION bump and a docs update, never a silent edit. Covers the generic encoder for every
 message type (ExecuteResult and StreamResponse through the worker's writers, and without them), the
 supervisor's hot-path Execute / ExecuteColumns headers (fields at their default left out, loc "cuda" refs
@@ -40,7 +40,7 @@ def _samples():
         "hello": m.Hello(m.WIRE_VERSION, 1234, "m_0", "3.9.18", "1.26.4", "25.1.2"),
         "autocomplete_result": m.AutoCompleteResult('{"name":"m"}', None),
         "autocomplete_result_error": m.AutoCompleteResult("", err),
-        "load_result": m.LoadResult(None, "python"),
+        "load_result": m.LoadResult(None, "python", True),
         "execute_result": m.ExecuteResult(7, [response, m.ResponseItem(12, [], err, {})], 10, 20, 30),
         "execute_result_columns": m.ExecuteResultColumns(8, [1, 2, 3], [col, m.TensorColumn("Y", "FP64", [3], 1)],
                                                         1, 2, 3),
@@ -48,8 +48,8 @@ def _samples():
         "stream_response_final": m.StreamResponse(5, True, None),
         "log": m.Log("WARNING", "careful \u00e9"),
         "bye": m.Bye(err),
-        "autocomplete": m.AutoComplete("m", "/repo/m", "1", "{}", "python"),
-        "load_model": m.LoadModel("m", "/repo/m", "1", '{"name":"m"}', "python", "m_0", "GPU", 1),
+        "autocomplete": m.AutoComplete("m", "/repo/m", "1", "{}", "python", "/backends/toy"),
+        "load_model": m.LoadModel("m", "/repo/m", "1", '{"name":"m"}', "python", "m_0", "GPU", 1, "/backends/toy"),
         "execute": m.Execute(9, [item, plain_item], ["inferd_1_9"]),
         "execute_columns": m.ExecuteColumns(10, [1, 2], [col], ["a", "b"], ["OUT"], ["inferd_1_1"]),
         "cancel": m.Cancel([1, 2]),
@@ -69,6 +69,9 @@ def _samples():
                                           [[1, 1, {"l": "v"}, None]], [[1, 5.5]], [2]),
         "metrics_report_acked": m.MetricsReport(False, "", [], [], [[1, 2.0]], [], 3),
         "metrics_ack": m.MetricsAck(3),
+        "readiness_probe": m.ReadinessProbe(5),
+        "readiness_result": m.ReadinessResult(5, True, None),
+        "readiness_result_error": m.ReadinessResult(6, False, err),
     }
 
 def _fast():
@@ -105,18 +108,18 @@ def _fast():
 
 
 GOLDEN = {
-    'hello': b'{"wire_version":7,"pid":1234,"instance_name":"m_0","python_version":"3.9.18","numpy_version":"1.26.4","zmq_version":"25.1.2","t":"hello"}',
+    'hello': b'{"wire_version":8,"pid":1234,"instance_name":"m_0","python_version":"3.9.18","numpy_version":"1.26.4","zmq_version":"25.1.2","t":"hello"}',
     'autocomplete_result': b'{"config_json":"{\\"name\\":\\"m\\"}","error":null,"t":"autocomplete_result"}',
     'autocomplete_result_error': b'{"config_json":"","error":{"code":3,"message":"bad \\"input\\" \\u2603"},"t":"autocomplete_result"}',
-    'load_result': b'{"error":null,"backend":"python","t":"load_result"}',
+    'load_result': b'{"error":null,"backend":"python","readiness":true,"t":"load_result"}',
     'execute_result': b'{"batch_id":7,"responses":[{"request_id":11,"outputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":256,"nbytes":8,"device":1,"owner":"client:r\\u00e9gion"}],"error":null,"parameters":{"k":[1,"v"],"b":true}},{"request_id":12,"outputs":[],"error":{"code":3,"message":"bad \\"input\\" \\u2603"},"parameters":{}}],"compute_input_ns":10,"compute_infer_ns":20,"compute_output_ns":30,"t":"execute_result"}',
     'execute_result_columns': b'{"batch_id":8,"request_ids":[1,2,3],"outputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0},{"name":"Y","datatype":"FP64","shape":[3],"frame":1}],"compute_input_ns":1,"compute_infer_ns":2,"compute_output_ns":3,"t":"execute_result_columns"}',
     'stream_response': b'{"request_id":5,"final":false,"response":{"request_id":11,"outputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":256,"nbytes":8,"device":1,"owner":"client:r\\u00e9gion"}],"error":null,"parameters":{"k":[1,"v"],"b":true}},"t":"stream_response"}',
     'stream_response_final': b'{"request_id":5,"final":true,"response":null,"t":"stream_response"}',
     'log': b'{"level":"WARNING","message":"careful \\u00e9","t":"log"}',
     'bye': b'{"error":{"code":3,"message":"bad \\"input\\" \\u2603"},"t":"bye"}',
-    'autocomplete': b'{"model_name":"m","model_dir":"/repo/m","version":"1","config_json":"{}","backend":"python","t":"autocomplete"}',
-    'load_model': b'{"model_name":"m","model_dir":"/repo/m","version":"1","config_json":"{\\"name\\":\\"m\\"}","backend":"python","instance_name":"m_0","instance_kind":"GPU","device_id":1,"t":"load_model"}',
+    'autocomplete': b'{"model_name":"m","model_dir":"/repo/m","version":"1","config_json":"{}","backend":"python","backend_dir":"/backends/toy","t":"autocomplete"}',
+    'load_model': b'{"model_name":"m","model_dir":"/repo/m","version":"1","config_json":"{\\"name\\":\\"m\\"}","backend":"python","instance_name":"m_0","instance_kind":"GPU","device_id":1,"backend_dir":"/backends/toy","t":"load_model"}',
     'execute': b'{"batch_id":9,"requests":[{"request_id":11,"id":"req-\\u00e9","inputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""},{"name":"BIG","datatype":"UINT8","shape":[131072],"loc":"shm","frame":-1,"region":"inferd_7_3","offset":4096,"nbytes":131072,"device":0,"owner":""},{"name":"DEV","datatype":"FP16","shape":[4],"loc":"cuda","frame":-1,"region":"abababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababababab","offset":256,"nbytes":8,"device":1,"owner":"client:r\\u00e9gion"}],"requested_outputs":["OUT","OUT2"],"parameters":"{\\"p\\":1}","correlation_id":"seq-1","flags":3,"timeout_us":500,"device_outputs":true,"trace":"42"},{"request_id":12,"id":"","inputs":[{"name":"IN","datatype":"FP32","shape":[2,3],"loc":"frame","frame":1,"region":"","offset":8,"nbytes":24,"device":0,"owner":""}],"requested_outputs":[],"parameters":"{}","correlation_id":0,"flags":0,"timeout_us":0,"device_outputs":false,"trace":""}],"forget_regions":["inferd_1_9"],"poll_us":0,"t":"execute"}',
     'execute_columns': b'{"batch_id":10,"request_ids":[1,2],"inputs":[{"name":"X","datatype":"INT32","shape":[1,4],"frame":0}],"ids":["a","b"],"requested_outputs":["OUT"],"forget_regions":["inferd_1_1"],"poll_us":0,"t":"execute_columns"}',
     'cancel': b'{"request_ids":[1,2],"t":"cancel"}',
@@ -134,6 +137,9 @@ GOLDEN = {
     'metrics_report': b'{"full":true,"source":"model \'m\' instance \'m_0\'","families":[[1,"fam","desc","counter"]],"metrics":[[1,1,{"l":"v"},null]],"values":[[1,5.5]],"dropped":[2],"ack":0,"t":"metrics_report"}',
     'metrics_report_acked': b'{"full":false,"source":"","families":[],"metrics":[],"values":[[1,2.0]],"dropped":[],"ack":3,"t":"metrics_report"}',
     'metrics_ack': b'{"seq":3,"t":"metrics_ack"}',
+    'readiness_probe': b'{"seq":5,"t":"readiness_probe"}',
+    'readiness_result': b'{"seq":5,"ready":true,"error":null,"t":"readiness_result"}',
+    'readiness_result_error': b'{"seq":6,"ready":false,"error":{"code":3,"message":"bad \\"input\\" \\u2603"},"t":"readiness_result"}',
 }
 
 GOLDEN_FAST = {
@@ -150,7 +156,7 @@ GOLDEN_FAST = {
 
 
 def test_wire_version_is_pinned():
-    assert m.WIRE_VERSION == 7
+    assert m.WIRE_VERSION == 8
 
 
 def test_every_message_type_has_a_golden():

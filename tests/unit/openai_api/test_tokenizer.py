@@ -71,6 +71,37 @@ def test_encode_decode_count(tok_dir):
     assert tok.bos_token == "<|begin_of_text|>" and tok.eos_token == "<|eot_id|>"
 
 
+def _ticks_while_encoding(tok, text: str) -> float:
+    """Wake-ups per second of this thread (sleeping 1 ms at a time, each wake-up needing the GIL) while
+    another thread encodes `text` 10 times."""
+    import threading
+    import time
+
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: ([tok.encode(text) for _ in range(10)], done.set()))
+    ticks, t0 = 0, time.perf_counter()
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        ticks += 1
+    worker.join()
+    return ticks / (time.perf_counter() - t0)
+
+
+def test_long_texts_encode_without_holding_the_gil(tok_dir, monkeypatch):
+    from inferd.supervisor.openai_api import tokenizer as tk
+
+    tok = load_tokenizer(str(tok_dir))
+    text = "Hello, wörld! <|eot_id|> the quick brown fox. " * 800
+    assert len(text) > tk.GIL_FREE_CHARS
+    assert tok.encode(text) == tok._backend.encode(text, add_special_tokens=False).ids
+    assert tok.count(text, add_special_tokens=True) == len(tok._backend.encode(text).ids)
+    free = _ticks_while_encoding(tok, text)
+    monkeypatch.setattr(tk, "GIL_FREE_CHARS", 10 * len(text))  # the plain encode() for every length
+    held = _ticks_while_encoding(tok, text)
+    assert free > 2 * held, (free, held)
+
+
 def test_tokenizer_json_file_path(tok_dir):
     tok = load_tokenizer(str(tok_dir / "tokenizer.json"))
     assert tok.encode("hello") == load_tokenizer(str(tok_dir)).encode("hello")
