@@ -197,7 +197,9 @@ class ToolCallStream:
     # ------------------------------------------------------------------ public
 
     def feed(self, delta: str) -> list[dict]:
-        if self._state == _PLAIN:
+        state = self._state
+        if state == _PLAIN or (state == _CONTENT and self._said and not self._buf
+                               and self._fmt.marker[0] not in delta):  # plain text: passed on as it is
             return [{"content": delta}] if delta else []
         out: list[dict] = []
         if not delta:
