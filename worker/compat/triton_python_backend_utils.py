@@ -340,7 +340,8 @@ def _parameters_json(parameters: Any) -> str:
     if isinstance(parameters, str):
         return parameters
     if not isinstance(parameters, dict):
-        raise TritonModelException("Expect parameters to be a dict, found type %s" % type(parameters))
+        # (the bindings' words: "Expect <dict type>, got <class ...>")
+        raise TritonModelException("Expect a dict of parameters, got %s" % type(parameters))
     for key, value in parameters.items():
         if not isinstance(key, str):
             raise TritonModelException("Expect parameters keys to have type str, found type %s" % type(key))
