@@ -21,7 +21,7 @@ LIBRARIES = {"s3": ("boto3", "boto3"), "gs": ("google.cloud.storage", "google-cl
              "as": ("azure.storage.blob", "azure-storage-blob")}
 
 _URL_RE = re.compile(r"([a-z][a-z0-9+.-]*)://(.*)", re.S)
-_HOST_PORT_RE = re.compile(r"[A-Za-z0-9.\-]+:[0-9]{1,5}")
+_HOST_PORT_RE = re.compile(r"[A-Za-z0-9.\-]+:[0-9]+")  # Triton's server pattern (the port's value checked below)
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,253}")
 _AZURE_HOST_SUFFIX = ".blob.core.windows.net"
 
@@ -64,6 +64,8 @@ def parse_url(url: str) -> CloudLocation:
         rest = rest[len(proto):].lstrip("/")  # Triton drops the slashes around the path and doubled ones in it
         head = rest.split("/", 1)[0]
         if _HOST_PORT_RE.fullmatch(head):
+            if int(head.rsplit(":", 1)[1]) > 65535:
+                raise ValueError(f"{url}: port {head.rsplit(':', 1)[1]} is out of range")
             endpoint = (proto or "http://") + head
             rest = rest[len(head) + 1:].lstrip("/") if "/" in rest else ""
         elif proto:

@@ -3,6 +3,7 @@ in its corpus)."""
 
 from __future__ import annotations
 
+import pytest
 from inferd.supervisor.repository.cloud.location import parse_url
 
 
@@ -33,3 +34,11 @@ def test_azure_query_is_ignored_as_triton_ignores_it():
     """A SAS-style query after the path: inferd took it into the prefix (or the container name)."""
     assert reading("as://acct/models/repo?sv=2024-01-01&sig=x/y") == ("as", "", "models", "repo/", "acct")
     assert reading("as://acct/models?sv=1") == ("as", "", "models", "", "acct")
+
+
+def test_s3_server_port_with_leading_zeros():
+    """Triton's server pattern takes any run of digits for the port: inferd took at most five, and read
+    "s3://host:009000/bucket" as a bucket named "host:009000"."""
+    assert reading("s3://host:009000/bucket/m") == ("s3", "http://host:009000", "bucket", "m/", "")
+    with pytest.raises(ValueError, match="port 65536 is out of range"):
+        parse_url("s3://host:65536/bucket")
