@@ -154,9 +154,9 @@ class Reader:
         self._max_frame = max_frame
         self._greeted = False
         self._tail = b""  # a header or small frame cut by the end of the last read
-        self._big: bytearray | None = None  # a large frame being filled across reads
+        self._big: bytearray | None = None  # a large frame being filled across reads (what has come of it)
         self._big_flags = 0
-        self._big_fill = 0
+        self._big_size = 0  # its declared size
 
     def idle(self) -> bool:
         """Greeted, and nothing held over from the last read (a cut header or frame)."""
@@ -202,10 +202,10 @@ class Reader:
             stop = start + size
             if stop > end:
                 if size >= _SPLIT_COPY_MAX:  # fill a buffer of its own rather than re-joining reads
-                    self._big = bytearray(size)
+                    # it grows with what arrives: a header alone does not make this end allocate its size
+                    self._big = bytearray(view[start:end])
                     self._big_flags = flags
-                    self._big_fill = end - start
-                    self._big[:self._big_fill] = view[start:end]
+                    self._big_size = size
                     return
                 break
             on_frame(flags, view[start:stop])
@@ -216,10 +216,9 @@ class Reader:
     def _fill_big(self, view: memoryview) -> memoryview:
         big = self._big
         assert big is not None
-        n = min(len(view), len(big) - self._big_fill)
-        big[self._big_fill:self._big_fill + n] = view[:n]
-        self._big_fill += n
-        if self._big_fill == len(big):
+        n = min(len(view), self._big_size - len(big))
+        big += view[:n]
+        if len(big) == self._big_size:
             self._big = None
             self._on_frame(self._big_flags, memoryview(big))
         return view[n:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import tracemalloc
 
 import pytest
 from inferd.worker.wire import zmtp
@@ -50,3 +51,22 @@ def test_a_data_frame_before_ready_fails_the_workers_handshake(tmp_path):
             DealerSocket("ipc://%s" % (tmp_path / "s"), b"w", connect_timeout_s=10)
     finally:
         listener.close()
+
+
+def test_a_large_frame_header_alone_does_not_allocate_the_frame():
+    """The reader allocated the declared size of a split large frame up front: a 9-byte header made either
+    end allocate up to its 1 GiB bound (the fuzz run ran out of memory); memory now follows the bytes."""
+    reader = zmtp.Reader(zmtp.check_greeting, lambda flags, body: None, 1 << 30)
+    tracemalloc.start()
+    try:
+        reader.feed(zmtp.GREETING + zmtp.frame_header(0, 64 << 20) + b"x" * 70_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+    got: list[int] = []
+    reader = zmtp.Reader(zmtp.check_greeting, lambda flags, body: got.append(len(body)), 1 << 30)
+    stream = zmtp.GREETING + zmtp.frame_header(0, 3 << 20) + bytes(3 << 20)
+    for i in range(0, len(stream), 65536):
+        reader.feed(stream[i:i + 65536])
+    assert got == [3 << 20] and reader.idle()
