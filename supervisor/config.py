@@ -33,6 +33,10 @@ class WorkerTimings:
     pipeline_depth: int = 8  # batches sent ahead to one worker (hides the round trip; executed in order)
     # --instance-memory-limit, or the model's INFERD_INSTANCE_MEMORY_LIMIT (instances/memory_cap.py); None: no cap
     memory_limit_bytes: int | None = None
+    # recycling (instances/recycle.py): --instance-max-requests / --instance-max-age, or the model's
+    # INFERD_MAX_REQUESTS / INFERD_MAX_AGE; None: never
+    max_requests: int | None = None
+    max_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,8 @@ class ServerConfig:
     model_config_name: str = ""  # load <model>/configs/<name>.pbtxt where it exists, else config.pbtxt
     model_load_retry_count: int = 0  # a failed load is tried again this many times
     repoagent_directory: str = "/opt/tritonserver/repoagents"  # where Triton's agent libraries would be
+    # --backend-directory: Python-based backends, <dir>/<name>/model.py (repository/python_backends.py)
+    backend_directory: str = "/opt/tritonserver/backends"
     model_load_thread_count: int = 4  # models whose workers start at once (Triton's load threads)
     # --host-policy: policy name -> {"cpu-cores" | "numa-node": value} (instances/host_policy.py)
     host_policies: dict[str, dict[str, str]] = field(default_factory=dict)

@@ -25,9 +25,10 @@ from .config import (
     WorkerTimings,
 )
 from .core.busy_poll import cpu_quota, default_window_us
-from .instances import host_policy, memory_cap
+from .instances import host_policy, memory_cap, recycle
 from .latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository import agents as repo_agents
+from .repository import python_backends
 from .repository.cloud import credentials as cloud_credentials
 from .repository.cloud import location as cloud_location
 from .scheduler import rate_limiter
@@ -149,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-policy", action="append", default=[], metavar="NAME,SETTING=VALUE",
                    help="cpu-cores=<first>-<last>[,...] or numa-node=<n>: the CPUs of the workers of instances "
                         "whose policy is NAME (their group's host_policy, else cpu, gpu_<n> or model); repeatable")
+    p.add_argument("--backend-directory", default=python_backends.DEFAULT_DIRECTORY,
+                   help="where Python-based backends live: a model whose config says backend \"<name>\" (a backend "
+                        "inferd does not have itself) runs <this directory>/<name>/model.py (python_backend's "
+                        "'Python-based Backends'); inferd's own backends are built in")
     p.add_argument("--repoagent-directory", default=repo_agents.DEFAULT_DIRECTORY,
                    help="where Triton keeps repository agent libraries; inferd's agents (checksum) are built in, "
                         "and a model naming another agent fails to load, naming this directory")
@@ -205,6 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--instance-memory-limit", default="", metavar="SIZE",
                    help="memory cap of each model instance's worker (bytes, or with K, M or G: 512M; default: none); "
                         "a model's INFERD_INSTANCE_MEMORY_LIMIT parameter overrides it (docs/reliability.md)")
+    p.add_argument("--instance-max-requests", default="", metavar="N",
+                   help="replace an instance's worker by a fresh one after about N requests, without a gap (default: "
+                        "never); a model's INFERD_MAX_REQUESTS parameter overrides it (docs/reliability.md)")
+    p.add_argument("--instance-max-age", default="", metavar="AGE",
+                   help="replace an instance's worker after about this long (seconds, or 90s, 30m, 12h; default: "
+                        "never); a model's INFERD_MAX_AGE parameter overrides it")
     p.add_argument("--host-fd", type=int, default=-1,
                    help="inherited Unix socket to the process that hosts the 'external' backend's models (the "
                         "Python API, inferd.pytriton); its EOF shuts the server down")
@@ -480,8 +491,18 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         memory_limit = memory_cap.parse_size(args.instance_memory_limit)
     except ValueError as exc:
         raise SystemExit(f"error: --instance-memory-limit: {exc}") from None
+    try:
+        max_requests = recycle.parse_requests(args.instance_max_requests)
+    except ValueError as exc:
+        raise SystemExit(f"error: --instance-max-requests: {exc}") from None
+    try:
+        max_age = recycle.parse_age(args.instance_max_age)
+    except ValueError as exc:
+        raise SystemExit(f"error: --instance-max-age: {exc}") from None
     timings = WorkerTimings(
         memory_limit_bytes=memory_limit,
+        max_requests=max_requests,
+        max_age_s=max_age,
         heartbeat_interval_s=args.heartbeat_interval,
         heartbeat_misses=args.heartbeat_misses,
         spawn_timeout_s=args.worker_start_timeout,
@@ -543,6 +564,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         model_config_name=args.model_config_name or "",
         model_load_retry_count=args.model_load_retry_count,
         repoagent_directory=args.repoagent_directory,
+        backend_directory=os.path.abspath(args.backend_directory),
         model_load_thread_count=args.model_load_thread_count,
         host_policies=host_policy.parse(args.host_policy),
         log_verbose=args.log_verbose,

@@ -264,6 +264,9 @@ class Sending:
         log.info("closing gRPC connection: %s", message)
         transport = self.transport
         if transport is None or transport.is_closing() or self.cut:
+            # closing already (a TLS transport still delivers reads while it shuts down): nothing more the
+            # client sends is read, the decoding context may be broken
+            self.cut = True
             return
         self.closing = True
         self.cut = True  # from now on what the client sends is read and dropped
