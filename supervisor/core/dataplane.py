@@ -106,6 +106,12 @@ class DataPlane(abc.ABC):
     @abc.abstractmethod
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
 
+    async def restart_model(self, name: str) -> dict[str, Any]:
+        """Replace every instance's worker of `name` without a gap (core/restart.py; infer-ctl restart)."""
+        from inferd.worker.wire.errors import ErrorCode, InferdError
+
+        raise InferdError(ErrorCode.UNSUPPORTED, "restart is not available here (not with --frontend-processes)")
+
     # ---- inferd's own status view (infer-ctl status) ----
     def status(self, name: str = "") -> dict[str, Any]:
         """{"models": [{"name","version","state","reason","instances": [{"name","pid","state","restarts",

@@ -25,6 +25,7 @@ from . import classification, readiness
 from .busy_poll import BusyPoll
 from .dataplane import DataPlane, ResponseError
 from .models import ModelManager, ModelVersion
+from .restart import restart_model
 from .shm_endpoints import ShmEndpoints
 from .status_json import status_json
 from .streaming import ResponseStream
@@ -358,6 +359,9 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit()
         await self.manager.unload(name, unload_dependents)
+
+    async def restart_model(self, name: str) -> dict[str, Any]:
+        return await restart_model(self.manager, name)
 
     def status(self, name: str = "") -> dict[str, Any]:
         if name:

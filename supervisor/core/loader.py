@@ -15,7 +15,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..envs import ExecEnv
-from ..instances import host_policy, memory_cap
+from ..instances import host_policy, memory_cap, recycle
 from ..instances.external import BACKEND as EXTERNAL_BACKEND
 from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
@@ -170,6 +170,10 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
         raise InferdError(ErrorCode.INVALID_ARG, f"model '{plan.name}': {exc}") from None
     timings = (settings.timings if cap == settings.timings.memory_limit_bytes
                else dataclasses.replace(settings.timings, memory_limit_bytes=cap))
+    try:  # the model's INFERD_MAX_REQUESTS / INFERD_MAX_AGE, else the server's (instances/recycle.py)
+        timings = recycle.model_timings(plan.proto.parameters, timings)
+    except ValueError as exc:
+        raise InferdError(ErrorCode.INVALID_ARG, f"model '{plan.name}': {exc}") from None
     for group in plan.proto.instance_group:
         # KIND_GPU: `count` instances on each listed GPU (normalize lists every GPU when the config lists none)
         devices = list(group.gpus) if group.kind == normalize.KIND_GPU and group.gpus else [0]

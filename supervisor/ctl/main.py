@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from urllib.parse import quote
 
 from . import env as env_cmd
-from . import render
+from . import render, runtime_cmds
 from .client import DEFAULT_URL, Client, CtlError, model_path
 
 STATUS_PATH = "/v2/inferd/status"
@@ -266,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--version", dest="model_version", default="", help="model version")
     add("server", cmd_server, "server name, version and protocol extensions")
+    runtime_cmds.add_parsers(add)
     env_cmd.add_parser(sub, _common)
     return parser
 
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.timeout is None:
         # a load replies when it is done, however long initialize() takes: no limit by default
         client_timeout: float | None = 30.0
-        args.timeout = None if args.command in ("load", "unload") else 30.0
+        args.timeout = None if args.command in ("load", "unload", "restart") else 30.0
     else:
         args.timeout = client_timeout = args.timeout if args.timeout > 0 else None
     try:

@@ -207,6 +207,9 @@ class Router:
             if n == 4 and p[2] == "models" and p[3]:
                 return MODEL_REPOSITORY, GET, self._inferd_status, (p[3],)
             return None
+        if head == "inferd" and n == 4 and p[1] == "models" and p[2] and p[3] == "restart":
+            # inferd's rolling restart of a model's workers (infer-ctl restart; not a Triton endpoint)
+            return MODEL_REPOSITORY, POST, self._inferd_restart, (p[2],)
         if p == ["logging"]:
             return LOGGING, GET_POST, self._logging, ()
         return None
@@ -445,6 +448,13 @@ class Router:
         if self.dp.remote:
             return _json_later(self.dp.status_async(model))
         return _json(self.dp.status(model))
+
+    async def _inferd_restart(self, req: Request, model: str) -> Response:
+        try:
+            doc = await self.dp.restart_model(model)
+        except Exception as exc:
+            return errors.from_exception(exc)
+        return _json(doc)
 
     # ------------------------------------------------------------ settings
     def _trace(self, req: Request, model: str) -> HandlerResult:

@@ -10,6 +10,9 @@
 - `on_change(instance)` is called on every state change so the model manager can recompute readiness.
 - `warmup(worker)`, when set, runs on every worker after it loaded the model and before the instance
   is READY (the first start and every restart); its InferdError fails that start like a load error.
+- Recycling (recycle.py): after max_requests requests or max_age seconds, or when asked (`recycle()`),
+  a replacement worker starts while the current one keeps serving; once it is ready, new batches go to
+  it and the old one answers what it holds, then stops. The instance stays READY throughout.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..tracing import live
 from ..tracing.record import watch_batch
+from . import recycle
 from .channel import Channel
 from .external import ExternalLauncher
 from .launcher import Launcher
@@ -101,6 +105,12 @@ class Instance:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # recycling: requests sent to the current worker, and the count at which it is replaced
+        self._served = 0
+        self._recycle_at = float("inf")
+        self._age_timer: asyncio.TimerHandle | None = None
+        self._recycling: asyncio.Task[bool] | None = None
+        self._retiring: set[WorkerProcess] = set()  # replaced workers answering what they hold
 
     # ---- introspection ----
     @property
@@ -177,6 +187,7 @@ class Instance:
             self._set_state(InstanceState.FAILED)
             raise
         if self.state is InstanceState.STARTING:
+            self._serving(worker)
             self._set_state(InstanceState.READY)
 
     async def _start_worker(self, worker: WorkerProcess) -> None:
@@ -242,6 +253,7 @@ class Instance:
         log.info("instance '%s' of model '%s' restarted (pid %s)", self.name, self.model_name, worker.pid,
                  extra={"model": self.model_name, "instance": self.name})
         self.start_failures = 0
+        self._serving(worker)
         self._set_state(InstanceState.READY)
 
     async def drain_and_stop(self, timeout: float | None = None) -> None:
@@ -249,10 +261,12 @@ class Instance:
         if self.state is InstanceState.STOPPED and self._worker is None:
             return
         self._set_state(InstanceState.DRAINING)
-        task, self._restart_task = self._restart_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})  # a start in progress kills and reaps its process
+        self._no_recycling()
+        for task in (self._restart_task, self._recycling):
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait({task})  # a start in progress kills and reaps its process
+        self._restart_task = self._recycling = None
         if self._inflight:
             try:
                 await asyncio.wait_for(self._idle.wait(), timeout)
@@ -260,8 +274,8 @@ class Instance:
                 log.warning("instance '%s': %d requests still in flight after %s s; stopping anyway",
                             self.name, self._inflight, timeout)
         worker = self._worker
-        if worker is not None:
-            await worker.stop(self._timings.stop_timeout_s)
+        stopping = [w for w in (worker, *self._retiring) if w is not None]
+        await asyncio.gather(*(w.stop(self._timings.stop_timeout_s) for w in stopping))
         self._set_state(InstanceState.STOPPED)
 
     # ---- work ----
@@ -283,6 +297,9 @@ class Instance:
         if not self._inflight:  # (idle is set only at 0 in flight: clear already otherwise)
             self._idle.clear()
         self._inflight += len(requests)
+        self._served += len(requests)
+        if self._served >= self._recycle_at:
+            self._recycle_soon("max_requests")
         return fut
 
     def _batch_done(self, n: int) -> None:
@@ -290,6 +307,87 @@ class Instance:
         self._inflight -= n
         if not self._inflight:
             self._idle.set()
+
+    # ---- recycling (recycle.py) ----
+    def _serving(self, worker: WorkerProcess) -> None:
+        """`worker` has become the one taking this instance's work: its recycling thresholds start."""
+        t = self._timings
+        self._served = 0
+        self._recycle_at = recycle.spread(t.max_requests) if t.max_requests else float("inf")
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+        if t.max_age_s:
+            self._age_timer = self._loop.call_later(recycle.spread(t.max_age_s), self._recycle_soon, "max_age")
+
+    def _no_recycling(self) -> None:
+        self._recycle_at = float("inf")
+        if self._age_timer is not None:
+            self._age_timer.cancel()
+            self._age_timer = None
+
+    def _recycle_soon(self, why: str) -> None:
+        self._age_timer = None
+        self._recycle_at = float("inf")  # once per worker: a replacement that fails to start is not retried
+        if self._recycling is None and self.state is InstanceState.READY:
+            self._recycling = self._loop.create_task(self._recycle(why), name="recycle-" + self.name)
+
+    async def recycle(self, why: str = "asked") -> bool:
+        """Replace the worker without a gap: start a new one while the current keeps serving, switch new
+        batches to it once it is ready, then let the old one answer what it holds and stop it. True when
+        replaced; False when the instance is not READY or the replacement failed to start (the current
+        worker then goes on serving). A recycle already under way is joined."""
+        if self._recycling is None:  # a task, so that a drain can cancel it and other callers join it
+            self._recycling = self._loop.create_task(self._recycle(why), name="recycle-" + self.name)
+        return await asyncio.shield(self._recycling)
+
+    async def _recycle(self, why: str) -> bool:
+        try:
+            old = self._worker
+            if self.state is not InstanceState.READY or old is None:
+                return False
+            log.info("recycling instance '%s' of model '%s' (pid %s, %s, %d requests)", self.name,
+                     self.model_name, old.pid, why, self._served,
+                     extra={"model": self.model_name, "instance": self.name})
+            new = self._new_worker()
+            try:
+                await self._start_worker(new)
+            except InferdError as exc:
+                log.warning("instance '%s' of model '%s': its replacement failed to start; the current worker "
+                            "(pid %s) goes on serving: %s", self.name, self.model_name, old.pid, exc.message)
+                return False
+            if self.state is not InstanceState.READY or self._worker is not old:  # drained or died meanwhile
+                await new.stop(self._timings.stop_timeout_s)
+                return False
+            self._worker = new  # new batches go to the replacement from here on
+            old.exit_reason = "recycled"
+            self.restarts += 1
+            self.restart_reasons["recycled"] = self.restart_reasons.get("recycled", 0) + 1
+            self._serving(new)
+            if self.on_change is not None:
+                self.on_change(self)  # (same state; the pid and counts changed)
+            self._retiring.add(old)
+        finally:
+            if self._recycling is asyncio.current_task():
+                self._recycling = None
+        try:
+            await self._retire(old)
+        finally:
+            self._retiring.discard(old)
+        log.info("instance '%s' of model '%s' recycled (pid %s -> %s)", self.name, self.model_name, old.pid,
+                 new.pid, extra={"model": self.model_name, "instance": self.name})
+        return True
+
+    async def _retire(self, old: WorkerProcess) -> None:
+        """Let a replaced worker answer its batches (and finish its decoupled streams), then stop it."""
+        deadline = self._loop.time() + recycle.RETIRE_TIMEOUT_S
+        # no event tells when one worker of the instance is empty: look every 5 ms while it drains
+        while old.held and not old.exited and self._loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        if old.held and not old.exited:
+            log.warning("instance '%s': the replaced worker (pid %s) still holds %d batches or streams after %g s; "
+                        "stopping it", self.name, old.pid, old.held, recycle.RETIRE_TIMEOUT_S)
+        await old.stop(self._timings.stop_timeout_s)
 
     async def stop(self) -> None:
         """Stop now (the scheduler has drained): requests still in flight fail with UNAVAILABLE."""

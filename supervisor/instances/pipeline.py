@@ -86,6 +86,13 @@ class BatchPipeline:
     def inflight(self) -> int:
         return sum(len(b.requests) for b in self._batches.values())
 
+    @property
+    def held(self) -> int:
+        """Batches sent or waiting here for a slot, and decoupled streams still open: 0 when nothing is left
+        for this worker to answer (a replaced worker is stopped then)."""
+        # (_slots counts a slot handed to a waiter that has not sent its batch yet)
+        return max(self._slots, len(self._batches)) + len(self._waiters) + len(self.streams)
+
     async def execute(self, requests: Sequence[InferRequest]) -> BatchResult:
         """Run one batch, waiting for a slot when `depth` are in flight."""
         refusal = self._refusal()

@@ -160,6 +160,11 @@ class WorkerProcess:
         return self._pipeline.inflight
 
     @property
+    def held(self) -> int:
+        """Batches and streams this worker still has to answer (BatchPipeline.held)."""
+        return self._pipeline.held
+
+    @property
     def open_streams(self) -> int:
         """Decoupled requests that have not received their final response."""
         return len(self._pipeline.streams)
