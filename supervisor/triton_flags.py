@@ -45,7 +45,6 @@ INERT: dict[str, str] = {
     "--grpc-max-response-pool-size": "no pool of gRPC response objects; a stream's responses wait in HTTP/2 "
                                      "flow control",
     "--buffer-manager-thread-count": "tensors travel through shared memory, no buffer manager threads",
-    "--backend-directory": "the backends are built in",
     "--backend-config": "settings of Triton's backend libraries (python: its stub's shared memory and "
                         "timeouts); inferd's backends take none",
     "--cache-directory": "the local cache is built in (no cache libraries to load)",

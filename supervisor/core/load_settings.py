@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from ..config import ServerConfig, WorkerTimings
 from ..repository.agents import DEFAULT_DIRECTORY as DEFAULT_AGENT_DIRECTORY
+from ..repository.python_backends import DEFAULT_DIRECTORY as DEFAULT_BACKEND_DIRECTORY
 from ..repository.sources import CloudSettings, Repositories
 from .runtime import Runtime
 
@@ -24,6 +25,7 @@ class LoaderSettings:
     model_config_name: str = ""  # --model-config-name: <model>/configs/<name>.pbtxt where it exists
     load_retries: int = 0  # --model-load-retry-count
     repoagent_directory: str = DEFAULT_AGENT_DIRECTORY  # --repoagent-directory (named when an agent is missing)
+    backend_directory: str = DEFAULT_BACKEND_DIRECTORY  # --backend-directory: Python-based backends
     load_threads: int = 4  # --model-load-thread-count: models whose workers start at once
     host_policies: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # --host-policy
     repos: Repositories = None  # type: ignore[assignment]  # built from `repositories` when not given
@@ -41,5 +43,6 @@ class LoaderSettings:
                    config.exit_timeout_secs, config.worker, config.log_verbose, runtime, gpu_ids=gpu_ids,
                    model_config_name=config.model_config_name, load_retries=config.model_load_retry_count,
                    repoagent_directory=config.repoagent_directory, load_threads=config.model_load_thread_count,
+                   backend_directory=config.backend_directory,
                    host_policies=config.host_policies,
                    repos=Repositories(config.model_repositories, cloud))

@@ -19,7 +19,7 @@ from ..instances import host_policy, memory_cap, recycle
 from ..instances.external import BACKEND as EXTERNAL_BACKEND
 from ..instances.external import ExternalLauncher
 from ..instances.instance import Instance, run_autocomplete
-from ..repository import agents, autocomplete, layout, metadata, normalize, versions
+from ..repository import agents, autocomplete, layout, metadata, normalize, python_backends, versions
 from ..repository import config as repo_config
 from ..scheduler.rate_limiter import LimiterSpec
 from . import classification, overrides
@@ -42,6 +42,7 @@ class LoadPlan:
     env: ExecEnv | None = None  # the model's EXECUTION_ENV_PATH environment, resolved once per load
     labels: classification.Labels = field(default_factory=dict)  # outputs' label_filename files, read once
     override_root: str | None = None  # the directory the load's `file:` parameters were written to (overrides.py)
+    backend_dir: str = ""  # a Python-based backend's directory (python_backends.py): its model.py runs the model
 
     @property
     def is_ensemble(self) -> bool:
@@ -111,23 +112,32 @@ async def _plan(settings: LoaderSettings, name: str, source: layout.ModelSource,
     if not source.versions and not normalize.is_ensemble(cfg):
         raise InferdError(ErrorCode.INVALID_ARG,
                           "failed to load '%s': no version directory found in %s" % (name, source.path))
+    # a backend inferd does not have: a Python-based one from --backend-directory, or Triton's load error
+    backend_dir = "" if normalize.is_ensemble(cfg) else python_backends.resolve(
+        cfg, source.path, max(source.versions), settings.backend_directory)
     env = await _resolve_env(settings, name, cfg, source.path)
-    if (cfg.backend in _AUTOCOMPLETE_BACKENDS and autocomplete.needs_autocomplete(cfg, settings.disable_autocomplete)
-            and not (cfg.backend == "python" and not _mentions_auto_complete(source.path))):
+    python_code = backend_dir or (source.path if cfg.backend == "python" else "")
+    if ((cfg.backend in _AUTOCOMPLETE_BACKENDS or backend_dir)
+            and autocomplete.needs_autocomplete(cfg, settings.disable_autocomplete)
+            and not (python_code and not _mentions_auto_complete(python_code))):
         rt = settings.runtime
         completed = await run_autocomplete(
             m.AutoComplete(model_name=name, model_dir=source.path, version=str(max(source.versions)),
-                           config_json=repo_config.to_json(cfg), backend=cfg.backend),
+                           config_json=repo_config.to_json(cfg), backend="python" if backend_dir else cfg.backend,
+                           backend_dir=backend_dir),
             channel=rt.channel, launcher=rt.launcher, timings=settings.timings,
             log_verbose=settings.log_verbose, **_env_kwargs(env))
         cfg = autocomplete.apply_autocompleted(cfg, completed)
     cfg = normalize.normalize(cfg, source, gpu_ids=settings.gpu_ids)
+    if backend_dir:  # (what auto-complete returned keeps the runtime Triton gives such a model)
+        python_backends.resolve(cfg, source.path, max(source.versions), settings.backend_directory)
     chosen = versions.select_versions(name, cfg.version_policy, source.versions).versions
     config = repo_config.to_json_dict(cfg)
     meta = metadata.model_metadata(cfg, [])
     meta.pop("versions", None)
     labels = classification.load_labels(source.path, config)
-    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env, labels, override_root)
+    return LoadPlan(name, source, cfg, config, repo_config.to_json(cfg), chosen, meta, env, labels, override_root,
+                    backend_dir=backend_dir)
 
 
 async def _run_agents(settings: LoaderSettings, name: str, cfg: Any, model_dir: str) -> None:
@@ -186,7 +196,8 @@ def make_instances(settings: LoaderSettings, plan: LoadPlan, version: int) -> li
             for k in range(group.count):
                 load = m.LoadModel(
                     model_name=plan.name, model_dir=plan.source.path, version=str(version),
-                    config_json=plan.config_json, backend=plan.proto.backend,
+                    config_json=plan.config_json, backend="python" if plan.backend_dir else plan.proto.backend,
+                    backend_dir=plan.backend_dir,
                     instance_name="%s_%d" % (group.name, index if len(devices) > 1 else k),
                     instance_kind=kind, device_id=device)
                 launcher = (ExternalLauncher(rt.host, plan.name) if plan.proto.backend == EXTERNAL_BACKEND

@@ -24,6 +24,7 @@ from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
+from ..repository import python_backends
 from ..repository.agents import PollFailed
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
@@ -73,7 +74,7 @@ class ModelVersion:
         or cache). Others get a host copy made here, so their workers need no CUDA library for it."""
         cfg = self.config
         backend = cfg.get("backend") or ""
-        if backend == "python":
+        if python_backends.runs_python(cfg):
             entry = (cfg.get("parameters") or {}).get("FORCE_CPU_ONLY_INPUT_TENSORS") or {}
             takes = str(entry.get("string_value", "") if isinstance(entry, dict) else entry).strip().lower() == "no"
         else:
