@@ -79,6 +79,7 @@ class OpenAIOptions:
 class ServerConfig:
     model_repositories: tuple[str, ...]
     model_control_mode: str = "none"  # none | poll | explicit
+    model_namespacing: bool = False  # --model-namespacing: a name may be in several repositories (core/namespaces.py)
     load_models: tuple[str, ...] = ()
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True

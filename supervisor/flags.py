@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    required=True, help="model repository path (repeatable)")
     p.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default="none",
                    type=str.lower, help="none, poll or explicit (any case, as tritonserver reads it)")
+    p.add_argument("--model-namespacing", type=_bool, default=False,
+                   help="each model repository is a namespace: one model name may be in several repositories, an "
+                        "ensemble's steps resolve in its own first; a name of several models is refused")
     p.add_argument("--load-model", action="append", default=[], help="model to load at start (explicit mode); * = all")
     p.add_argument("--repository-poll-secs", type=float, default=15.0)
     p.add_argument("--strict-readiness", type=_bool, default=True)
@@ -425,6 +428,9 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
         errors.append("--http-max-pipelined-requests must be at least 1")
     if args.frontend_processes is not None and not 1 <= args.frontend_processes <= MAX_FRONTEND_PROCESSES:
         errors.append(f"--frontend-processes must be between 1 and {MAX_FRONTEND_PROCESSES}")
+    if args.model_namespacing and (args.frontend_processes or 1) > 1:
+        errors.append("--model-namespacing=true: frontend processes cannot serve namespaced models yet; "
+                      "use --frontend-processes 1 (the default with namespacing)")
     if args.busy_poll_us is not None and not 0 <= args.busy_poll_us <= MAX_BUSY_POLL_US:
         errors.append(f"--busy-poll-us must be between 0 and {MAX_BUSY_POLL_US} (1 s)")
     errors += _openai_errors(args)
@@ -513,6 +519,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         model_repositories=tuple(r.rstrip("/") if cloud_location.is_cloud_url(r) else os.path.abspath(r)
                                  for r in args.model_repository),
         model_control_mode=args.model_control_mode,
+        model_namespacing=args.model_namespacing,
         load_models=tuple(args.load_model),
         repository_poll_secs=args.repository_poll_secs,
         strict_readiness=args.strict_readiness,
@@ -586,8 +593,8 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         max_queue_size=args.max_queue_size,
         busy_poll_us=(args.busy_poll_us if args.busy_poll_us is not None
                       else default_window_us(len(os.sched_getaffinity(0)), cpu_quota())),
-        frontend_processes=(args.frontend_processes if args.frontend_processes is not None
-                            else default_frontend_processes(len(os.sched_getaffinity(0)))),
+        frontend_processes=(args.frontend_processes if args.frontend_processes is not None else 1
+                            if args.model_namespacing else default_frontend_processes(len(os.sched_getaffinity(0)))),
         frontend_processes_given=args.frontend_processes is not None,
         argv=tuple(sys.argv[1:] if argv is None else argv),
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir

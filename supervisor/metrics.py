@@ -184,9 +184,11 @@ _cpu = _CpuSampler()
 def _tags(s: ModelStats) -> str:
     """The model's metric_tags as labels "_<key>", sorted, with a trailing comma (Triton puts them on every
     per-model metric; every tag label sorts before model/reason/version and instance/state)."""
+    # with --model-namespacing, its repository too (Triton's label "namespace": one name may be several models)
+    namespace = f'namespace="{_escape(s.namespace)}",' if s.namespace else ""
     if not s.metric_tags:
-        return ""
-    return "".join(f'_{key}="{_escape(value)}",' for key, value in sorted(s.metric_tags))
+        return namespace
+    return "".join(f'_{key}="{_escape(value)}",' for key, value in sorted(s.metric_tags)) + namespace
 
 
 def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, str], int],

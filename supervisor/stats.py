@@ -37,6 +37,7 @@ class ModelStats:
 
     __slots__ = (
         "name",
+        "namespace",
         "version",
         "last_inference",
         "inference_count",
@@ -62,9 +63,10 @@ class ModelStats:
         "latency",
     )
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, namespace: str = "") -> None:
         self.name = name
         self.version = version
+        self.namespace = namespace  # its repository, with --model-namespacing (label "namespace" on its metrics)
         self.last_inference = 0  # ms since the epoch of the last request that finished
         self.inference_count = 0
         self.execution_count = 0
@@ -229,45 +231,46 @@ def _version_key(version: str) -> tuple[int, int | str]:
 
 
 class StatsRegistry:
-    """Every loaded model version's ModelStats, keyed by (name, version)."""
+    """Every loaded model version's ModelStats, keyed by (name, version, namespace); the namespace is "" unless
+    --model-namespacing (then a name may be in several repositories: core/namespaces.py)."""
 
     __slots__ = ("_stats", "latency_config")
 
     def __init__(self, latency_config: LatencyMetricsConfig | None = None) -> None:
-        self._stats: dict[tuple[str, str], ModelStats] = {}
+        self._stats: dict[tuple[str, str, str], ModelStats] = {}
         self.latency_config = latency_config or LatencyMetricsConfig()  # --metrics-config
 
-    def get(self, model: str, version: str | int) -> ModelStats:
+    def get(self, model: str, version: str | int, namespace: str = "") -> ModelStats:
         """The version's stats, created on first use (call it when the version loads; keep the object)."""
-        key = (model, str(version))
+        key = (model, str(version), namespace)
         stats = self._stats.get(key)
         if stats is None:
-            stats = self._stats[key] = ModelStats(key[0], key[1])
+            stats = self._stats[key] = ModelStats(model, key[1], namespace)
             cfg = self.latency_config
             if cfg.summaries:
                 stats.latency = LatencyRing(cfg.capacity, cfg.max_age_s)
         return stats
 
-    def find(self, model: str, version: str | int) -> ModelStats | None:
-        return self._stats.get((model, str(version)))
+    def find(self, model: str, version: str | int, namespace: str = "") -> ModelStats | None:
+        return self._stats.get((model, str(version), namespace))
 
-    def remove(self, model: str, version: str | int) -> None:
+    def remove(self, model: str, version: str | int, namespace: str = "") -> None:
         """Forget a version (on unload): Triton reports statistics of live versions only."""
-        self._stats.pop((model, str(version)), None)
+        self._stats.pop((model, str(version), namespace), None)
 
     def __len__(self) -> int:
         return len(self._stats)
 
     def all(self) -> list[ModelStats]:
         """Every version's stats, sorted by model name then numeric version."""
-        return [self._stats[k] for k in sorted(self._stats, key=lambda k: (k[0], _version_key(k[1])))]
+        return [self._stats[k] for k in sorted(self._stats, key=lambda k: (k[0], _version_key(k[1]), k[2]))]
 
     def select(self, name: str = "", version: str | int = "") -> list[ModelStats]:
         """The stats a statistics request names; raises InferdError for an unknown model or version."""
         if not name:
             return self.all()
         versions = [s for s in self.all() if s.name == name]
-        if not versions:
+        if not versions or len({s.namespace for s in versions}) > 1:  # (several: Triton's answer, ambiguous)
             raise invalid_arg(f"requested model '{name}' is not available")
         version = str(version)
         if not version:

@@ -69,7 +69,6 @@ RANGES: dict[str, tuple[int, int | None]] = {
 
 # flag -> (the values inferd runs as asked, what the other values would need)
 UNSUPPORTED: dict[str, tuple[tuple[str, ...], str]] = {
-    "--model-namespacing": (("false", "0", "no", "off"), "models of the same name in different repositories"),
     "--allow-sagemaker": (("false", "0", "no", "off"), "a SageMaker endpoint"),
     "--allow-vertex-ai": (("false", "0", "no", "off"), "a Vertex AI endpoint"),
     "--grpc-infer-response-compression-level": (("none",), "compressed gRPC responses (it sends them uncompressed)"),

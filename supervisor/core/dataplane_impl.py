@@ -91,7 +91,7 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
             cached = self._ready.get(name)
             if cached is not None:
                 return cached
-        e = self.manager.entries.get(name)
+        e = self.manager.lookup(name)  # (--model-namespacing: a name of several models is refused)
         if e is None or (not e.versions and not e.records):
             raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' is not found" % name)
         if version:
@@ -143,7 +143,7 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         mv = self.resolve_ready(name, version)
         versions = [str(mv.version)] if version else sorted(
-            (str(v) for v, m in self.manager.entries[name].versions.items() if m.ready), key=int)
+            (str(v) for v, m in self.manager.lookup(name).versions.items() if m.ready), key=int)  # type: ignore[union-attr]
         base = mv.metadata_base
         meta = {"name": base["name"], "versions": versions}
         meta.update((k, v) for k, v in base.items() if k != "name")
@@ -320,7 +320,12 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
     # ---- statistics ----
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         if name:
-            mv = self.resolve(name, version)
+            try:
+                mv = self.resolve(name, version)
+            except InferdError as exc:  # a name of several models (--model-namespacing): Triton's answer
+                if exc.code == ErrorCode.INVALID_ARG and self.manager.namespacing:
+                    raise InferdError(ErrorCode.INVALID_ARG, "requested model '%s' is not available" % name) from None
+                raise
             if version:
                 return self.stats_registry.to_json(name, str(mv.version))
         return self.stats_registry.to_json(name, version)

@@ -45,4 +45,5 @@ class LoaderSettings:
                    repoagent_directory=config.repoagent_directory, load_threads=config.model_load_thread_count,
                    backend_directory=config.backend_directory,
                    host_policies=config.host_policies,
-                   repos=Repositories(config.model_repositories, cloud))
+                   repos=Repositories(config.model_repositories, cloud,
+                                      namespacing=config.model_namespacing))

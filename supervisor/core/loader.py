@@ -42,6 +42,7 @@ class LoadPlan:
     env: ExecEnv | None = None  # the model's EXECUTION_ENV_PATH environment, resolved once per load
     labels: classification.Labels = field(default_factory=dict)  # outputs' label_filename files, read once
     override_root: str | None = None  # the directory the load's `file:` parameters were written to (overrides.py)
+    namespace: str = ""  # with --model-namespacing: the repository it was loaded from (core/namespaces.py)
     backend_dir: str = ""  # a Python-based backend's directory (python_backends.py): its model.py runs the model
 
     @property
@@ -85,10 +86,11 @@ def discard_override(plan: LoadPlan | None) -> None:
 
 
 async def plan_load(settings: LoaderSettings, name: str, config_override: str | None,
-                    files: dict[str, bytes] | None) -> LoadPlan:
+                    files: dict[str, bytes] | None, root: str = "") -> LoadPlan:
     """The load's plan; with `files`, a private model directory holding them that the caller owns (and
-    removes with discard_override), except when this raises: then it is gone already."""
-    source = await settings.repos.find_model_async(name, settings.model_config_name)
+    removes with discard_override), except when this raises: then it is gone already. `root`: the one
+    repository to read it from (--model-namespacing), else every repository."""
+    source = await settings.repos.find_model_async(name, settings.model_config_name, root)
     if not files:
         return await _plan(settings, name, source, config_override, None)
     root = overrides.write(settings.runtime.run_dir, source.name, files)

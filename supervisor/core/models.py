@@ -29,7 +29,7 @@ from ..repository.agents import PollFailed
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from ..scheduler.rate_gate import RateGate
-from . import loader, overrides, warmup
+from . import loader, namespaces, overrides, warmup
 from .load_settings import LoaderSettings
 from .validate import IOSpec
 
@@ -99,6 +99,7 @@ class ModelEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loaded_once: bool = False
     override_root: str | None = None  # the `file:` parameters' directory the loaded versions run from
+    namespace: str = ""  # its repository, with --model-namespacing (namespaces.py): entries key it "<ns>::<name>"
 
 
 class StepRouter(Protocol):
@@ -124,6 +125,8 @@ class ModelManager:
         self.steps: StepRouter | None = None
         # --model-load-thread-count: how many models' workers start at once (ensembles have none to start)
         self._load_slots = asyncio.Semaphore(max(1, settings.load_threads))
+        # --model-namespacing: entries are keyed "<repository>::<name>" (namespaces.py)
+        self.namespacing = bool(getattr(settings.repos, "namespacing", False))
 
     def watch(self, callback: Callable[[], None]) -> None:
         """Call `callback` on every change, in the order watchers were added."""
@@ -139,8 +142,25 @@ class ModelManager:
     def entry(self, name: str) -> ModelEntry:
         e = self.entries.get(name)
         if e is None:
-            e = self.entries[name] = ModelEntry(name)
+            namespace, plain = namespaces.split(name)
+            e = self.entries[name] = ModelEntry(plain, namespace=namespace)
         return e
+
+    def lookup(self, name: str) -> ModelEntry | None:
+        """The entry a client's model name (or an ensemble step's) names; with --model-namespacing a plain
+        name of several models is refused as Triton refuses it (namespaces.pick)."""
+        if not self.namespacing:
+            return self.entries.get(name)
+        return namespaces.pick(self.entries, name)
+
+    def _keys(self, name: str) -> list[str]:
+        """With --model-namespacing, the registry keys a plain `name` stands for (one per repository holding
+        it, and those of the registry); else just `name`."""
+        if not self.namespacing or namespaces.SEP in name:
+            return [name]
+        known = [k for k in self.entries if namespaces.split(k)[1] == name]
+        keys = sorted(set(namespaces.keys_in(self.settings.repos.list_models(), name)) | set(known))
+        return keys or [name]
 
     def loaded_versions(self) -> list[ModelVersion]:
         return [mv for e in self.entries.values() for mv in e.versions.values()]
@@ -156,10 +176,15 @@ class ModelManager:
                        if rv is None or rv not in e.versions)
 
     def index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        names = set(loader.list_model_names(self.settings)) | set(self.entries)
+        if self.namespacing:  # every repository's model of a name is a row of that name (as Triton lists them)
+            listed = set(namespaces.all_keys(self.settings.repos.list_models()))
+            keys = sorted(listed | set(self.entries), key=lambda k: namespaces.split(k)[::-1])
+        else:
+            keys = sorted(set(loader.list_model_names(self.settings)) | set(self.entries))
         out: list[dict[str, Any]] = []
-        for name in sorted(names):
-            e = self.entries.get(name)
+        for key in keys:
+            name = namespaces.split(key)[1]
+            e = self.entries.get(key)
             rows: list[dict[str, Any]] = []
             if e is not None:
                 for v, mv in sorted(e.versions.items()):
@@ -179,22 +204,36 @@ class ModelManager:
     # ---- control ----
     async def load(self, name: str, config_override: str | None = None,
                    files: dict[str, bytes] | None = None, chain: tuple[str, ...] = ()) -> None:
-        """Load (or reload) every version of `name`. `chain`: the ensembles whose load asked for it."""
-        loader.check_model_name(name)
+        """Load (or reload) every version of `name`. `chain`: the ensembles whose load asked for it. With
+        --model-namespacing a plain name loads the model of that name in every repository holding it."""
+        keys = self._keys(name)
+        if keys != [name]:
+            failures = []
+            for key in keys:
+                try:
+                    await self.load(key, config_override, files, chain)
+                except InferdError as exc:
+                    failures.append(exc)
+            if failures:
+                raise failures[0]
+            return
+        namespace, plain = namespaces.split(name)
+        loader.check_model_name(plain)
         e = self.entry(name)
         self.changed()
         async with e.lock:
             started = time.monotonic()
             plan: loader.LoadPlan | None = None
             try:
-                plan = await loader.plan_load(self.settings, name, config_override, files)
+                plan = await loader.plan_load(self.settings, plain, config_override, files, root=namespace)
+                plan.namespace = namespace
                 ensemble = await self._prepare_ensemble(plan, chain) if plan.is_ensemble else None
             except BaseException as exc:
                 loader.discard_override(plan)  # a failed ensemble check; plan_load cleans up after itself
                 if not isinstance(exc, InferdError):
                     raise
                 if isinstance(exc, PollFailed):  # as Triton: the model keeps its state (and readiness)
-                    log.error("Poll failed for model directory '%s': %s", name, exc.detail, extra={"model": name})
+                    log.error("Poll failed for model directory '%s': %s", plain, exc.detail, extra={"model": plain})
                     if not e.versions and not e.records:
                         self.entries.pop(name, None)
                 elif exc.code == ErrorCode.NOT_FOUND and not e.versions:
@@ -225,6 +264,7 @@ class ModelManager:
             # a failed reload keeps the old versions serving
             raise InferdError(ErrorCode.INVALID_ARG,
                               "failed to load '%s': %s" % (name, "; ".join(errors)))
+        namespace = e.namespace
         old, old_root = e.versions, e.override_root
         e.versions, e.override_root = new_versions, plan.override_root
         self.changed()
@@ -237,7 +277,7 @@ class ModelManager:
             for v, mv in old.items():
                 await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
                 if v not in new_versions:
-                    self.stats_registry.remove(name, str(v))
+                    self.stats_registry.remove(name, str(v), namespace)
         finally:
             if old_root != e.override_root:
                 overrides.discard(old_root)
@@ -246,9 +286,16 @@ class ModelManager:
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload every version; with unload_dependents an ensemble's composing models go too (those no
-        other loaded ensemble uses)."""
+        other loaded ensemble uses). With --model-namespacing a plain name unloads the model of that name in
+        every repository."""
+        keys = self._keys(name)
+        if keys != [name]:
+            for key in keys:
+                await self.unload(key, unload_dependents)
+            return
+        key, name = name, namespaces.split(name)[1]
         loader.check_model_name(name)
-        e = self.entries.get(name)
+        e = self.entries.get(key)
         if e is None:
             if name in loader.list_model_names(self.settings):
                 return  # never loaded: nothing to do, as Triton
@@ -260,7 +307,7 @@ class ModelManager:
             self.changed()
             for v, mv in versions.items():
                 await self._stop_version(mv, drain_timeout=self.settings.unload_drain_s)
-                self.stats_registry.remove(name, str(v))
+                self.stats_registry.remove(name, str(v), e.namespace)
                 e.records[v] = (UNAVAILABLE, "unloaded")
             e.versions = {}
             overrides.discard(e.override_root)  # its workers have stopped
@@ -276,7 +323,7 @@ class ModelManager:
             still_used = {c for mv in self.loaded_versions() if mv.ensemble is not None
                           for c in mv.ensemble.composing_models}
             for dep in sorted(composing - still_used):
-                if dep != name and self.entries.get(dep) is not None and self.entries[dep].versions:
+                if dep != key and self.entries.get(dep) is not None and self.entries[dep].versions:
                     await self.unload(dep, unload_dependents=True)
 
     async def shutdown(self, drain_timeout: float) -> None:
@@ -291,8 +338,12 @@ class ModelManager:
     async def _prepare_ensemble(self, plan: loader.LoadPlan, chain: tuple[str, ...]) -> EnsemblePlan:
         """Check the step graph, load the composing models that are not loaded yet, check they fit."""
         graph = build_plan(plan.config)
-        chain = chain + (plan.name,)
+        if self.namespacing:  # each step names its model in the ensemble's own repository (namespaces.py)
+            graph = dataclasses.replace(graph, steps=tuple(
+                dataclasses.replace(s, model_name=namespaces.key(plan.namespace, s.model_name)) for s in graph.steps))
+        chain = chain + (namespaces.key(plan.namespace, plan.name) if self.namespacing else plan.name,)
         for dep in graph.composing_models:
+            dep = self._composing_key(dep)
             if dep in chain:
                 raise InferdError(ErrorCode.INVALID_ARG, "circular dependency between ensembles: %s"
                                   % " -> ".join(chain + (dep,)))
@@ -305,6 +356,10 @@ class ModelManager:
 
     async def load_once(self, name: str, chain: tuple[str, ...] = ()) -> None:
         """Load `name` unless it is loaded already (start-up: an ensemble may have loaded it first)."""
+        keys = self._keys(name)
+        if keys != [name]:
+            await asyncio.gather(*(self.load_once(key, chain) for key in keys))
+            return
         e = self.entries.get(name)
         if e is not None and e.lock.locked():  # being loaded right now: wait for that load
             async with e.lock:
@@ -323,8 +378,21 @@ class ModelManager:
             raise InferdError(ErrorCode.INVALID_ARG, "failed to load composing model '%s': %s"
                               % (name, exc.message)) from None
 
+    def _composing_key(self, step_model: str) -> str:
+        """Which model a step's load loads: with --model-namespacing the one in the ensemble's repository, else
+        the one model of that name elsewhere (several: Triton's ambiguity error)."""
+        if not self.namespacing:
+            return step_model
+        namespace, name = namespaces.split(step_model)
+        keys = namespaces.keys_in(self.settings.repos.list_models(), name)
+        if step_model in keys or not keys:
+            return step_model
+        if len(keys) > 1:
+            raise namespaces.ambiguous(name, len(keys))
+        return keys[0]
+
     def _composing_version(self, name: str, version: int) -> ModelVersion | None:
-        e = self.entries.get(name)
+        e = self.lookup(name)
         if e is None or not e.versions:
             return None
         return e.versions.get(version) if version >= 0 else e.versions[max(e.versions)]
@@ -366,7 +434,7 @@ class ModelManager:
     async def _start_version(self, plan: loader.LoadPlan, version: int,
                              ensemble: EnsemblePlan | None = None) -> ModelVersion:
         config = plan.config
-        stats = self.stats_registry.get(plan.name, str(version))
+        stats = self.stats_registry.get(plan.name, str(version), plan.namespace)
         stats.metric_tags = tuple(sorted((config.get("metric_tags") or {}).items()))  # labels "_<key>"
         if ensemble is not None:
             if self.steps is None:

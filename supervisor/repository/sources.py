@@ -38,8 +38,11 @@ class CloudSettings:
 
 
 class Repositories:
-    def __init__(self, roots: Sequence[str], cloud: CloudSettings | None = None) -> None:
+    def __init__(self, roots: Sequence[str], cloud: CloudSettings | None = None, namespacing: bool = False) -> None:
         self.roots = tuple(roots)
+        # --model-namespacing: a name in several repositories is several models (core/namespaces.py); the
+        # fingerprints are then keyed "<repository>::<name>"
+        self.namespacing = namespacing
         self.cloud: dict[str, CloudRepository] = {}
         self._executor: ThreadPoolExecutor | None = None
         urls = [r for r in self.roots if _is_url(r)]
@@ -118,18 +121,31 @@ class Repositories:
                 log.error("polling the model repository failed: %s", e.message)
         scan = self.list_models()
         out = {}
-        for name, root in scan.models.items():
+        placed = [(name, root) for name, root in scan.models.items()]
+        if self.namespacing:
+            placed += [(name, root) for name, roots in scan.duplicates.items() for root in roots]
+        for name, root in placed:
             repo = self.cloud.get(root)
-            out[name] = repo.names[name] if repo is not None else layout.fingerprint(os.path.join(root, name))
+            mark = repo.names[name] if repo is not None else layout.fingerprint(os.path.join(root, name))
+            out[f"{root}::{name}" if self.namespacing else name] = mark
         return out
 
     async def fingerprints_async(self) -> dict[str, str]:
         return await self._run(self.fingerprints)  # type: ignore[no-any-return]
 
     # ---- one model ----
-    def find_model(self, name: str, model_config_name: str = "") -> layout.ModelSource:
-        """Locate model `name` and read it; a cloud model is copied to its local snapshot first."""
+    def find_model(self, name: str, model_config_name: str = "", root: str = "") -> layout.ModelSource:
+        """Locate model `name` and read it; a cloud model is copied to its local snapshot first. `root`: read
+        it from that repository only (--model-namespacing)."""
         layout.validate_model_name(name)
+        if root:
+            repo = self.cloud.get(root)
+            if repo is None:
+                return layout.read_model(root, name, model_config_name)
+            objects = repo.model_objects(name)
+            if not objects:
+                raise not_found(f"failed to load '{name}', failed to poll from model repository: model not found")
+            return layout.read_model(repo.materialize(name, objects), name, model_config_name)
         if not self.cloud:
             return layout.find_model(self.local, name, model_config_name)
         local = [os.path.abspath(r) for r in self.local if os.path.isdir(os.path.join(r, name))]
@@ -157,10 +173,10 @@ class Repositories:
         _, repo, objects = remote[0]
         return layout.read_model(repo.materialize(name, objects), name, model_config_name)
 
-    async def find_model_async(self, name: str, model_config_name: str = "") -> layout.ModelSource:
+    async def find_model_async(self, name: str, model_config_name: str = "", root: str = "") -> layout.ModelSource:
         if not self.cloud:
-            return layout.find_model(self.local, name, model_config_name)
-        return await self._run(self.find_model, name, model_config_name)  # type: ignore[no-any-return]
+            return self.find_model(name, model_config_name, root)
+        return await self._run(self.find_model, name, model_config_name, root)  # type: ignore[no-any-return]
 
 
 def _is_url(root: str) -> bool:

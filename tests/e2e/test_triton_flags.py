@@ -66,7 +66,7 @@ def test_log_levels_switch_off_and_cpu_metrics_off(server_factory, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--model-namespacing", "true"], "--model-namespacing=true: inferd does not support"),
+    (["--model-namespacing", "true", "--frontend-processes", "2"], "--model-namespacing=true: frontend processes"),
     (["--rate-limit", "sometimes"], "--rate-limit=sometimes: invalid argument for --rate-limit"),
     (["--grpc-use-ssl", "true"], "--grpc-server-cert is required"),
     (["--http-restricted-api", "bogus:k=v"], "unknown category 'bogus'"),

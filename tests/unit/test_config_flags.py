@@ -53,10 +53,10 @@ def test_inert_flags_are_reported_and_defaults_of_unsupported_ones_pass(tmp_path
 
 def test_every_refusal_is_reported_at_once(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        parse(tmp_path, "--rate-limit", "sometimes", "--model-namespacing", "true",
+        parse(tmp_path, "--rate-limit", "sometimes", "--allow-sagemaker", "true",
               "--http-header-forward-pattern", "(", "--model-load-retry-count", "-1")
     message = str(exit_info.value)
-    for part in ("--rate-limit=sometimes: invalid argument for --rate-limit", "--model-namespacing=true",
+    for part in ("--rate-limit=sometimes: invalid argument for --rate-limit", "--allow-sagemaker=true",
                  "--http-header-forward-pattern", "--model-load-retry-count"):
         assert part in message
 
