@@ -7,6 +7,7 @@ requests drained within --exit-timeout-secs, frontends closed, workers stopped, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ from inferd.worker.wire.errors import InferdError
 
 from . import gpus as gpus_mod
 from . import metrics as metrics_mod
-from . import sdnotify
+from . import orca, sdnotify
 from . import stats as stats_mod
 from .bls import BlsService
 from .cache import ResponseCache
@@ -103,7 +104,8 @@ class App:
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
             metrics_renderer=_with_custom_metrics(_with_gpu_metrics(_with_cache_metrics(
-                metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics), response_cache),
+                metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics,
+                                 self.config.pinned_memory_pool_bytes), response_cache),
                 gpu_metrics), custom_metrics),
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
@@ -116,6 +118,7 @@ class App:
                           "log_warning": self.config.log_warning, "log_error": self.config.log_error,
                           "log_verbose_level": self.config.log_verbose, "log_format": self.config.log_format},
             tracer=Tracer(self.config.trace),
+            load_reporter=functools.partial(orca.load_report, custom_metrics),  # endpoint-load-metrics
         )
         BlsService(dataplane, runtime.channel, runtime.pool)  # Python models calling models
         poller: RepositoryPoller | None = None

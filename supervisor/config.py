@@ -16,6 +16,7 @@ RESTRICTABLE = ("health", "metadata", "inference", "shared-memory", "model-confi
                 "statistics", "trace", "logging")
 # TEST ONLY: made-up GPUs instead of the host's NVML (see ServerConfig.test_only_fake_gpus)
 TEST_ONLY_FAKE_GPUS_ENV = "INFERD_TEST_ONLY_FAKE_GPUS"
+DEFAULT_PINNED_POOL_BYTES = 268435456  # tritonserver's --pinned-memory-pool-byte-size default
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,8 @@ class ServerConfig:
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
     metrics_latency: LatencyMetricsConfig = field(default_factory=LatencyMetricsConfig)  # --metrics-config
+    # --pinned-memory-pool-byte-size: only reported (nv_pinned_memory_pool_total_bytes), as Triton without a GPU
+    pinned_memory_pool_bytes: int = DEFAULT_PINNED_POOL_BYTES
     allow_client_shm: bool = False
     model_config_name: str = ""  # load <model>/configs/<name>.pbtxt where it exists, else config.pbtxt
     model_load_retry_count: int = 0  # a failed load is tried again this many times

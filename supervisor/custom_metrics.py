@@ -310,6 +310,16 @@ class CustomMetrics:
             series.retired_counts[i] += n
         series.retired_sum += c.sum
 
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """(labels, value) of each counter or gauge of family `name`, in label order ([]: no such family).
+        What the load reports (orca.py) read."""
+        family = self._families.get(name)
+        if family is None or family.kind == rules.HISTOGRAM:
+            return []
+        counter = family.kind == rules.COUNTER
+        return [(dict(key), family.series[key].counter_value() if counter else family.series[key].gauge_value())
+                for key in sorted(family.series)]
+
     # ---- rendering ----
     def render_lines(self) -> list[str]:
         """The families' lines in Prometheus text format (Triton's layout: a histogram's _count, _sum, then

@@ -16,6 +16,7 @@ from dataclasses import replace
 from . import access, rundir, triton_flags
 from .cache import parse_cache_config
 from .config import (
+    DEFAULT_PINNED_POOL_BYTES,
     OPENAI_RESTRICTABLE,
     RESTRICTABLE,
     TEST_ONLY_FAKE_GPUS_ENV,
@@ -332,14 +333,24 @@ def parse_metrics_config(values: list[str]) -> tuple[LatencyMetricsConfig, list[
                 cfg = replace(cfg, summaries=value == "true")
             elif key == "counter_latencies":
                 cfg = replace(cfg, counters=value != "false")
-            elif value == "true":
-                notes.append(f"--metrics-config {item} has no effect: tritonserver 2.51 exports no first-response "
-                             "histogram for Python-backend models either")
+            else:  # nv_inference_first_response_histogram_ms (Triton 2.52 and later)
+                cfg = replace(cfg, histograms=value == "true")
         elif key == "summary_quantiles":
             cfg = replace(cfg, quantiles=parse_quantiles(value))
         else:
             notes.append(f"--metrics-config {item}: unknown setting, ignored (as tritonserver does)")
     return cfg, notes
+
+
+def _pinned_pool_bytes(values: list[str] | None) -> int:
+    """--pinned-memory-pool-byte-size (the last one given; its format is checked with the other tritonserver
+    flags): the total inferd reports as nv_pinned_memory_pool_total_bytes, as Triton does without a GPU."""
+    if not values:
+        return DEFAULT_PINNED_POOL_BYTES
+    try:
+        return max(0, int(values[-1].strip()))
+    except ValueError:
+        return DEFAULT_PINNED_POOL_BYTES  # (refused as a flag error, naming the flag)
 
 
 def _trace_notes(trace: TraceOptions) -> list[str]:
@@ -567,6 +578,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         metrics_address=args.http_address if args.metrics_address is None else args.metrics_address,
         metrics_port=args.metrics_port,
         metrics_latency=metrics_latency,
+        pinned_memory_pool_bytes=_pinned_pool_bytes(args.triton_pinned_memory_pool_byte_size),
         allow_client_shm=args.allow_client_shm,
         model_config_name=args.model_config_name or "",
         model_load_retry_count=args.model_load_retry_count,

@@ -7,8 +7,9 @@ rename every counter ``<name>_total``, which breaks Triton's names, and a hand-b
 of magnitude cheaper than a prometheus_client Collector.
 Label names are sorted, as prometheus-cpp does.
 
-Things the stats do not hold (pending queue lengths, instance states, shared memory) come from the
-``extra`` callback, called once per scrape and returning an ``ExtraMetrics`` snapshot.
+Things the stats do not hold (pending queue lengths, instance states, shared memory, the pinned memory pool's
+size) come from the ``extra`` callback, called once per scrape and returning an ``ExtraMetrics`` snapshot.
+docs/metrics.md lists every family and its labels.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from . import latency_summary as ls
+from .latency_histogram import FIRST_RESPONSE, FIRST_RESPONSE_HELP
 from .stats import FAILURE_REASONS, ModelStats, StatsRegistry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,6 +48,7 @@ class ExtraMetrics:
     instances: Sequence[InstanceMetrics] = ()
     shm_bytes_in_use: int | None = None  # supervisor-owned shared memory (pools + client regions)
     shm_bytes_reserved: int | None = None
+    pinned_pool_bytes: int | None = None  # --pinned-memory-pool-byte-size: Triton's nv_pinned_memory_pool_*
 
 
 ExtraFn = Callable[[], ExtraMetrics]
@@ -154,12 +157,62 @@ def _summary_families(models: Sequence[ModelStats], labels: Sequence[str],
     for name, help_text, index, count, total in _SUMMARIES:
         fam = _Family(name, "summary", help_text)
         for s, lab, entries in rows:
+            if index == ls.REQUEST and s.cache_enabled:
+                continue  # as Triton (its FIXME DLIS-4762): no request summary for a model with the cache on
             fam.lines.append(f"{name}_count{{{lab}}} {count(s)}")
             fam.lines.append(f"{name}_sum{{{lab}}} {total(s)}")
             for q_lab, value in zip(q_labels, ls.quantiles(ls.column(entries, index), q_values), strict=True):
                 fam.add(f"{lab},{q_lab}", value)
-        families.append(fam)
+        if len(fam.lines) > 2:
+            families.append(fam)
+    for name, help_text, ring, count, total in _CACHE_SUMMARIES:
+        fam = _Family(name, "summary", help_text)
+        for s, lab, _ in rows:
+            cache_ring = ring(s)
+            if cache_ring is None:
+                continue
+            fam.lines.append(f"{name}_count{{{lab}}} {count(s)}")
+            fam.lines.append(f"{name}_sum{{{lab}}} {total(s)}")
+            values = ls.quantiles(ls.column(cache_ring.recent(), 1), q_values)
+            for q_lab, value in zip(q_labels, values, strict=True):
+                fam.add(f"{lab},{q_lab}", value)
+        if len(fam.lines) > 2:
+            families.append(fam)
     return families
+
+
+# with summary_latencies, for the models with the response cache on, in Triton's order and wording:
+# (name, help, the ring, cumulative count, cumulative sum in µs)
+_CACHE_SUMMARIES: tuple[tuple[str, str, Callable[[ModelStats], ls.LatencyRing | None], Callable[[ModelStats], int],
+                              Callable[[ModelStats], int]], ...] = (
+    ("nv_cache_hit_summary_per_model", "Summary of cache hit counts/durations per model, in microseconds.",
+     lambda s: s.cache_hit_latency, lambda s: s.cache_hit_count, lambda s: s.cache_hit_ns // 1000),
+    ("nv_cache_miss_summary_per_model", "Summary of cache miss counts/durations per model, in microseconds.",
+     lambda s: s.cache_miss_latency, lambda s: s.cache_miss_count, lambda s: s.cache_miss_ns // 1000),
+)
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus-cpp writes it (%.16g, +Inf)."""
+    return "+Inf" if bound == float("inf") else "%.16g" % bound
+
+
+def _histogram_family(models: Sequence[ModelStats], labels: Sequence[str]) -> list[_Family]:
+    """nv_inference_first_response_histogram_ms of the versions that keep one (histogram_latencies=true):
+    _count, _sum, then the cumulative _bucket lines with "le" last, as prometheus-cpp writes them."""
+    rows = [(s.first_response, lab) for s, lab in zip(models, labels, strict=True) if s.first_response is not None]
+    if not rows:
+        return []
+    name = FIRST_RESPONSE
+    fam = _Family(name, "histogram", FIRST_RESPONSE_HELP)
+    for hist, lab in rows:
+        fam.lines.append(f"{name}_count{{{lab}}} {hist.count}")
+        fam.lines.append(f"{name}_sum{{{lab}}} {hist.total}")
+        running = 0
+        for bound, n in zip((*hist.bounds, float("inf")), hist.counts, strict=True):
+            running += n
+            fam.lines.append(f'{name}_bucket{{{lab},le="{_le(bound)}"}} {running}')
+    return [fam]
 
 
 class _CpuSampler:
@@ -230,7 +283,8 @@ def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, st
         fam.add(lab, float(s.load_duration_s))
     families.append(fam)
 
-    cached = [(s, lab) for s, lab in zip(models, labels, strict=True) if s.cache_enabled]
+    # as Triton: the per-model cache counters go with the latency counters (counter_latencies=false)
+    cached = [(s, lab) for s, lab in zip(models, labels, strict=True) if s.cache_enabled and latency.counters]
     if cached:
         for name, help_text, get in _CACHE_COUNTERS:
             fam = _Family(name, "counter", help_text)
@@ -243,8 +297,20 @@ def _model_families(models: Sequence[ModelStats], pending: Mapping[tuple[str, st
     for s, lab in zip(models, labels, strict=True):
         fam.add(lab, s.success_items)
     families.append(fam)
+    families += _histogram_family(models, labels)
     families += _summary_families(models, labels, latency.quantiles)
     return families
+
+
+def _pinned_families(total: int) -> list[_Family]:
+    """Triton's pinned memory pool gauges. Without a GPU Triton allocates no pool and still reports the
+    --pinned-memory-pool-byte-size it was given as the total, and 0 used; inferd has no pinned pool and
+    reports the same."""
+    fam_total = _Family("nv_pinned_memory_pool_total_bytes", "gauge", "Pinned memory pool total memory size, in bytes")
+    fam_total.add_plain(total)
+    fam_used = _Family("nv_pinned_memory_pool_used_bytes", "gauge", "Pinned memory pool used memory size, in bytes")
+    fam_used.add_plain(0)
+    return [fam_total, fam_used]
 
 
 def _system_families() -> list[_Family]:
@@ -335,6 +401,8 @@ def render_metrics(stats: StatsRegistry, extra: ExtraFn | None = None, system: b
     families: list[_Family] = []
     if models:
         families += _model_families(models, snapshot.pending, stats.latency_config)
+    if snapshot.pinned_pool_bytes is not None:
+        families += _pinned_families(snapshot.pinned_pool_bytes)
     if system:
         families += _system_families()
     families += _instance_families(snapshot, {(s.name, s.version): _tags(s) for s in models if s.metric_tags})

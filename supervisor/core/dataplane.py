@@ -94,6 +94,11 @@ class DataPlane(abc.ABC):
     def metrics_text(self) -> bytes:
         """Prometheus text exposition for :8002/metrics."""
 
+    def load_report(self, fmt: str, model: str = "") -> str | None:
+        """The `endpoint-load-metrics` header for a request to `model` that asked for one in `fmt` ("text" or
+        "json"; orca.py), or None when there is nothing to report. Default: nothing."""
+        return None
+
     # ---- repository extension ----
     @abc.abstractmethod
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
@@ -182,6 +187,9 @@ class DataPlane(abc.ABC):
     # answer at once from the plain forms unless `remote` (a frontend process, scaleout/) ----
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
         return self.model_statistics(name, version)
+
+    async def load_report_async(self, fmt: str, model: str = "") -> str | None:
+        return self.load_report(fmt, model)
 
     async def status_async(self, name: str = "") -> dict[str, Any]:
         return self.status(name)

@@ -55,8 +55,9 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
                  busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool | None = None,
-                 tracer: Tracer | None = None) -> None:
+                 tracer: Tracer | None = None, load_reporter: Any = None) -> None:
         self.manager = manager
+        self.load_reporter = load_reporter  # (format, model) -> the endpoint-load-metrics header or None (orca.py)
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
         self.server_id = server_id
@@ -255,6 +256,8 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
             return
         wanted = self._checked(mv, request, self.shm is not None)
         stream = ResponseStream()
+        if mv.stats.first_response is not None:
+            stream.first_response = (mv.stats.first_response, request.arrival_ns)
         request.response_sink = stream
         # a trace ends with the execution (its compute stamps come as it returns), not the last response
         future = self._submit_traced(mv, request)
@@ -303,6 +306,8 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         mv = self.resolve_ready(request.model_name, request.model_version)
         self._validated(mv, request, False)
         stream = ResponseStream()
+        if mv.stats.first_response is not None:
+            stream.first_response = (mv.stats.first_response, request.arrival_ns)
         request.response_sink = stream
         future = mv.scheduler.submit(request)
         stream.watch(future)
@@ -332,6 +337,9 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
 
     def metrics_text(self) -> bytes:
         return self.metrics_renderer()
+
+    def load_report(self, fmt: str, model: str = "") -> str | None:
+        return self.load_reporter(fmt, model) if self.load_reporter is not None else None
 
     # ---- repository ----
     def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:

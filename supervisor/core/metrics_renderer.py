@@ -9,8 +9,10 @@ from .. import metrics as metrics_mod
 from .runtime import Runtime
 
 
-def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics: bool = True) -> Callable[[], bytes]:
-    """The /metrics body; `cpu_metrics`: with the nv_cpu_* gauges (--allow-cpu-metrics)."""
+def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics: bool = True,
+                     pinned_pool_bytes: int | None = None) -> Callable[[], bytes]:
+    """The /metrics body; `cpu_metrics`: with the nv_cpu_* gauges (--allow-cpu-metrics); `pinned_pool_bytes`:
+    the total of Triton's nv_pinned_memory_pool_* gauges (--pinned-memory-pool-byte-size)."""
 
     def extra() -> metrics_mod.ExtraMetrics:
         pending: dict[tuple[str, str], int] = {}
@@ -25,6 +27,7 @@ def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics:
                     restarts=inst.restarts, restart_reasons=dict(inst.restart_reasons), inflight=inst.inflight))
         return metrics_mod.ExtraMetrics(pending=pending, instances=instances,
                                         shm_bytes_in_use=runtime.pool.in_use_bytes,
-                                        shm_bytes_reserved=runtime.pool.total_bytes)
+                                        shm_bytes_reserved=runtime.pool.total_bytes,
+                                        pinned_pool_bytes=pinned_pool_bytes)
 
     return lambda: metrics_mod.render_metrics(registry, extra=extra, system=cpu_metrics)

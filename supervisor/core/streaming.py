@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,9 @@ class ResponseStream:
         self.cancelled = False  # the consumer is gone
         self.responses = 0  # items put, the final one included
         self.errors = 0
+        # (histogram, arrival ns): the model's first-response histogram, observed at the first item put
+        # (--metrics-config histogram_latencies=true; stats.ModelStats.first_response)
+        self.first_response: tuple[Any, int] | None = None
 
     # ---- producer side (worker process) ----
     def attach(self, canceller: Callable[[], None]) -> None:
@@ -47,6 +51,9 @@ class ResponseStream:
     def put(self, item: InferResponse | InferdError, final: bool) -> None:
         if self.ended:
             return  # late items (after the final one, or after an overflow) are dropped
+        if not self.responses and self.first_response is not None:
+            histogram, arrival = self.first_response
+            histogram.observe_ns(time.monotonic_ns() - arrival)
         self.responses += 1
         if isinstance(item, InferdError):
             self.errors += 1
