@@ -16,7 +16,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import InferdError
 
-from .models import ModelVersion
+from .models import READY, ModelVersion
 
 log = logging.getLogger("inferd.core")
 
@@ -31,10 +31,19 @@ def asks_model(mv: ModelVersion) -> bool:
     return any(i.worker is not None and i.worker.readiness is not None for i in mv.instances)
 
 
+def _why_not(mv: ModelVersion) -> str:
+    """Why a version is not ready; for a loaded one, Triton's words for an instance whose process is gone."""
+    if mv.state == READY:
+        down = next((i for i in mv.instances if not i.ready), None)
+        if down is not None:
+            return f"Stub process '{down.name}' is not healthy."
+    return mv.reason or "no ready instance"
+
+
 async def version_ready(mv: ModelVersion) -> tuple[bool, str]:
     """(ready, why not) of a version, asking its instances' is_ready() (each answers within 5 s)."""
     if not mv.ready:
-        return False, mv.reason or "no ready instance"
+        return False, _why_not(mv)
     asked = _asked(mv)
     if not asked:
         return True, ""
@@ -52,6 +61,8 @@ async def model_ready(dp: Any, name: str, version: str) -> bool:
     except InferdError:
         return False  # as Triton: an unknown model or version is simply not ready
     if not asks_model(mv):
+        if not mv.ready and mv.state == READY:  # its instances are being restarted (Triton: a dead stub)
+            log.debug("Model '%s' version %d is not ready: %s", name, mv.version, _why_not(mv))
         return bool(mv.ready)
     ready, why = await version_ready(mv)
     if not ready:
