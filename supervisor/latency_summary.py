@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # tritonserver 2.51's default quantiles and their allowed errors (the errors only matter to Triton's
 # streaming estimator; here the quantiles are exact over the kept observations)
@@ -28,7 +29,9 @@ DEFAULT_CAPACITY = 4096  # observations kept per model version
 # the five durations of a ring entry, after its timestamp
 REQUEST, QUEUE, COMPUTE_INPUT, COMPUTE_INFER, COMPUTE_OUTPUT = range(1, 6)
 
-Entry = tuple[int, int, int, int | None, int | None, int | None]
+# a request: (finished ms, request, queue, compute input, infer, output µs); the cache summaries' rings
+# (cache hits, cache misses) hold (finished ms, duration µs)
+Entry = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,7 @@ class LatencyMetricsConfig:
 
     counters: bool = True  # counter_latencies: the nv_inference_*_duration_us counters
     summaries: bool = False  # summary_latencies: the nv_inference_*_summary_us summaries
+    histograms: bool = False  # histogram_latencies: nv_inference_first_response_histogram_ms
     quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES  # summary_quantiles: (quantile, error)
     max_age_s: float = DEFAULT_MAX_AGE_S
     capacity: int = DEFAULT_CAPACITY

@@ -12,7 +12,11 @@ Counting rules follow Triton (reference/triton.md §7.2):
 - per execution: ``execution_count``, ``inference_count`` (batch items), ``batch_stats`` —
   ``record_execution``;
 - a response-cache hit counts as a success (and queue) but not as an inference, an execution or
-  compute time — ``record_cache_hit``; a miss only adds the lookup/insert time — ``record_cache_miss``.
+  compute time — ``record_cache_hit``; a miss only adds the lookup/insert time — ``record_cache_miss``;
+- the first-response histogram (``--metrics-config histogram_latencies=true``) observes a request's first
+  response: for a model that is not decoupled its end, success or failure (``record_*`` with the request's
+  duration; a refusal before it was queued, recorded with 0, has no response), for a decoupled one the
+  first response its stream gets (core.streaming.ResponseStream calls ``first_response.observe_ns``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import invalid_arg
 
+from .latency_histogram import DEFAULT_BUCKETS, FIRST_RESPONSE, Histogram
 from .latency_summary import LatencyMetricsConfig, LatencyRing
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")  # Triton's /metrics order
@@ -61,6 +66,10 @@ class ModelStats:
         "cache_enabled",
         "metric_tags",
         "latency",
+        "decoupled",
+        "first_response",
+        "cache_hit_latency",
+        "cache_miss_latency",
     )
 
     def __init__(self, name: str, version: str, namespace: str = "") -> None:
@@ -91,6 +100,11 @@ class ModelStats:
         self.metric_tags: tuple[tuple[str, str], ...] = ()  # config metric_tags: labels "_<key>" on its metrics
         # recent requests' durations for the latency summaries (--metrics-config summary_latencies=true)
         self.latency: LatencyRing | None = None
+        self.decoupled = False  # its first responses are observed by its streams, not by record_*
+        self.first_response: Histogram | None = None  # --metrics-config histogram_latencies=true
+        # the cache hit / miss durations for nv_cache_{hit,miss}_summary_per_model (summaries, cache on)
+        self.cache_hit_latency: LatencyRing | None = None
+        self.cache_miss_latency: LatencyRing | None = None
 
     # ---- hot path ----
     def record_success(
@@ -114,13 +128,15 @@ class ModelStats:
         if self.latency is not None:
             self.latency.entries.append((now_ms, request_ns // 1000, queue_ns // 1000, compute_input_ns // 1000,
                                          compute_infer_ns // 1000, compute_output_ns // 1000))
+        if self.first_response is not None and not self.decoupled:
+            self.first_response.observe_ns(request_ns)
 
     def record_successes(self, arrivals: Sequence[int], start_ns: int, end_ns: int, compute_input_ns: int,
                          compute_infer_ns: int, compute_output_ns: int) -> None:
         """The requests of one batch (arrival times) that completed, each of one batch item, the batch sent
         at `start_ns` and answered at `end_ns`: `record_success` for each, in one update unless the latency
         summaries keep every request."""
-        if self.latency is not None:
+        if self.latency is not None or self.first_response is not None:
             for arrival in arrivals:
                 self.record_success(1, end_ns - arrival, start_ns - arrival, compute_input_ns, compute_infer_ns,
                                     compute_output_ns)
@@ -140,6 +156,8 @@ class ModelStats:
         """One request that failed. reason: REJECTED (queue full/timeout), CANCELED, BACKEND, OTHER."""
         self.fail_count += 1
         self.fail_ns += request_ns
+        if request_ns and self.first_response is not None and not self.decoupled:  # answered with an error
+            self.first_response.observe_ns(request_ns)
         by_reason = self.fail_by_reason
         if reason in by_reason:
             by_reason[reason] += 1
@@ -177,11 +195,17 @@ class ModelStats:
         now_ms = self.last_inference = time.time_ns() // 1_000_000
         if self.latency is not None:  # a cache hit has no compute durations
             self.latency.entries.append((now_ms, request_ns // 1000, queue_ns // 1000, None, None, None))
+        if self.cache_hit_latency is not None:
+            self.cache_hit_latency.entries.append((now_ms, ns // 1000))
+        if self.first_response is not None and not self.decoupled:
+            self.first_response.observe_ns(request_ns)
 
     def record_cache_miss(self, ns: int) -> None:
         """Time spent on a cache lookup (and insert) that missed; the request then runs normally."""
         self.cache_miss_count += 1
         self.cache_miss_ns += ns
+        if self.cache_miss_latency is not None:
+            self.cache_miss_latency.entries.append((time.time_ns() // 1_000_000, ns // 1000))
 
     # ---- readers ----
     @property
@@ -250,6 +274,21 @@ class StatsRegistry:
             if cfg.summaries:
                 stats.latency = LatencyRing(cfg.capacity, cfg.max_age_s)
         return stats
+
+    def configure(self, stats: ModelStats, *, decoupled: bool, cache_enabled: bool,
+                  buckets: dict[str, tuple[float, ...]] | None = None) -> None:
+        """What a loaded version's config means for its figures: decoupled (who observes first responses), the
+        response cache (nv_cache_* per model) and, with histogram_latencies, the first-response histogram with
+        the config's buckets (`buckets`: latency_histogram.bucket_overrides). A histogram that exists already
+        (the version reloaded while it served) keeps its buckets: as in Triton, new ones apply after an unload."""
+        cfg = self.latency_config
+        stats.decoupled = decoupled
+        stats.cache_enabled = cache_enabled
+        if cfg.histograms and stats.first_response is None:
+            stats.first_response = Histogram((buckets or {}).get(FIRST_RESPONSE, DEFAULT_BUCKETS))
+        if cfg.summaries and cache_enabled and stats.cache_hit_latency is None:
+            stats.cache_hit_latency = LatencyRing(cfg.capacity, cfg.max_age_s)
+            stats.cache_miss_latency = LatencyRing(cfg.capacity, cfg.max_age_s)
 
     def find(self, model: str, version: str | int, namespace: str = "") -> ModelStats | None:
         return self._stats.get((model, str(version), namespace))

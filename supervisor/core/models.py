@@ -24,6 +24,7 @@ from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
+from ..latency_histogram import bucket_overrides
 from ..repository import python_backends
 from ..repository.agents import PollFailed
 from ..scheduler.base import Scheduler
@@ -436,6 +437,8 @@ class ModelManager:
         config = plan.config
         stats = self.stats_registry.get(plan.name, str(version), plan.namespace)
         stats.metric_tags = tuple(sorted((config.get("metric_tags") or {}).items()))  # labels "_<key>"
+        # model_metrics' histogram buckets (raises for unusable ones, which Triton's prometheus-cpp throws on)
+        buckets = bucket_overrides(config, plan.name) if self.stats_registry.latency_config.histograms else None
         if ensemble is not None:
             if self.steps is None:
                 raise InferdError(ErrorCode.INTERNAL, "ensemble '%s' loaded without a data plane" % plan.name)
@@ -445,8 +448,10 @@ class ModelManager:
                                                 batched=int(config.get("max_batch_size") or 0) > 0),
                               stats, decoupled=ensemble.decoupled, metadata_base=plan.metadata_base,
                               ensemble=ensemble, labels=plan.labels)
+            self.stats_registry.configure(stats, decoupled=mv.decoupled, cache_enabled=False, buckets=buckets)
             mv.state = READY
             return mv
+        load_started = time.monotonic()  # nv_model_load_duration_secs: until its instances are up, as Triton
         warmer = await warmup.build_warmer(config, plan.source.path, plan.name, str(version), stats)
         instances = loader.make_instances(self.settings, plan, version)
         io = IOSpec.from_config(config)
@@ -461,7 +466,8 @@ class ModelManager:
         if self.response_cache and model_wants_cache(config):
             mv.cache_generation = next(_cache_generations)
         # as Triton: the per-model nv_cache_* counters follow the model's config, even without a server cache
-        stats.cache_enabled = bool((config.get("response_cache") or {}).get("enable"))
+        self.stats_registry.configure(stats, decoupled=mv.decoupled, buckets=buckets,
+                                      cache_enabled=bool((config.get("response_cache") or {}).get("enable")))
         def on_change(inst: Any) -> None:
             self.changed()
             scheduler.instance_changed(inst)
@@ -475,6 +481,7 @@ class ModelManager:
             await asyncio.gather(*(inst.stop() for inst in instances), return_exceptions=True)
             self._unregister(mv)
             raise
+        stats.load_duration_s = time.monotonic() - load_started
         scheduler.start()
         mv.state = READY
         self.changed()

@@ -17,6 +17,9 @@ A response is one JSON object: model_name, model_version, id (when given) and ev
   status. The body is chunked and the connection closes after it; a client that drops the connection
   cancels the request.
 - A model's error answers /generate with 400 whatever its code, as Triton answers it.
+- A request with the header `endpoint-load-metrics-format: text|json` gets the `endpoint-load-metrics` load
+  report with its answer, as Triton 2.57 and later send it (supervisor/orca.py), unless the request itself
+  was refused.
 
 A key given twice reads as Triton's JSON reads it: each member name in document order, with the value
 of its first occurrence, so an input named twice is refused ("input 'X' already exists in request")
@@ -38,6 +41,8 @@ import orjson
 from inferd.supervisor.core.dataplane import DataPlane, ResponseError
 from inferd.supervisor.inference.tensors import json_to_raw, raw_to_json
 from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
+from inferd.supervisor.orca import REQUEST_HEADER as LOAD_REPORT_FORMAT
+from inferd.supervisor.orca import RESPONSE_HEADER as LOAD_REPORT
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
 from . import errors
@@ -221,11 +226,28 @@ class Generate:
 
     def generate(self, req: Any, model: str, version: str) -> Any:
         request = self._request(req, model, version)
-        return self._generate(request)
+        return self._generate(request, req.headers.get(LOAD_REPORT_FORMAT))
 
-    async def _generate(self, request: InferRequest) -> Response:
+    async def _load_report(self, fmt: str | None, model: str) -> dict[str, str] | None:
+        """The headers of an accepted request's answer: the load report it asked for, if there is one."""
+        if fmt is None:
+            return None
+        try:
+            value = await self.dp.load_report_async(fmt, model)
+        except InferdError:  # (the core out of reach) the answer goes without a report rather than not at all
+            return None
+        return {LOAD_REPORT: value} if value else None
+
+    async def _generate(self, request: InferRequest, load_format: str | None = None) -> Response:
         """One response expected: an error response counts as one (answered 400, as Triton); an
         error before any response keeps its own status."""
+        response, accepted = await self._generate_one(request)
+        if accepted and load_format is not None:
+            response.headers = await self._load_report(load_format, request.model_name)
+        return response
+
+    async def _generate_one(self, request: InferRequest) -> tuple[Response, bool]:
+        """(the answer, whether the request was accepted: not refused before its first response)"""
         responses = self.dp.stream_infer(request)
         items: list[InferResponse | InferdError] = []
         try:
@@ -236,25 +258,25 @@ class Generate:
                         break
         except InferdError as exc:
             if not items and not isinstance(exc, ResponseError):
-                return errors.from_inferd_error(exc)  # a refusal of the request: its own status
+                return errors.from_inferd_error(exc), False  # a refusal of the request: its own status
             items.append(exc)
         finally:
             await responses.aclose()
         if len(items) != 1:
-            return errors.error_response(400, _ONE_RESPONSE)
+            return errors.error_response(400, _ONE_RESPONSE), True
         item = items[0]
         try:
             if isinstance(item, InferdError):
                 raise item
-            return Response(200, orjson.dumps(response_json(item)))
+            return Response(200, orjson.dumps(response_json(item))), True
         except InferdError as exc:
-            return errors.error_response(400, exc.message)
+            return errors.error_response(400, exc.message), True
 
     def generate_stream(self, req: Any, model: str, version: str) -> Any:
         request = self._request(req, model, version)
-        return self._generate_stream(request)
+        return self._generate_stream(request, req.headers.get(LOAD_REPORT_FORMAT))
 
-    async def _generate_stream(self, request: InferRequest) -> Response:
+    async def _generate_stream(self, request: InferRequest, load_format: str | None = None) -> Response:
         """Waits for the first event: its status is the stream's (400 for an error response, as Triton), and
         a refusal of the request before it keeps its own status as a plain JSON error."""
         responses = self.dp.stream_infer(request)
@@ -262,7 +284,9 @@ class Generate:
             first = await self._next_event(responses)
         except ResponseError as exc:  # the request's only answer is an error: a stream of that one event
             await responses.aclose()
-            return StreamingResponse(_one(_sse({"error": exc.message})), status=400)
+            failed = StreamingResponse(_one(_sse({"error": exc.message})), status=400)
+            failed.headers = await self._load_report(load_format, request.model_name)
+            return failed
         except InferdError as exc:
             await responses.aclose()
             return errors.from_inferd_error(exc)
@@ -270,7 +294,13 @@ class Generate:
             await responses.aclose()
             raise
         status = 400 if first is not None and first.startswith(_ERROR_EVENT) else 200
-        return StreamingResponse(self._events(first, responses), status=status)
+        stream = StreamingResponse(self._events(first, responses), status=status)
+        try:
+            stream.headers = await self._load_report(load_format, request.model_name)
+        except BaseException:
+            await responses.aclose()
+            raise
+        return stream
 
     async def _next_event(self, responses: AsyncIterator[Any]) -> bytes | None:
         """The next SSE event (None at the end); an error ending the stream before any event is raised."""

@@ -90,7 +90,7 @@ class ResponseWriter(ConnectionState):
         chunks = res.chunks
         self._coalescer.release(transport)
         try:
-            transport.write(chunked_head(res.status, res.content_type))
+            transport.write(chunked_head(res.status, res.content_type, res.headers))
             async for chunk in chunks:
                 if self.closed:
                     return

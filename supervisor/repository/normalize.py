@@ -349,6 +349,20 @@ def _validate_metric_tags(config: mc.ModelConfig) -> None:
                               f"{rules.MAX_LABEL_VALUE_CHARS} characters")
 
 
+def _validate_model_metrics(config: mc.ModelConfig) -> None:
+    """model_metrics (Triton 2.52 and later): each metric_control names a family and gives histogram buckets;
+    Triton's messages. (Which families and which buckets: latency_histogram.bucket_overrides, at load.)"""
+    for control in config.model_metrics.metric_control:
+        if not control.HasField("metric_identifier"):
+            raise invalid_arg("metric control must specify 'metric_identifier'")
+        if not control.metric_identifier.family:
+            raise invalid_arg("metric identifier must specify non-empty 'family'")
+        if not control.HasField("histogram_options"):
+            raise invalid_arg("metric control must specify 'histogram_options'")
+        if not control.histogram_options.buckets:
+            raise invalid_arg("histogram options must specify non-empty 'buckets'")
+
+
 def validate(config: mc.ModelConfig, gpu_ids: Sequence[int] = ()) -> None:
     """INVALID_ARG when a normalised config cannot be served."""
     m = config.name
@@ -369,3 +383,4 @@ def validate(config: mc.ModelConfig, gpu_ids: Sequence[int] = ()) -> None:
     if config.HasField("sequence_batching"):
         _validate_sequence_batching(config)
     validate_batch_io(config)
+    _validate_model_metrics(config)

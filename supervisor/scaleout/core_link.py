@@ -251,6 +251,8 @@ class Session:
             return await dp.model_ready_async(*args)
         if op == Op.READY:
             return await dp.ready_async()
+        if op == Op.LOAD_REPORT:
+            return dp.load_report(*args)
         raise InferdError(ErrorCode.INTERNAL, "unknown control op %d" % op)
 
     def _on_lost(self, exc: Exception | None) -> None:

@@ -361,6 +361,10 @@ class RemoteDataPlane(DataPlane):
     async def shm_unregister_async(self, kind: str, name: str = "") -> None:
         await self._control(Op.SHM_UNREGISTER, kind, name)
 
+    async def load_report_async(self, fmt: str, model: str = "") -> str | None:
+        value = await self._control(Op.LOAD_REPORT, fmt, model)  # the models' metrics live in the core
+        return value if isinstance(value, str) else None
+
     # the synchronous forms have no answer here: the frontends call the *_async ones (DataPlane.remote)
     def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         raise _async_only()

@@ -60,11 +60,12 @@ def test_parse_metrics_config_keys():
     assert not cfg.summaries  # the last one wins
 
 
-def test_parse_metrics_config_unknown_and_histogram_are_logged_not_fatal():
+def test_parse_metrics_config_unknown_is_logged_not_fatal_and_histograms_turn_on():
     cfg, notes = parse_metrics_config(["foo=bar", "histogram_latencies=true"])
-    assert cfg == ls.LatencyMetricsConfig()
-    assert any("foo=bar" in n and "unknown" in n for n in notes)
-    assert any("histogram_latencies=true" in n and "no effect" in n for n in notes)
+    assert cfg == ls.LatencyMetricsConfig(histograms=True)  # the first-response histogram (Triton 2.52)
+    assert len(notes) == 1 and "foo=bar" in notes[0] and "unknown" in notes[0]
+    cfg, _ = parse_metrics_config(["histogram_latencies=true", "histogram_latencies=false"])
+    assert not cfg.histograms  # the last one wins
 
 
 def test_parse_metrics_config_booleans_as_triton_reads_them():
