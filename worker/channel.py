@@ -5,22 +5,22 @@
   (while a model polls for cancellation) are queued and handed out first by `recv()`.
 - `Outbox`: messages produced on other threads (responses of decoupled requests); they are queued
   and the main thread, woken through a pipe it polls beside the socket, sends them in order.
-- `HeartbeatThread`: its own DEALER (`identity + "/hb"`); sends Heartbeat(seq) every interval and
-  calls `on_lost` when the supervisor has been silent for `timeout_s` (0 disables that check). With a
-  `metrics` sender (metrics_sender.MetricsSender), it also sends what changed in the models' custom
-  metrics after each heartbeat (the runtime flushes it too, before each answer).
+- `HeartbeatThread`: its own DealerSocket (`identity + "/hb"`); answers each Heartbeat(seq) of the
+  supervisor with the same seq, sleeps in between (the supervisor sets the pace), and calls `on_lost` when
+  the supervisor has been silent for `timeout_s` (0 disables that check). With a `metrics` sender
+  (metrics_sender.MetricsSender), it also sends what changed in the models' custom metrics after each
+  answer (the runtime flushes it too, before each answer).
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
-
-import zmq
 
 from .wire.messages import (
     Heartbeat,
@@ -171,9 +171,17 @@ class Outbox:
 
 
 class HeartbeatThread(threading.Thread):
+    """Answers the supervisor's heartbeats on a socket of its own (`identity + "/hb"`, a DealerSocket: no
+    libzmq I/O thread in between), and sleeps in between: the supervisor sets the pace (every interval
+    while the worker has work, rarely while it is idle: supervisor/instances/liveness.py), so an idle
+    worker wakes only when asked. With `timeout_s` > 0, `on_lost` is called when nothing came from the
+    supervisor for that long. With a `metrics` sender (metrics_sender.MetricsSender), what changed in the
+    models' custom metrics is sent after each answer (the runtime flushes it too, before each answer).
+    `interval_s` is kept for the callers' sake: the worker no longer times heartbeats itself."""
+
     def __init__(
         self,
-        context: zmq.Context,
+        context: Any,
         endpoint: str,
         identity: str,
         interval_s: float,
@@ -182,76 +190,81 @@ class HeartbeatThread(threading.Thread):
         metrics: Any = None,
     ) -> None:
         super().__init__(name="inferd-heartbeat", daemon=True)
-        self._context = context
         self._endpoint = endpoint
-        self._worker_identity = identity
         self._identity = identity + "/hb"
-        self._interval = max(0.01, float(interval_s or 1.0))
         self._timeout = float(timeout_s or 0.0)
         self._on_lost = on_lost
         self._metrics = metrics  # metrics_sender.MetricsSender: flush()
-        self._stop_event = threading.Event()
+        self._stop_read, self._stop_write = os.pipe()  # stop() wakes the thread's poll through it
+        self._stopped = False
         self.sent = 0
         self.heard = 0
 
     def stop(self) -> None:
-        self._stop_event.set()
+        self._stopped = True
+        try:
+            os.write(self._stop_write, b"\0")
+        except OSError:
+            pass
 
     def run(self) -> None:
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.IDENTITY, self._identity.encode("utf-8"))
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self._endpoint)
         try:
-            self._loop(sock)
+            try:
+                sock = DealerSocket(self._endpoint, self._identity.encode("utf-8"))
+            except ProtocolError as exc:
+                if not self._stopped:
+                    self._on_lost("no heartbeat link to the supervisor: %s" % exc)
+                return
+            try:
+                self._loop(sock)
+            except ProtocolError as exc:  # LinkClosed: the supervisor closed it (it is gone) or broke ZMTP
+                if not self._stopped:
+                    self._on_lost("heartbeat link: %s" % exc)
+            finally:
+                sock.close()
         finally:
-            sock.close(linger=0)
             if self._metrics is not None:
                 self._metrics.close()
 
-    def _send_metrics(self) -> None:
-        """The models' custom metrics that changed since the last report, if any (metrics_sender.py)."""
-        self._metrics.flush()
-
-    def _loop(self, sock: zmq.Socket) -> None:
+    def _loop(self, sock: DealerSocket) -> None:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        poller.register(self._stop_read, select.POLLIN)
         last_heard = time.monotonic()
-        next_send = last_heard
-        while not self._stop_event.is_set():
-            now = time.monotonic()
-            if now >= next_send:
-                try:
-                    sock.send_multipart(encode(Heartbeat(seq=self.sent)), flags=zmq.NOBLOCK)
-                    self.sent += 1
-                except zmq.Again:
-                    pass
-                if self._metrics is not None:
-                    self._send_metrics()
-                next_send = now + self._interval
-            deadline = next_send
-            if self._timeout > 0:
-                deadline = min(deadline, last_heard + self._timeout)
-            wait_ms = max(0, min(int((deadline - now) * 1000) + 1, 100))
-            if sock.poll(wait_ms, zmq.POLLIN):
-                last_heard = self._drain(sock, last_heard)
+        while not self._stopped:
+            if self._timeout > 0:  # no cap on the wait: nothing wakes this thread but the supervisor
+                wait_ms = max(0, int((last_heard + self._timeout - time.monotonic()) * 1000) + 1)
+                poller.poll(wait_ms)
+            else:
+                poller.poll()
+            if self._stopped:
+                return
+            last_heard = self._answer(sock, last_heard)
             if self._timeout > 0 and time.monotonic() - last_heard > self._timeout:
                 # this thread may just have waited for the GIL (a model in a long C call): what the
                 # supervisor sent meanwhile is queued, so read it before deciding it is gone
-                last_heard = self._drain(sock, last_heard)
+                last_heard = self._answer(sock, last_heard)
                 if time.monotonic() - last_heard > self._timeout:
                     self._on_lost("no heartbeat from the supervisor for %.1f s" % self._timeout)
                     return
 
-    def _drain(self, sock: zmq.Socket, last_heard: float) -> float:
-        """Read every queued message; returns when the supervisor was last heard."""
+    def _answer(self, sock: DealerSocket, last_heard: float) -> float:
+        """Answer every heartbeat waiting (its own seq back); returns when the supervisor was last heard."""
+        answered = False
         while True:
+            parts = sock.recv_multipart(False)
+            if parts is None:
+                break
             try:
-                parts = sock.recv_multipart(flags=zmq.NOBLOCK)
-            except zmq.Again:
-                return last_heard
-            try:
-                message, _ = decode(parts)
+                message, _ = decode([bytes(p) for p in parts])
             except ProtocolError:
                 continue
             if isinstance(message, Heartbeat):
                 last_heard = time.monotonic()
                 self.heard += 1
+                sock.send_multipart(encode(Heartbeat(seq=message.seq)))
+                self.sent += 1
+                answered = True
+        if answered and self._metrics is not None:
+            self._metrics.flush()  # the models' custom metrics that changed since the last report
+        return last_heard

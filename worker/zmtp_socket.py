@@ -5,8 +5,9 @@ which then wakes the receiving thread, and a reply crosses the same two hops bac
 benchmark those hand-offs were a large share of every batch cycle (bench/RESULTS.md).
 Here the thread that owns the socket reads and writes it itself, so the supervisor's write wakes it
 directly and its reply is one `sendmsg`. Used for the main socket (main thread) and for the
-per-thread sockets of synchronous BLS calls; one thread per socket. The heartbeat socket and the
-BLS thread's socket stay libzmq's.
+per-thread sockets of synchronous BLS calls, and the heartbeat thread's socket (an idle worker wakes
+only when pinged, with no I/O thread woken beside it); one thread per socket. The BLS thread's socket
+stays libzmq's.
 """
 
 from __future__ import annotations

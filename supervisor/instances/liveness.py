@@ -9,7 +9,11 @@ than the heartbeat limit L (interval x misses), the supervisor looks at the proc
 - no CPU progress over a whole window of L: hung (deadlocked; detected after about 2 x L).
 Without /proc (not Linux) every silent worker is hung after L, as before.
 
-`Watchdog` is that loop for one worker: it pings, notes each heartbeat, and asks `Probe` once silent.
+`Watchdog` is that loop for one worker: it pings, notes each heartbeat (the worker answers each ping, and
+only then: it sleeps in between), and asks `Probe` once silent. A worker with work (a batch or stream to
+answer, a control message, starting or stopping) is pinged every interval and judged from the moment the
+work was sent; an idle one is pinged only every IDLE_PROBE_S (at least L), so that it wakes about once
+then (issue 41 item 5), and is judged silent after that period plus L.
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from collections.abc import Awaitable, Callable
 
 log = logging.getLogger("inferd.instances.worker")
 
-BUSY_CPU_FRACTION = 0.01  # CPU time per second of silence that means "working" (the zmq I/O thread
-# answering heartbeats costs microseconds a second; a model holding the GIL costs a whole core)
+BUSY_CPU_FRACTION = 0.01  # CPU time per second of silence that means "working" (the heartbeat thread
+# answering pings costs microseconds a second; a model holding the GIL costs a whole core)
+IDLE_PROBE_S = 1.0  # the least time between pings of an idle worker (the period is max(this, L))
 
 
 class Verdict(str, enum.Enum):
@@ -98,58 +103,78 @@ class Probe:
 
 
 class Watchdog:
-    """One worker's heartbeats: a ping (`ping(seq)`) every interval; past the limit of silence (interval x
-    misses, at least `starting_silence_s` while the worker starts) the kernel's verdict: a stopped or
-    stalled worker is killed (`kill(reason)`), a busy one is logged and left alone."""
+    """One worker's heartbeats: a ping (`ping(seq)`) every interval while it has work (`working()`), every
+    max(IDLE_PROBE_S, L) while idle; past the limit of silence (L = interval x misses from the last answer or
+    from when work was sent, whichever is later; the idle period plus L while idle; at least
+    `starting_silence_s` while the worker starts) the kernel's verdict: a stopped or stalled worker is
+    killed (`kill(reason)`), a busy one is logged and left alone."""
 
     def __init__(self, *, pid: int | None, interval_s: float, misses: int, starting_silence_s: float,
                  ping: Callable[[int], object], settle: Callable[[], Awaitable[None]], starting: Callable[[], bool],
-                 kill: Callable[[str], None], who: Callable[[], str], tick: Callable[[], None] | None = None) -> None:
+                 kill: Callable[[str], None], who: Callable[[], str], tick: Callable[[], None] | None = None,
+                 working: Callable[[], bool] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._interval = interval_s
         self._limit = interval_s * misses
+        self.idle_probe_s = max(IDLE_PROBE_S, self._limit)
         self._starting_silence = starting_silence_s
         self._ping = ping
         self._settle = settle  # reads what the channel has queued (the loop may have been busy)
         self._starting = starting
         self._kill = kill
         self._who = who
-        self._tick = tick  # run at every ping (the memory cap's RSS look)
+        self._tick = tick  # run at every tick of the interval (the memory cap's RSS look)
+        self._working = working  # None: always treated as working (pinged every interval)
         # silence alone is not hang: a model may hold the GIL for seconds in a C call
         self._probe = Probe(pid, self._limit) if pid is not None else None
         self.last = self._loop.time()  # when the worker was last heard
+        self.pings = 0
 
     def heard(self) -> None:
         self.last = self._loop.time()
 
     async def run(self, exited: asyncio.Event) -> None:
         """Until the worker exits or is killed here."""
-        limit, probe = self._limit, self._probe
+        limit, probe, loop = self._limit, self._probe, self._loop
         busy_since: float | None = None
-        seq = 0
+        working = True
+        counted_from = prev_tick = last_ping = loop.time()  # silence counts from the later of this and `last`
         while not exited.is_set():
             await asyncio.sleep(self._interval)
-            seq += 1
-            self._ping(seq)
+            now = loop.time()
+            starting = self._starting()
+            was_working = working
+            working = starting or self._working is None or self._working()
+            if working and not was_working:
+                # work was sent since the last tick: a hang is measured from then, not from the idle
+                # worker's last answer (up to the idle period ago)
+                counted_from = prev_tick
+            prev_tick = now
+            if working or now - last_ping >= self.idle_probe_s - self._interval / 2:
+                self.pings += 1
+                self._ping(self.pings)
+                last_ping = now
             if self._tick is not None:
                 self._tick()
-            silent = self._loop.time() - self.last
             # while loading, a framework import (torch, onnxruntime: dlopen holds the GIL) may silence
             # the heartbeat thread for seconds; a worker stuck there is caught by the load timeout
-            allowed = max(limit, self._starting_silence) if self._starting() else limit
+            allowed = limit if working else limit + self.idle_probe_s
+            if starting:
+                allowed = max(allowed, self._starting_silence)
+            silent = now - max(self.last, counted_from)
             if silent <= allowed:
                 if busy_since is not None:
                     log.info("%s answers heartbeats again after %.1f s busy", self._who(),
-                             self._loop.time() - busy_since)
+                             loop.time() - busy_since)
                     busy_since = None
                 if probe is not None:
                     probe.reset()
                 continue
             await self._settle()
-            silent = self._loop.time() - self.last
+            silent = loop.time() - max(self.last, counted_from)
             if silent <= allowed:
                 continue
-            verdict = probe.check(self._loop.time()) if probe is not None else Verdict.STALLED
+            verdict = probe.check(loop.time()) if probe is not None else Verdict.STALLED
             if verdict is Verdict.STOPPED:
                 self._kill(f"hung: no heartbeat for {silent:.1f} s (process stopped)")
                 return

@@ -261,8 +261,13 @@ class WorkerProcess:
             ping=lambda seq: self._channel.send_heartbeat(self.identity, m.encode(m.Heartbeat(seq))),
             settle=self._channel.settle, starting=lambda: self.state is WorkerState.STARTING,
             kill=lambda reason: self._kill(reason, "hung"), who=self._who,
-            tick=self.check_memory if self._rss is not None else None)
+            tick=self.check_memory if self._rss is not None else None, working=self._working)
         self._hb_task = self._loop.create_task(self._watchdog.run(self._exited), name="hb-" + self.name)
+
+    def _working(self) -> bool:
+        """Whether the worker has something to answer (a batch, a stream, a control message) or is not
+        plainly ready: the watchdog then pings it every interval; an idle worker is left to sleep."""
+        return self._pipeline.held > 0 or bool(self._control) or self.state is not WorkerState.READY
 
     # ---- memory cap (memory_cap.py, cgroup_memory.py) ----
     def _cap_memory(self, pid: int, cap: int) -> None:

@@ -8,6 +8,7 @@ import math
 import os
 import tempfile
 import threading
+import time
 
 import pytest
 import zmq
@@ -261,6 +262,7 @@ def test_heartbeat_thread_sends_reports_on_the_metrics_socket():
     ctx = zmq.Context()
     path = os.path.join(tempfile.mkdtemp(), "s.sock")
     router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.bind("ipc://" + path)
     lost = []
     sender = MetricsSender(ctx, "ipc://" + path, "w7", cm.REGISTRY)
@@ -270,6 +272,16 @@ def test_heartbeat_thread_sends_reports_on_the_metrics_socket():
         seen: dict[bytes, list] = {}
 
         def take(timeout_ms: int = 5000) -> None:
+            # the thread answers heartbeats only (and reports metrics after each answer): ping it, once
+            # its socket is connected (ROUTER_MANDATORY refuses a send to an identity not connected yet)
+            deadline = time.monotonic() + timeout_ms / 1000
+            while True:
+                try:
+                    router.send_multipart([b"w7/hb", *m.encode(m.Heartbeat(len(seen.get(b"w7/hb", []))))])
+                    break
+                except zmq.ZMQError:
+                    assert time.monotonic() < deadline, "the heartbeat socket never connected"
+                    router.poll(20)
             assert router.poll(timeout_ms), "nothing received"
             ident, *frames = router.recv_multipart()
             seen.setdefault(ident, []).append(m.decode(frames)[0])

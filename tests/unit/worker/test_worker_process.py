@@ -255,6 +255,7 @@ def run_main_scenario(sup: FakeSupervisor, tmp_path: Path) -> None:
     assert result.responses[1].error is None
 
     assert rss_kib(proc.pid) > 0
+    sup.ping("w1", 41)  # answered with its seq (the worker sends heartbeats only when asked)
     assert sup.heartbeats.get("w1/hb", 0) >= 1
 
     # Shutdown: finalize, Bye, exit 0

@@ -91,6 +91,20 @@ class FakeSupervisor:
                 continue
             return ident, msg, list(frames)
 
+    def ping(self, identity: str, seq: int, timeout: float = 10.0) -> None:
+        """Send Heartbeat(seq) to the worker's heartbeat socket and wait for its answer (the same seq)."""
+        self.send(identity + "/hb", m.Heartbeat(seq))
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.router.poll(int(left * 1000)):
+                raise TimeoutError("no heartbeat answer from %s within %.1f s" % (identity, timeout))
+            parts = self.router.recv_multipart(copy=False)
+            msg, _ = m.decode(parts[1:])
+            if parts[0].bytes.decode() == identity + "/hb" and msg == m.Heartbeat(seq):
+                self.heartbeats[identity + "/hb"] = self.heartbeats.get(identity + "/hb", 0) + 1
+                return
+
     def expect(self, cls: type, timeout: float = 10.0) -> tuple[Any, list]:
         ident, msg, frames = self.recv(timeout)
         assert isinstance(msg, cls), "expected %s, got %r" % (cls.__name__, msg)
