@@ -337,9 +337,15 @@ class Instance:
         batches to it once it is ready, then let the old one answer what it holds and stop it. True when
         replaced; False when the instance is not READY or the replacement failed to start (the current
         worker then goes on serving). A recycle already under way is joined."""
-        if self._recycling is None:  # a task, so that a drain can cancel it and other callers join it
-            self._recycling = self._loop.create_task(self._recycle(why), name="recycle-" + self.name)
-        return await asyncio.shield(self._recycling)
+        task = self._recycling
+        if task is None:  # a task, so that a drain can cancel it and other callers join it
+            task = self._recycling = self._loop.create_task(self._recycle(why), name="recycle-" + self.name)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # a drain or unload stopped the recycle, not our caller
+                return False
+            raise
 
     async def _recycle(self, why: str) -> bool:
         try:

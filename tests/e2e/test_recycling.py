@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,11 @@ def _metric_recycled(server, model: str) -> int:
     found = re.findall(rf'^inferd_instance_restarts_total\{{[^}}]*model="{model}",reason="recycled"[^}}]*\}} (\d+)',
                        text.decode(), re.M)
     return sum(int(n) for n in found)
+
+
+def _ready_versions(server, model: str) -> list[str]:
+    code, body = server.get(f"/v2/inferd/status/models/{model}")
+    return [m["version"] for m in json.loads(body)["models"] if m["state"] == "READY"] if code == 200 else []
 
 
 def _load(server, model: str = "sleep") -> ClosedLoop:
@@ -151,3 +157,19 @@ def test_malformed_recycling_parameter_fails_the_load_naming_it(server_factory):
     server = server_factory(repo=repo, control_mode="explicit", wait_ready=[])
     code, body = server.post("/v2/repository/models/sleep/load")
     assert code == 400 and b"INFERD_MAX_AGE" in body, body
+
+
+def test_poll_mode_reload_of_a_new_version_under_load_fails_nothing(server_factory, tmp_path):
+    server = server_factory(["sleep"], control_mode="poll", extra_args=["--repository-poll-secs", "0.5"])
+    load = _load(server)
+    try:
+        wait_for(lambda: load.count() >= 20, 60, "the load running")
+        staged = tmp_path / "2"
+        shutil.copytree(server.repo / "sleep" / "1", staged)
+        staged.rename(server.repo / "sleep" / "2")  # whole at once: a scan never sees half a version
+        wait_for(lambda: _ready_versions(server, "sleep") == ["2"], 60, "version 2 serving alone")
+        seen = load.count()
+        wait_for(lambda: load.count() >= seen + 20, 60, "answers after the reload")
+    finally:
+        answers = load.stop()
+    assert not [a.error for a in answers if a.error], [a.error for a in answers if a.error][:5]

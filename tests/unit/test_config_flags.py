@@ -150,3 +150,13 @@ def test_instance_memory_limit(tmp_path):
     assert parse(tmp_path, "--instance-memory-limit", "2G").worker.memory_limit_bytes == 2 << 30
     with pytest.raises(SystemExit, match="--instance-memory-limit: '12X' is not a memory size"):
         parse(tmp_path, "--instance-memory-limit", "12X")
+
+
+def test_instance_recycling_flags(tmp_path):
+    assert parse(tmp_path).worker.max_requests is None and parse(tmp_path).worker.max_age_s is None
+    worker = parse(tmp_path, "--instance-max-requests", "10000", "--instance-max-age", "30m").worker
+    assert worker.max_requests == 10000 and worker.max_age_s == 1800.0
+    with pytest.raises(SystemExit, match="--instance-max-age: 'soon' is not an age"):
+        parse(tmp_path, "--instance-max-age", "soon")
+    with pytest.raises(SystemExit, match="--instance-max-requests: 'x' is not a request count"):
+        parse(tmp_path, "--instance-max-requests", "x")
