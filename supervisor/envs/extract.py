@@ -84,6 +84,8 @@ def open_tarball(path: str, limits: Limits) -> IO[bytes]:
 
 def _unsafe_reason(member: tarfile.TarInfo) -> str | None:
     name = member.name
+    if "\0" in name or "\0" in member.linkname:  # (a PAX header can hold one; no file name can)
+        return "member %r has a NUL byte in its name or link target" % name
     if name.startswith("/") or posixpath.isabs(name):
         return "absolute path %r" % name
     parts = name.split("/")
