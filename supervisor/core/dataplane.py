@@ -115,7 +115,7 @@ class DataPlane(abc.ABC):
         """Replace every instance's worker of `name` without a gap (core/restart.py; infer-ctl restart)."""
         from inferd.worker.wire.errors import ErrorCode, InferdError
 
-        raise InferdError(ErrorCode.UNSUPPORTED, "restart is not available here (not with --frontend-processes)")
+        raise InferdError(ErrorCode.UNSUPPORTED, "restart is not available here")
 
     # ---- inferd's own status view (infer-ctl status) ----
     def status(self, name: str = "") -> dict[str, Any]:

@@ -45,7 +45,8 @@ CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-proc
 _INFER, _RESULT = int(Kind.INFER), int(Kind.RESULT)
 
 # ops that change what the snapshot shows: answered once every frontend has the new one
-_MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS, Op.LOG_SETTINGS})
+_MUTATING = frozenset({Op.LOAD, Op.UNLOAD, Op.SHM_REGISTER, Op.SHM_UNREGISTER, Op.TRACE_SETTINGS, Op.LOG_SETTINGS,
+                       Op.RESTART})
 
 
 class _Regions:
@@ -234,6 +235,8 @@ class Session:
             return await dp.load_model(args[0], args[1])
         if op == Op.UNLOAD:
             return await dp.unload_model(args[0], args[1])
+        if op == Op.RESTART:
+            return await dp.restart_model(args[0])
         if op == Op.SHM_STATUS:
             return dp.shm_status(*args)
         if op == Op.SHM_REGISTER:

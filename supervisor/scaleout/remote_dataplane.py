@@ -346,6 +346,9 @@ class RemoteDataPlane(DataPlane):
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         await self._control(Op.UNLOAD, name, unload_dependents)
 
+    async def restart_model(self, name: str) -> dict[str, Any]:
+        return await self._control(Op.RESTART, name)  # type: ignore[no-any-return]
+
     async def log_settings_async(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
         return await self._control(Op.LOG_SETTINGS, update)  # type: ignore[no-any-return]
 
