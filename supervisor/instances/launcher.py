@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from inferd.worker.wire.messages import WIRE_VERSION
 
+from . import cpu_threads
+
 PYPATH_DIR = "pypath"
 WORKER_MODULE = "inferd.worker"
 SOCKET_NAME = "workers.sock"
@@ -184,7 +186,11 @@ class Launcher:
     def env(
         self, extra_env: Mapping[str, str] | None = None, path_prefix: Sequence[str] = ()
     ) -> dict[str, str]:
-        return clean_env(self.pypath, self._base_env, extra_env, path_prefix)
+        env = clean_env(self.pypath, self._base_env, extra_env, path_prefix)
+        # fewer CPUs than the host: BLAS/OpenMP pools sized to them, where the environment says nothing
+        # (host_policy.PinnedLauncher has `cpus`, the policy's; a plain launcher's workers run on ours)
+        env.update(cpu_threads.thread_defaults(cpu_threads.worker_cpus(getattr(self, "cpus", None)), env))
+        return env
 
     async def spawn(
         self,

@@ -40,6 +40,19 @@ def import_framework(module: str, backend: str) -> Any:
         ) from None
 
 
+def cpu_threads() -> int:
+    """The number of CPUs this worker may run on when it is fewer than the host has (a --host-policy, a
+    taskset or cpuset), else 0 (the frameworks' own defaults are right). The supervisor sets the
+    BLAS/OpenMP variables to the same count (supervisor/instances/cpu_threads.py); this is for
+    frameworks that read none of them (ONNX Runtime's intra-op pool)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return 0
+    host = os.cpu_count() or 0
+    return cpus if 0 < cpus < host else 0
+
+
 def model_path(spec: ModelSpec, default_name: str) -> str:
     """Path of the model file in the version directory; NOT_FOUND when it is missing."""
     filename = spec.config.get("default_model_filename") or default_name

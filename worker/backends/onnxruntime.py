@@ -4,9 +4,9 @@ external data) run by an onnxruntime InferenceSession.
 - Execution providers: CPU; on a KIND_GPU instance CUDA (device `device_id`), and TensorRT first when
   `optimization { execution_accelerators { gpu_execution_accelerator: [{ name: "tensorrt" }] } }`
   asks for it. A GPU instance without onnxruntime-gpu is UNAVAILABLE with the install hint.
-- `parameters`: intra_op_thread_count, inter_op_thread_count, execution_mode (0 sequential,
-  1 parallel), enable_mem_arena / enable_mem_pattern (0/1); `optimization { graph { level } }`:
-  -1 basic, 0 (default) all, 1 extended.
+- `parameters`: intra_op_thread_count (unset: the CPUs the worker runs on when fewer than the host's,
+  else ORT's default), inter_op_thread_count, execution_mode (0 sequential, 1 parallel), enable_mem_arena /
+  enable_mem_pattern (0/1); `optimization { graph { level } }`: -1 basic, 0 (default) all, 1 extended.
 - Auto-complete (triton.md §4.3): inputs and outputs the config lacks are added with the model's
   datatypes and dims; with no I/O and no max_batch_size configured, a model whose every input and
   output has a dynamic first dimension gets max_batch_size 4 (Triton's default-max-batch-size) and
@@ -65,6 +65,8 @@ def _session_options(ort: Any, config: dict[str, Any]) -> Any:
     options = ort.SessionOptions()
     intra = framework.int_parameter(config, "intra_op_thread_count", 0)
     inter = framework.int_parameter(config, "inter_op_thread_count", 0)
+    if intra <= 0:  # not set by the model: one thread per CPU the worker runs on (ORT counts the host's)
+        intra = framework.cpu_threads()
     if intra > 0:
         options.intra_op_num_threads = intra
     if inter > 0:
