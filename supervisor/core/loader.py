@@ -26,8 +26,9 @@ from . import classification, overrides
 from .load_settings import LoaderSettings
 
 _KIND_NAMES = {0: "CPU", 1: "GPU", 2: "CPU", 3: "MODEL"}  # KIND_AUTO resolves before this point
-# backends whose worker completes the config from the model (Python: auto_complete_config; ORT/TRT: the model file)
-_AUTOCOMPLETE_BACKENDS = ("python", "onnxruntime", "tensorrt")
+# backends whose worker completes the config from the model (Python: auto_complete_config; ORT/TRT: the model file;
+# vLLM: vllm_backend's inputs and outputs, decoupled)
+_AUTOCOMPLETE_BACKENDS = ("python", "onnxruntime", "tensorrt", "vllm")
 
 
 @dataclass

