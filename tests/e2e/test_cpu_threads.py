@@ -20,9 +20,9 @@ import psutil
 import pytest
 import tritonclient.http as httpclient
 
-pytestmark = pytest.mark.skipif(
-    not hasattr(os, "sched_getaffinity") or not {0, 1} <= os.sched_getaffinity(0) or os.cpu_count() is None,
-    reason="needs CPUs 0 and 1 and sched_getaffinity")
+pytestmark = [pytest.mark.inferd_only,  # Triton pins its stubs but sets none of these (nor reports pids here)
+              pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or not {0, 1} <= os.sched_getaffinity(0)
+                                 or os.cpu_count() is None, reason="needs CPUs 0 and 1 and sched_getaffinity")]
 
 VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+pytestmark = [pytest.mark.inferd_only,  # worker pids from /v2/inferd/status
+              pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")]
 
 DEFAULT_TIMINGS = ["--heartbeat-interval", "0.5", "--heartbeat-misses", "4"]  # the defaults (L = 2 s)
 WINDOW_S = 6.0
