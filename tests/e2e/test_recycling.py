@@ -178,3 +178,14 @@ def test_poll_mode_reload_of_a_new_version_under_load_fails_nothing(server_facto
     finally:
         answers = load.stop()
     assert not [a.error for a in answers if a.error], [a.error for a in answers if a.error][:5]
+
+
+@inferd_only
+def test_restart_is_in_the_model_repository_restricted_category(server_factory):
+    server = server_factory(["sleep"], extra_args=["--http-restricted-api=model-repository:admin-key=s3cret"])
+    code, body = server.post("/v2/inferd/models/sleep/restart")
+    assert code == 403 and b"admin-key" in body, (code, body)
+    refused = _ctl(server, "restart", "sleep")
+    assert refused.returncode == 1 and "admin-key" in refused.stderr, refused
+    done = _ctl(server, "--header", "admin-key=s3cret", "restart", "sleep", "--json")
+    assert done.returncode == 0 and all(r["restarted"] for r in json.loads(done.stdout)["instances"]), done
