@@ -196,16 +196,29 @@ class HeartbeatThread(threading.Thread):
         self._on_lost = on_lost
         self._metrics = metrics  # metrics_sender.MetricsSender: flush()
         self._stop_read, self._stop_write = os.pipe()  # stop() wakes the thread's poll through it
+        self._pipe_lock = threading.Lock()  # the pipe is closed when the thread ends: never written after
         self._stopped = False
         self.sent = 0
         self.heard = 0
 
     def stop(self) -> None:
-        self._stopped = True
-        try:
-            os.write(self._stop_write, b"\0")
-        except OSError:
-            pass
+        with self._pipe_lock:
+            self._stopped = True
+            if self._stop_write >= 0:
+                try:
+                    os.write(self._stop_write, b"\0")
+                except OSError:
+                    pass
+
+    def _close_pipe(self) -> None:
+        """(a process hosting workers, the Python API's, starts one such thread per worker it runs)"""
+        with self._pipe_lock:
+            for fd in (self._stop_read, self._stop_write):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._stop_read = self._stop_write = -1
 
     def run(self) -> None:
         try:
@@ -223,6 +236,7 @@ class HeartbeatThread(threading.Thread):
             finally:
                 sock.close()
         finally:
+            self._close_pipe()
             if self._metrics is not None:
                 self._metrics.close()
 
