@@ -247,7 +247,7 @@ class VllmBackend:
             reason = "%s: %s" % (type(exc).__name__, exc)
             self._engine_died(reason)
             return InferdError(ErrorCode.UNAVAILABLE, "the vLLM engine died: %s" % reason)
-        if isinstance(exc, (ValueError, TypeError)):  # vLLM's checks of the request (prompt too long, ...)
+        if isinstance(exc, (ValueError, TypeError)) or _client_error(exc):  # vLLM refused the request (too long..)
             return InferdError(ErrorCode.INVALID_ARG, "Error generating stream: %s" % exc)
         self._log._emit("[vllm] Error generating stream:\n%s" % "".join(
             traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip(), self._log.ERROR, 2)
@@ -305,6 +305,11 @@ class VllmBackend:
                 error = InferdError(ErrorCode.INTERNAL, "vLLM engine shutdown failed: %s" % exc)
         self._loop.stop()
         return error
+
+
+def _client_error(exc: BaseException) -> bool:
+    """vLLM's VLLMClientError family (VLLMValidationError...): the request is at fault."""
+    return any(cls.__name__ == "VLLMClientError" for cls in type(exc).__mro__)
 
 
 def _ignore(future: Any) -> None:

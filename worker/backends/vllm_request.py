@@ -175,7 +175,7 @@ def sampling_params(vllm_sampling: Any, parameters: dict[str, Any], structured: 
         kwargs[key] = value
     try:
         return vllm_sampling(**kwargs)
-    except (ValueError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - ValueError, TypeError, vLLM's VLLMValidationError: the client's
         raise _invalid("invalid sampling parameters: %s" % (_name_parameter(exc, kwargs),)) from None
 
 
