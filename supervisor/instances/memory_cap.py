@@ -31,6 +31,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 RLIMIT_HEADROOM = 1 << 30
 AFTER_BATCH_GAP_S = 0.02  # looks after answered batches: at most 50 a second per worker (~0.2% of a core)
+MAX_SIZE = 1 << 60  # 1 EiB: beyond it a size is a typo, and prlimit() overflows on it (a C long)
 
 
 def parse_size(text: str) -> int | None:
@@ -44,6 +45,8 @@ def parse_size(text: str) -> int | None:
     size = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
     if size < 1 << 20:
         raise ValueError(f"'{text}' is below 1 MiB: no Python worker runs in that")
+    if size > MAX_SIZE:
+        raise ValueError(f"'{text}' is above 1 EiB: no host has that (0 or none: no limit)")
     return size
 
 
@@ -83,7 +86,7 @@ def set_rlimit_data(pid: int, cap: int) -> None:
     limit = rlimit_data(cap)
     try:
         resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, OverflowError, AttributeError):
         pass
 
 

@@ -30,6 +30,14 @@ def test_malformed_sizes_are_refused(text):
         memory_cap.parse_size(text)
 
 
+@pytest.mark.parametrize("text", ["99999999999999999999T", "2000000000G"])
+def test_sizes_beyond_any_host_are_refused(text):
+    # (they used to pass, then crash the worker's start: prlimit() raised OverflowError on them)
+    with pytest.raises(ValueError, match="above 1 EiB"):
+        memory_cap.parse_size(text)
+    memory_cap.set_rlimit_data(os.getpid(), 10**42)  # best effort: never raises (overflows before any change)
+
+
 def _parameters(value: str | None):
     text = 'name: "m"\nbackend: "python"\n'
     if value is not None:
