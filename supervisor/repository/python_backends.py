@@ -42,6 +42,10 @@ def resolve(cfg: Any, model_path: str, version: int, backend_directory: str) -> 
     backend, runtime = cfg.backend, cfg.runtime
     if not backend or (backend in BUILT_IN and runtime in ("", PYTHON_RUNTIME, _library(backend))):
         return ""
+    if "/" in backend or backend in (".", ".."):
+        # a config given through the load API must not run a model.py from outside --backend-directory
+        raise _invalid("model '%s': backend '%s' is not a backend name (a folder of the backend directory)"
+                       % (cfg.name, backend))
     backend_dir = os.path.join(backend_directory, backend)
     search = [os.path.join(model_path, str(version)), model_path, backend_dir]
     if runtime == PYTHON_RUNTIME:

@@ -87,6 +87,16 @@ def test_a_cpp_backend_library_is_refused_by_name(dirs):
         resolve(dirs, 'backend: "toy" runtime: "custom.so"')
 
 
+@pytest.mark.parametrize("backend", ["../outside", "toy/../../outside", "..", "/abs/outside"])
+def test_a_backend_name_cannot_leave_the_backend_directory(dirs, backend):
+    backends, _ = dirs
+    (backends.parent / "outside").mkdir()
+    (backends.parent / "outside" / "model.py").write_text("class TritonPythonModel: pass\n")
+    with pytest.raises(InferdError, match="is not a backend name") as err:
+        resolve(dirs, f'backend: "{backend}"')
+    assert err.value.code == ErrorCode.INVALID_ARG
+
+
 def test_runs_python():
     assert python_backends.runs_python({"backend": "python"})
     assert python_backends.runs_python({"backend": "toy", "runtime": "model.py"})
