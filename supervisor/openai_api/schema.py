@@ -61,6 +61,9 @@ def integer(ge: int | None = None, le: int | None = None) -> Check:
             raise _fail(name, f"Input should be greater than or equal to {ge}")
         if le is not None and value > le:
             raise _fail(name, f"Input should be less than or equal to {le}")
+        if not _INT64[0] <= value <= _INT64[1]:  # (a model's tensors and vLLM's JSON hold 64 bits at most)
+            raise _fail(name, f"Input should be less than or equal to {_INT64[1]}" if value > 0 else
+                        f"Input should be greater than or equal to {_INT64[0]}")
     return check
 
 
