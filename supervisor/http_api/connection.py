@@ -93,8 +93,10 @@ class HttpConnection(RequestReader, ResponseWriter, ConnectionLifetime):
     async def _run(self, req: Request, pending: Awaitable[Response]) -> None:
         try:
             res = await pending
-            if getattr(res, "chunks", None) is not None:  # generate_stream (http_api.generate)
-                await self._write_chunks(res)  # in this task: a dropped connection cancels it
+            if getattr(res, "chunks", None) is not None:  # generate_stream (http_api.generate), OpenAI streams
+                # in this task: a dropped connection cancels it; kept alive, the next request runs after it
+                if await self._write_chunks(req, res) and self._next():
+                    self._dispatch(self._queue.popleft())
                 return
         except asyncio.CancelledError:
             if self.closed:
@@ -142,6 +144,11 @@ class HttpConnection(RequestReader, ResponseWriter, ConnectionLifetime):
         if not keep:
             self.close()
             return False
+        return self._next()
+
+    def _next(self) -> bool:
+        """An answer was written and the connection stays open: True when a queued request should run now."""
+        self._busy = False
         if self._paused_reading and len(self._queue) <= self._max_pipelined // 2 and not self._paused_writing:
             self._resume_reading()
         if self._queue:

@@ -58,7 +58,7 @@ _RESERVED = ("id", "parameters")
 
 class StreamingResponse(Response):
     """A response whose body is produced while it is written: `chunks` (an async iterator of bytes)
-    goes out with chunked transfer encoding, then the connection closes."""
+    goes out with chunked transfer encoding; the connection stays open after it (keep-alive, as Triton)."""
 
     __slots__ = ("chunks",)
 

@@ -62,11 +62,14 @@ def json_ok(body: bytes) -> bytes:
     return _JSON_OK % (len(body), body)
 
 
-def chunked_head(status: int, content_type: str | None, headers: dict[str, str] | None = None) -> bytes:
-    """The head of a body written as it is produced (chunked; the connection closes after it)."""
+def chunked_head(status: int, content_type: str | None, headers: dict[str, str] | None = None,
+                 keep: bool = False) -> bytes:
+    """The head of a body written as it is produced (chunked); `keep`: the connection stays open after it."""
     extra = [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()] if headers else []
     return b"".join((
         STATUS_LINES.get(status) or _status_line(status),
         b"Content-Type: %s\r\n" % (content_type or "application/octet-stream").encode("latin-1"),
         *extra,
-        b"Cache-Control: no-cache\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"))
+        b"Cache-Control: no-cache\r\n",
+        b"" if keep else b"Connection: close\r\n",
+        b"Transfer-Encoding: chunked\r\n\r\n"))

@@ -79,21 +79,26 @@ class ResponseWriter(ConnectionState):
             for part in body:
                 transport.write(part)
 
-    async def _write_chunks(self, res: Any) -> None:
+    async def _write_chunks(self, req: Request, res: Any) -> bool:
         """A body produced while it is written (`res.chunks`, an async iterator of bytes): chunked
-        transfer encoding, waiting while the client does not read; the connection closes after it."""
-        # stays _busy (the idle sweeper leaves it alone); requests pipelined behind a stream are not
-        # answered: it ends by closing the connection
-        self._queue.clear()
+        transfer encoding, waiting while the client does not read. True when the body ended and the
+        connection stays open for the next request (keep-alive, as Triton's generate_stream and what HTTP
+        clients such as httpx expect); otherwise the connection is closed here."""
+        # stays _busy meanwhile (the idle sweeper leaves it alone); requests pipelined behind the stream
+        # wait in the queue and are answered after it
         transport = self._transport
         assert transport is not None
+        keep = req.keep_alive and not self._server.closing and not self._eof
+        if not keep:
+            self._queue.clear()
         chunks = res.chunks
         self._coalescer.release(transport)
+        ended = False
         try:
-            transport.write(chunked_head(res.status, res.content_type, res.headers))
+            transport.write(chunked_head(res.status, res.content_type, res.headers, keep))
             async for chunk in chunks:
                 if self.closed:
-                    return
+                    return False
                 if chunk:  # an empty chunk would end the body
                     transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 if self._paused_writing:
@@ -101,10 +106,14 @@ class ResponseWriter(ConnectionState):
                     await self._write_ready
             if not self.closed:
                 transport.write(b"0\r\n\r\n")
+                ended = True
         finally:
             await chunks.aclose()
             self._task = None
-            self.close()
+            keep = ended and keep and not self._server.closing  # (a shutdown that began meanwhile ends it)
+            if not keep:
+                self.close()
+        return keep and not self.closed
 
     def _send_continue(self) -> None:
         self._expect = False

@@ -148,3 +148,72 @@ def test_dropped_sse_connection_cancels_the_request(server, tmp_path):
     server.wait_until(marker.exists, WAIT_S, "the model to observe the cancellation")
     status, doc = post(server, "/v2/models/gen_echo/generate", {"text_input": "still fine"})
     assert status == 200 and doc["text_output"] == "STILL FINE"
+
+
+def _read_chunked(sock, buf: bytes) -> tuple[str, bytes, bytes]:
+    """One chunked response from `sock` (`buf`: bytes already read): its head, its body, what follows."""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        assert data, f"closed before a response head: {buf!r}"
+        buf += data
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    body = b""
+    while True:
+        while b"\r\n" not in buf:
+            data = sock.recv(65536)
+            assert data, f"closed inside a chunked body: {body!r}"
+            buf += data
+        size_line, _, rest = buf.partition(b"\r\n")
+        size = int(size_line, 16)
+        while len(rest) < size + 2:
+            data = sock.recv(65536)
+            assert data, f"closed inside a chunk: {body!r}"
+            rest += data
+        body, buf = body + rest[:size], rest[size + 2:]
+        if size == 0:
+            return head.decode("latin-1"), body, buf
+
+
+def _stream_request(text: str, extra: bytes = b"") -> bytes:
+    raw = json.dumps({"text_input": text}).encode()
+    return (b"POST /v2/models/gen_stream/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"%sContent-Length: %d\r\n\r\n%s" % (extra, len(raw), raw))
+
+
+def test_the_connection_stays_open_after_a_stream(server):
+    """As Triton's: a finished stream leaves the connection open (no `Connection: close`) and the next request
+    on it is answered; a client that asks for the close gets it. Before: every stream closed the connection."""
+    import socket
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=WAIT_S) as sock:
+        for words in (["a", "b"], ["c", "d", "e"]):
+            sock.sendall(_stream_request(" ".join(words)))
+            head, body, rest = _read_chunked(sock, b"")
+            assert head.startswith("HTTP/1.1 200") and "connection: close" not in head.lower(), head
+            assert [e["text_output"] for e in sse_events(body.decode())] == words
+            assert rest == b""
+        sock.sendall(_stream_request("z", b"Connection: close\r\n"))
+        head, body, rest = _read_chunked(sock, b"")
+        assert [e["text_output"] for e in sse_events(body.decode())] == ["z"]
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            rest += data
+        assert rest == b""
+
+
+@pytest.mark.inferd_only  # Triton 2.51 drops the connection in the middle of a stream with a request behind it
+def test_requests_pipelined_behind_a_stream_are_answered_after_it(server):
+    import socket
+    raw = json.dumps({"text_input": "kept"}).encode()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=WAIT_S) as sock:
+        sock.sendall(_stream_request("c d e") + b"POST /v2/models/gen_echo/generate HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+        head, body, rest = _read_chunked(sock, b"")
+        assert head.startswith("HTTP/1.1 200"), head
+        assert [e["text_output"] for e in sse_events(body.decode())] == ["c", "d", "e"]
+        while b"KEPT" not in rest:
+            data = sock.recv(65536)
+            assert data, f"closed before the pipelined answer: {rest!r}"
+            rest += data
+        assert rest.startswith(b"HTTP/1.1 200"), rest

@@ -189,3 +189,75 @@ def test_a_reader_that_stops_does_not_make_the_server_hold_the_stream(srv, harne
     sock.close()
     assert b"data: [DONE]" in rest
     assert rest.count(b'"content":') <= 20002  # the role chunk, the tokens, the finish (or an error event)
+
+
+def _read_stream_to_end(sock, buf=b""):
+    """One streamed answer read through its last chunk (the connection stays open); returns head+body, rest."""
+    while b"\r\n0\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        assert data, f"the connection closed before the stream's end: {buf[-200:]!r}"
+        buf += data
+    end = buf.index(b"\r\n0\r\n\r\n") + len(b"\r\n0\r\n\r\n")
+    return buf[:end], buf[end:]
+
+
+def test_the_connection_stays_open_after_a_stream_and_a_later_stream_on_it_still_cancels(srv, harness):
+    """A finished stream leaves the connection open (HTTP/1.1 keep-alive, what httpx and the openai SDK
+    expect: no new connection per request); the next requests on it are answered, and a client that leaves
+    in the middle of a stream on that kept connection still cancels the request in the model within 100 ms.
+    Before: every stream ended with `Connection: close`."""
+    marker = "kept-%d" % time.monotonic_ns()
+    sock = _open_stream(srv, {"model": "llm_trtllm", "stream": True, "max_tokens": 3,
+                              "messages": [{"role": "user", "content": "COUNT:3"}]})
+    answer, rest = _read_stream_to_end(sock)
+    assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" not in answer.lower(), answer
+    assert b"data: [DONE]" in answer and rest == b""
+    raw = json.dumps({"model": "llm_trtllm", "messages": [{"role": "user", "content": "COUNT:2"}]}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    got = b""
+    while b'"finish_reason"' not in got:
+        data = sock.recv(65536)
+        assert data, f"closed before the second answer: {got!r}"
+        got += data
+    assert got.startswith(b"HTTP/1.1 200"), got
+    body = json.dumps({"model": "llm_slow", "stream": True, "max_tokens": 5000,
+                       "messages": [{"role": "user", "content": marker + " COUNT:5000"}]}).encode()
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    got = b""
+    while got.count(b"data: ") < 3:
+        data = sock.recv(65536)
+        assert data, f"closed before the third answer: {got!r}"
+        got += data
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+    left = time.time()
+    sock.close()
+    seen = wait_cancelled(srv, harness, marker)
+    assert seen - left < 0.1, f"the model saw the cancellation {1000 * (seen - left):.0f} ms after the client left"
+
+
+def test_the_openai_sdk_streams_over_one_connection(srv):
+    """httpx (under the openai SDK's async client, which reads a stream to its end after `[DONE]`) reuses the
+    kept connection: three streams, one TCP connection."""
+    import asyncio
+
+    server = psutil.Process(srv.server.pid)
+
+    def peers():
+        return {c.raddr for c in server.net_connections("tcp") if c.laddr.port == srv.port and c.raddr}
+
+    async def three() -> set:
+        seen = set()
+        async with srv.async_client() as client:
+            for _ in range(3):
+                stream = await client.chat.completions.create(
+                    model="llm_trtllm", stream=True, max_tokens=2, messages=[{"role": "user", "content": "COUNT:2"}])
+                text = "".join([ch.choices[0].delta.content or "" async for ch in stream])
+                assert text == "1 2"
+                seen |= peers()
+        return seen
+
+    before = peers()
+    seen = asyncio.run(three()) - before
+    assert len(seen) == 1, seen
