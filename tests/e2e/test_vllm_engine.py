@@ -189,6 +189,12 @@ def test_sampling_parameters_vllm_refuses_are_400_naming_them(llm, sampling, nam
     assert status == 400 and name in out["error"], out
 
 
+def test_prompt_longer_than_the_context_is_400(llm) -> None:
+    status, out = _generate(llm["server"], {"text_input": "Hello world " * 2000,
+                                            "sampling_parameters": json.dumps(GREEDY)})
+    assert status == 400 and "Error generating stream" in out["error"], out
+
+
 def test_engine_death_makes_the_model_not_ready_and_the_instance_restarts(llm) -> None:
     server = llm["server"]
     (worker,) = server.worker_pids("llm")
