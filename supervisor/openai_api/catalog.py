@@ -126,6 +126,24 @@ class Catalog:
             raise errors.server_error(f"the tokenizer of model '{info.name}' cannot be loaded: {found}")
         return found
 
+    async def usage(self, info: ModelInfo, tally: Any, prompt: str, text: str) -> dict[str, int] | None:
+        """OpenAI's usage object (streaming.Tally.usage): the model's counts, else the tokenizer's, counted on
+        a thread: encoding a long prompt takes milliseconds to seconds (it lets the GIL go, tokenizer.py),
+        which on the event loop would stall every other connection."""
+        if tally.prompt is not None and tally.completion is not None:
+            return tally.usage(None, prompt, text)  # type: ignore[no-any-return]
+        tokenizer = await self.tokenizer(info)
+        if tokenizer is None:
+            return tally.usage(None, prompt, text)  # type: ignore[no-any-return]
+        return await asyncio.to_thread(tally.usage, tokenizer, prompt, text)  # type: ignore[no-any-return]
+
+    async def count(self, info: ModelInfo, texts: list[str]) -> int | None:
+        """Tokens in `texts` by the model's tokenizer (on a thread, as `usage`); None without a tokenizer."""
+        tokenizer = await self.tokenizer(info)
+        if tokenizer is None:
+            return None
+        return await asyncio.to_thread(lambda: sum(tokenizer.count(t) for t in texts))
+
     # ---- LoRA adapters ----
     def _loras(self, name: str, config: dict[str, Any]) -> list[str]:
         """Adapters listed in <model>/<version>/multi_lora.json (Triton's layout), in file order."""

@@ -70,7 +70,7 @@ class Chat:
         if gen.stream:
             first = await stream.first()
             return StreamingResponse(chunks_then_done(self._events(first, body, info, gen, mode, stream), stream))
-        return await self._plain(body, info, gen, mode, stream, tokenizer)
+        return await self._plain(body, info, gen, mode, stream)
 
     def _render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: Any) -> str:
         from .tokenizer import ChatTemplateError, TokenizerError
@@ -85,7 +85,7 @@ class Chat:
 
     # ---- a whole answer ----
     async def _plain(self, body: dict[str, Any], info: ModelInfo, gen: Generation, mode: chat_request.ToolMode,
-                     stream: Stream, tokenizer: Any) -> Response:
+                     stream: Stream) -> Response:
         tally = Tally(gen.max_tokens)
         text, entries = await collect(stream, tally, gen.logprobs > 0)
         finish = tally.finish_reason()
@@ -103,7 +103,7 @@ class Chat:
                   "model": body["model"], "system_fingerprint": None,
                   "choices": [{"index": 0, "message": message, "logprobs": lp.chat(entries) if entries else None,
                                "finish_reason": finish}],
-                  "usage": tally.usage(tokenizer, gen.prompt, text)}
+                  "usage": await self.api.catalog.usage(info, tally, gen.prompt, text)}
         return Response(200, orjson.dumps(answer))
 
     # ---- a stream ----
@@ -167,9 +167,7 @@ class Chat:
                     b',"finish_reason":null}]}\n\n'
             resp = await stream.next()
         if usage:
-            tokenizer = await self.api.catalog.tokenizer(info) if tally.prompt is None or tally.completion is None \
-                else None
-            counts = tally.usage(tokenizer, gen.prompt, "".join(kept))
+            counts = await self.api.catalog.usage(info, tally, gen.prompt, "".join(kept))
             if counts is not None:
                 yield sse({"id": ident, "object": "chat.completion.chunk", "created": created,
                            "model": body["model"], "choices": [], "usage": counts})

@@ -77,13 +77,11 @@ class Completions:
     async def _plain(self, body: dict[str, Any], info: ModelInfo, gen: Generation, stream: Stream) -> Response:
         tally = Tally(gen.max_tokens)
         text, entries = await collect(stream, tally, gen.logprobs > 0)
-        tokenizer = await self.api.catalog.tokenizer(info) if tally.prompt is None or tally.completion is None \
-            else None
         choice = {"index": 0, "text": self._echo(info, gen) + text,
                   "logprobs": lp.completion(entries) if entries else None, "finish_reason": tally.finish_reason()}
         answer = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                   "model": body["model"], "choices": [choice], "system_fingerprint": None,
-                  "usage": tally.usage(tokenizer, gen.prompt, text)}
+                  "usage": await self.api.catalog.usage(info, tally, gen.prompt, text)}
         return Response(200, orjson.dumps(answer))
 
     async def _stream(self, body: dict[str, Any], info: ModelInfo, gen: Generation, stream: Stream) -> Response:
@@ -128,9 +126,7 @@ class Completions:
                 yield head + dumps(text) + tail
             resp = await stream.next()
         if usage:
-            tokenizer = await self.api.catalog.tokenizer(info) if tally.prompt is None or tally.completion is None \
-                else None
-            counts = tally.usage(tokenizer, gen.prompt, "".join(kept))
+            counts = await self.api.catalog.usage(info, tally, gen.prompt, "".join(kept))
             if counts is not None:
                 yield sse({"id": ident, "object": "text_completion", "created": created, "model": body["model"],
                            "choices": [], "usage": counts})

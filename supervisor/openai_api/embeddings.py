@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -26,7 +27,10 @@ from .context import Api
 from .errors import bad_request
 from .streaming import Stream
 
+_R = TypeVar("_R")
+
 VLLM_INPUT = "embedding_request"
+MAX_IN_FLIGHT = 32  # a list of strings runs one request per string, this many at a time
 _FLOAT_TYPES = ("TYPE_FP16", "TYPE_FP32", "TYPE_FP64")
 
 
@@ -50,16 +54,20 @@ class Embeddings:
         info, _, _ = self.api.catalog.resolve(body["model"], self.api.options.lora_separator)
         value = body["input"]
         items = value if isinstance(value, list) and value and isinstance(value[0], str) else [value]
-        if info.inputs.has(VLLM_INPUT):
-            runs = [self._vllm(info, item, body.get("dimensions")) for item in items]
-        else:
+        io = None
+        if not info.inputs.has(VLLM_INPUT):
             io = _generic_io(info)
             if io is None:
                 raise bad_request(f"model '{info.name}' cannot create embeddings: it needs the input "
                                   f"'{VLLM_INPUT}' (Triton's vLLM embedding models), or one text (BYTES) input and "
                                   "one floating-point output", param="model")
-            runs = [self._generic(info, io, item, body.get("dimensions")) for item in items]
-        results = await asyncio.gather(*runs)
+
+        def run(item: Any) -> Awaitable[tuple[list[float], int | None]]:
+            if io is None:
+                return self._vllm(info, item, body.get("dimensions"))
+            return self._generic(info, io, item, body.get("dimensions"))
+
+        results = await _each(run, items)
         prompt_tokens = None if any(n is None for _, n in results) else sum(n for _, n in results)  # type: ignore[misc]
         base64_out = body.get("encoding_format") == "base64"
         data = [{"object": "embedding", "index": i, "embedding": _encode(vector, base64_out)}
@@ -107,11 +115,34 @@ class Embeddings:
 
     async def _count(self, info: ModelInfo, items: list[Any]) -> dict[str, int] | None:
         """Usage from the tokenizer where the model does not count; None without one."""
-        tokenizer = await self.api.catalog.tokenizer(info)
-        if tokenizer is None:
+        ids = sum(len(item) for item in items if isinstance(item, list))
+        texts = [item for item in items if not isinstance(item, list)]
+        counted = await self.api.catalog.count(info, texts) if texts else 0
+        if counted is None:
             return None
-        n = sum(len(item) if isinstance(item, list) else tokenizer.count(item) for item in items)
+        n = ids + counted
         return {"prompt_tokens": n, "total_tokens": n}
+
+
+async def _each(run: Callable[[Any], Awaitable[_R]], items: list[Any]) -> list[_R]:
+    """run(item) for every item, in order, at most MAX_IN_FLIGHT at a time (a client's list of a million
+    strings must not start a million requests at once); the first failure cancels the others."""
+    results: list[Any] = [None] * len(items)
+    todo = iter(enumerate(items))
+
+    async def lane() -> None:
+        for i, item in todo:
+            results[i] = await run(item)
+
+    lanes = [asyncio.ensure_future(lane()) for _ in range(min(MAX_IN_FLIGHT, len(items)))]
+    try:
+        await asyncio.gather(*lanes)
+    except BaseException:
+        for task in lanes:
+            task.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
+        raise
+    return results
 
 
 def _encode(vector: list[float], as_base64: bool) -> Any:
