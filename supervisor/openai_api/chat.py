@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -56,7 +57,8 @@ class Chat:
         mode = chat_request.tool_mode(body, parser_name)
         guide, optional = chat_request.guide(body, info, mode)
         tools = body.get("tools") if body.get("tool_choice") != "none" else None
-        prompt = self._render(tokenizer, chat_request.conversation(body["messages"]), tools)
+        # on a thread: a template renders a long conversation for seconds (100,000 messages: ~1 s)
+        prompt = await asyncio.to_thread(self._render, tokenizer, chat_request.conversation(body["messages"]), tools)
         limit = body.get("max_completion_tokens")
         if limit is None:
             limit = body.get("max_tokens")

@@ -1,6 +1,6 @@
-"""The OpenAI handlers keep the event loop free: token counts by the tokenizer run on a thread (encoding a
-long prompt takes milliseconds to seconds), and an embeddings list runs a bounded number of requests at
-once, cancelling the rest when one fails.
+"""The OpenAI handlers keep the event loop free: token counts by the tokenizer and chat templates run on a
+thread (encoding a long prompt, rendering a long conversation take milliseconds to seconds), and an
+embeddings list runs a bounded number of requests at once, cancelling the rest when one fails.
 
 The handlers run over a small in-process data plane (the parts they call: model_config, model_ready,
 repository_index, stream_infer); the OpenAI API's end-to-end tests (tests/e2e/openai) run the real server.
@@ -85,14 +85,19 @@ class LoopBoundTokenizer:
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.counted_off_loop: list[bool] = []
+        self.rendered_off_loop: list[bool] = []
 
-    def count(self, text: str, add_special_tokens: bool = False) -> int:
+    def _off_loop(self) -> bool:
         loop_ran = threading.Event()
         self.loop.call_soon_threadsafe(loop_ran.set)
-        self.counted_off_loop.append(loop_ran.wait(2.0))
+        return loop_ran.wait(2.0)
+
+    def count(self, text: str, add_special_tokens: bool = False) -> int:
+        self.counted_off_loop.append(self._off_loop())
         return len(text.split())
 
     def apply_chat_template(self, messages: list[dict[str, Any]], **kw: Any) -> str:
+        self.rendered_off_loop.append(self._off_loop())
         return " ".join(str(m["content"]) for m in messages)
 
 
@@ -116,6 +121,13 @@ async def test_usage_is_counted_off_the_event_loop(path, handler, body):
     assert resp.status == 200
     assert orjson.loads(resp.body)["usage"]["prompt_tokens"] == 3
     assert tokenizer.counted_off_loop and all(tokenizer.counted_off_loop)
+
+
+async def test_the_chat_template_renders_off_the_event_loop():
+    tokenizer = LoopBoundTokenizer()
+    body = {"model": "llm", "messages": [{"role": "user", "content": "hi"}] * 3}
+    resp = await Chat(_api(Plane(), tokenizer))(_post("/v1/chat/completions", body))
+    assert resp.status == 200 and tokenizer.rendered_off_loop == [True]
 
 
 async def test_embedding_usage_is_counted_off_the_event_loop():
