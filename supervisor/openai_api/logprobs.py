@@ -6,33 +6,33 @@ the lowest rank, as vLLM ranks the sampled token first."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 
-def _ranked(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    items = [v for v in entry.values() if isinstance(v, dict)]
+def _ranked(entries: list[Any]) -> Iterator[list[tuple[str, float]]]:
+    """Each position's (token, logprob) candidates, the lowest rank first; entries that are not objects, or
+    hold no candidate, are skipped."""
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        items = sorted((v for v in entry.values() if isinstance(v, dict)), key=_rank)
+        if items:
+            yield [(str(v.get("decoded_token", "")), float(v.get("logprob", 0.0))) for v in items]
 
-    def rank(v: dict[str, Any]) -> int:
-        r = v.get("rank")
-        return r if isinstance(r, int) else sys.maxsize
 
-    return sorted(items, key=rank)
+def _rank(v: dict[str, Any]) -> int:
+    r = v.get("rank")
+    return r if isinstance(r, int) else sys.maxsize
 
 
 def chat(entries: list[Any]) -> dict[str, Any] | None:
     content = []
-    for entry in entries:
-        if not isinstance(entry, dict) or not entry:
-            continue
-        ranked = _ranked(entry)
-        if not ranked:
-            continue
-        chosen = ranked[0]
-        token = str(chosen.get("decoded_token", ""))
+    for ranked in _ranked(entries):
+        token, logprob = ranked[0]
         content.append({
-            "token": token, "logprob": float(chosen.get("logprob", 0.0)), "bytes": list(token.encode()),
-            "top_logprobs": [{"token": str(v.get("decoded_token", "")), "logprob": float(v.get("logprob", 0.0)),
-                              "bytes": list(str(v.get("decoded_token", "")).encode())} for v in ranked],
+            "token": token, "logprob": logprob, "bytes": list(token.encode()),
+            "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode())} for t, p in ranked],
         })
     return {"content": content} if content else None
 
@@ -43,17 +43,12 @@ def completion(entries: list[Any], offset: int = 0) -> dict[str, Any] | None:
     token_logprobs: list[float] = []
     text_offset: list[int] = []
     top: list[dict[str, float]] = []
-    for entry in entries:
-        if not isinstance(entry, dict) or not entry:
-            continue
-        ranked = _ranked(entry)
-        if not ranked:
-            continue
-        token = str(ranked[0].get("decoded_token", ""))
+    for ranked in _ranked(entries):
+        token, logprob = ranked[0]
         tokens.append(token)
-        token_logprobs.append(float(ranked[0].get("logprob", 0.0)))
+        token_logprobs.append(logprob)
         text_offset.append(offset)
-        top.append({str(v.get("decoded_token", "")): float(v.get("logprob", 0.0)) for v in ranked})
+        top.append(dict(ranked))
         offset += len(token)
     if not tokens:
         return None
