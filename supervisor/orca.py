@@ -93,4 +93,9 @@ def load_report(custom_metrics: Any, fmt: str, model: str = "") -> str | None:
         return None
     blocks = figures["max"]
     utilization = figures["used"] / blocks if blocks > 0 else 0.0
-    return header_value(fmt, utilization, blocks * figures["tokens_per"])
+    capacity = blocks * figures["tokens_per"]
+    if not (math.isfinite(utilization) and math.isfinite(capacity)):  # finite figures, infinite product
+        _log_once(f"the {KV_FAMILY} gauges give no finite load report (max, used, tokens_per): no "
+                  f"{RESPONSE_HEADER} header is sent")
+        return None
+    return header_value(fmt, utilization, capacity)

@@ -35,6 +35,14 @@ def test_json_and_text_as_triton_writes_them():
     assert doc == {"named_metrics": {"kv_cache_utilization": 0.25, "max_token_capacity": 6400}}
 
 
+def test_figures_whose_product_overflows_send_no_header():
+    # (each gauge finite, max x tokens_per infinite: int() of it raised OverflowError, a 500 for the request)
+    reg = _metrics("llm", used=1e300, max_blocks=1e200, tokens=1e200)
+    assert orca.load_report(reg, "json", "llm") is None
+    reg = _metrics("llm", used=1e300, max_blocks=1e-20, tokens=1)  # used / max overflows
+    assert orca.load_report(reg, "text", "llm") is None
+
+
 def test_doubles_as_rapidjson_writes_them():
     assert orca.header_value("json", 0.0, 0) == \
         'JSON {"named_metrics":{"kv_cache_utilization":0.0,"max_token_capacity":0}}'
