@@ -32,6 +32,7 @@ from . import framework
 from .base import Request, Response
 
 _TYPES = {"TYPE_INT32": np.int32, "TYPE_FP32": np.float32}
+MAX_EMPTY_ITEM_ROWS = 1 << 20  # BATCH_ITEM_SHAPE rows beyond the source's element count (items of no elements)
 KINDS = (
     "BATCH_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT", "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
     "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN",
@@ -60,10 +61,17 @@ def batch_input_value(kind: str, dtype: Any, shapes: Sequence[Sequence[int]]) ->
         if any(len(s) == 0 for s in shapes):
             raise InferdError(ErrorCode.INVALID_ARG, "%s needs a source input with a batch dimension" % kind)
         rank = len(shapes[-1]) - 1 if shapes else 0  # Triton takes it from the last request
-        rows = [list(s[1:]) for s in shapes for _ in range(int(s[0]))]
-        if any(len(r) != rank for r in rows):
+        present = [s for s in shapes if int(s[0]) > 0]  # (a request of batch 0 adds no row)
+        if any(len(s) - 1 != rank for s in present):
             raise InferdError(ErrorCode.INVALID_ARG, "%s needs the source input's rank to agree in the batch" % kind)
-        value = np.array(rows, dtype=dtype).reshape(len(rows), rank)
+        rows = sum(int(s[0]) for s in present)
+        if rows > max(sum(counts), MAX_EMPTY_ITEM_ROWS):
+            # only items of no elements make more rows than elements: [4e9, 0] is no data and 4e9 rows
+            raise InferdError(ErrorCode.INVALID_ARG, "%s: the source input's first dimensions ask for %d rows, "
+                              "more than its %d elements (at most %d for items of no elements)"
+                              % (kind, rows, sum(counts), MAX_EMPTY_ITEM_ROWS))
+        items = np.array([s[1:] for s in present], dtype=np.int64).reshape(len(present), rank)
+        value = np.repeat(items, [int(s[0]) for s in present], axis=0).astype(dtype)
         return value if kind == "BATCH_ITEM_SHAPE" else value.reshape(-1)
     raise InferdError(ErrorCode.INVALID_ARG, "unknown batch input kind '%s'" % kind)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from inferd.worker.backends import ragged
 from inferd.worker.backends.base import Request, Tensor
 from inferd.worker.backends.ragged import RaggedPlan, batch_input_value
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -55,6 +56,16 @@ def test_item_shape_of_a_rank_one_source_has_no_columns():
     assert batch_input_value("BATCH_ITEM_SHAPE", F32, [(2,), (1,)]).shape == (3, 0)
     with pytest.raises(InferdError):
         batch_input_value("BATCH_ITEM_SHAPE", F32, [()])  # no batch dimension to repeat by
+
+
+def test_item_shape_rows_beyond_the_elements_are_refused():
+    # a non-batching model's source of shape [4e9, 0] is no data and 4e9 rows (a list of them took the worker's
+    # memory); rows past the elements are refused beyond MAX_EMPTY_ITEM_ROWS
+    with pytest.raises(InferdError, match="more than its 0 elements"):
+        batch_input_value("BATCH_ITEM_SHAPE", F32, [(ragged.MAX_EMPTY_ITEM_ROWS + 1, 0)])
+    assert batch_input_value("BATCH_ITEM_SHAPE", I32, [(0, 7, 7), (3, 0)]).tolist() == [[0], [0], [0]]
+    big = batch_input_value("BATCH_ITEM_SHAPE_FLATTEN", I32, [(1 << 20, 1)])  # one row per element: fine
+    assert big.shape == (1 << 20,) and big.dtype == I32
 
 
 CONFIG = {
