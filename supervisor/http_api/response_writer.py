@@ -92,20 +92,27 @@ class ResponseWriter(ConnectionState):
         if not keep:
             self._queue.clear()
         chunks = res.chunks
-        self._coalescer.release(transport)
+        coalescer = self._coalescer
+        # Every chunk goes through the coalescer: the first write of an event-loop pass leaves at once (a lone
+        # token waits for nothing); what follows in the same pass (this stream's tokens already queued, other
+        # streams' tokens) leaves joined at the pass's end: one send per connection and pass, not per event.
+        head: bytes | None = chunked_head(res.status, res.content_type, res.headers, keep)  # leaves with a chunk
         ended = False
         try:
-            transport.write(chunked_head(res.status, res.content_type, res.headers, keep))
             async for chunk in chunks:
                 if self.closed:
                     return False
                 if chunk:  # an empty chunk would end the body
-                    transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+                    if head is not None:
+                        frame, head = head + frame, None
+                    coalescer.write(transport, frame)
                 if self._paused_writing:
+                    coalescer.release(transport)
                     self._write_ready = self._loop.create_future()
                     await self._write_ready
             if not self.closed:
-                transport.write(b"0\r\n\r\n")
+                coalescer.write(transport, b"0\r\n\r\n" if head is None else head + b"0\r\n\r\n")
                 ended = True
         finally:
             await chunks.aclose()
