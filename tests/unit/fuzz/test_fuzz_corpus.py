@@ -4,7 +4,9 @@ with the target's traceback. Runs in a few seconds for all targets together."""
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,27 @@ import harness  # noqa: E402
 
 TARGETS = harness.target_names()
 GENERATED = 200  # random inputs per target in the default suite (the same ones every run: seeded)
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """A target's setup() may quiet the inferd loggers for its own process (fuzz/run.py runs each target in
+    one); replayed here, in the suite's process, that must not outlive the test (later tests read caplog)."""
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name == "inferd" or name.startswith("inferd.")] + [logging.getLogger("inferd")]
+    saved = [(lg, lg.level, lg.propagate, list(lg.handlers), lg.disabled) for lg in loggers]
+    yield
+    for lg, level, propagate, handlers, disabled in saved:
+        lg.setLevel(level)
+        lg.propagate = propagate
+        lg.handlers[:] = handlers
+        lg.disabled = disabled
+    for name in list(logging.Logger.manager.loggerDict):  # loggers a target made meanwhile
+        lg = logging.getLogger(name)
+        if (name == "inferd" or name.startswith("inferd.")) and lg not in loggers:
+            lg.setLevel(logging.NOTSET)
+            lg.propagate = True
+            lg.handlers[:] = []
 
 
 def _report(failures: list[harness.Failure]) -> str:
