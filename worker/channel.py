@@ -149,7 +149,13 @@ class Outbox:
     def post_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """`post` for a header already encoded."""
         with self._lock:
-            self._queue.append((header, frames))
+            queue = self._queue
+            wake = not queue
+            queue.append((header, frames))
+        if not wake:
+            # the main thread has not taken what is queued yet: the byte written for the first of it wakes it
+            # for this one too (a model sending tokens faster than they are sent saves a syscall per token)
+            return
         try:
             os.write(self._write_fd, b"\0")
         except BlockingIOError:
@@ -164,10 +170,22 @@ class Outbox:
                 pass
         except (BlockingIOError, OSError):
             pass
-        queue = self._queue
-        while queue:
-            header, frames = queue.popleft()
-            channel.send_encoded(header, frames)
+        # taken under the lock, after the pipe is drained: a message posted from now on finds the queue
+        # empty and writes a wake-up byte of its own (post_encoded's check and append are one step)
+        with self._lock:
+            if not self._queue:
+                return
+            taken, self._queue = self._queue, collections.deque()
+        try:
+            while taken:
+                header, frames = taken[0]
+                channel.send_encoded(header, frames)
+                taken.popleft()
+        finally:
+            if taken:  # a send failed: what was not sent goes back in front, in order
+                with self._lock:
+                    taken.extend(self._queue)
+                    self._queue = taken
 
 
 class HeartbeatThread(threading.Thread):
