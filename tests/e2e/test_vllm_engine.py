@@ -219,3 +219,17 @@ def test_engine_death_makes_the_model_not_ready_and_the_instance_restarts(llm) -
                                      "sampling_parameters": json.dumps(GREEDY)})
     assert status == 200 and out["text_output"] == llm["expected"][0]
 
+
+
+def test_killed_worker_leaves_no_engine_processes(llm) -> None:
+    server = llm["server"]
+    server.wait_model_ready("llm", timeout=600)
+    (worker,) = server.worker_pids("llm")
+    left = [p for p in psutil.Process(worker).children(recursive=True) if "VLLM" in " ".join(p.cmdline())]
+    assert left, "vLLM's engine core runs as a child of the worker"
+    psutil.Process(worker).kill()
+    gone, alive = psutil.wait_procs(left, timeout=30)
+    assert not alive, "engine processes outlived their worker: %s" % [p.pid for p in alive]
+    server.wait_until(lambda: server.worker_pids("llm") and server.worker_pids("llm") != [worker], 120,
+                      "the instance restarted")
+    server.wait_model_ready("llm", timeout=600)

@@ -21,6 +21,8 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 import traceback
 from collections.abc import Sequence
@@ -38,6 +40,20 @@ INSTALL_HINT = "pip install 'inferd[vllm]'"
 _PATH_ARGS = ("model", "tokenizer")  # engine arguments that may name a local folder
 _CANCEL_CHECK_S = 0.05  # how often open requests are checked for cancellation (only while any is open)
 _EXIT_GRACE_S = 1.0  # after the engine died: time for the failed requests' answers to leave
+# A helper that outlives a SIGKILLed worker for as long as it takes to kill what the worker left behind: vLLM's
+# engine core processes are the worker's children and are not tied to its life (a kill -9 of the worker would
+# leave them running). It waits on a pidfd of the worker, then kills the worker's process group (the supervisor
+# starts every worker as the leader of a session of its own; the helper, in that group too, goes with it).
+_REAPER = """import os, select, signal, sys
+worker = int(sys.argv[1])
+try:
+    fd = os.pidfd_open(worker)
+    select.select([fd], [], [])
+except (AttributeError, OSError):  # no pidfd: read a pipe the worker holds open
+    while os.read(int(sys.argv[2]), 1):
+        pass
+os.killpg(worker, signal.SIGKILL)
+"""
 
 
 def _bool_parameter(config: dict[str, Any], key: str) -> bool:
@@ -167,6 +183,7 @@ class VllmBackend:
                                                                                    False):
             from .vllm_metrics import stat_logger_factory
             stat_loggers = [stat_logger_factory({"model": model.model_name, "version": model.version})]
+        _start_reaper()
         try:
             self._engine = self._loop.run(self._start(engine_args, stat_loggers))
         except Exception as exc:
@@ -305,6 +322,24 @@ class VllmBackend:
                 error = InferdError(ErrorCode.INTERNAL, "vLLM engine shutdown failed: %s" % exc)
         self._loop.stop()
         return error
+
+
+def _start_reaper() -> None:
+    """Start the helper (_REAPER) when this worker leads its own process group, as the supervisor starts it."""
+    pid = os.getpid()
+    try:
+        if os.getpgid(0) != pid:
+            return  # not a process group of our own: killing it could hit others
+    except OSError:
+        return
+    read_end, write_end = os.pipe()  # (the fallback's pipe: its write end stays open in this process)
+    subprocess.Popen([sys.executable, "-c", _REAPER, str(pid), str(read_end)], pass_fds=(read_end,),
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(read_end)
+    _KEPT.append(write_end)
+
+
+_KEPT: list[int] = []  # the reaper pipe's write end, open for the life of the process
 
 
 def _client_error(exc: BaseException) -> bool:
