@@ -37,6 +37,11 @@ MAX_UNSENT_ACKS = 1000
 MAX_UNSENT_FRAMES = 5000
 RESET_BURST, RESET_RATE = 1000, 33.0
 GLITCH_BURST, GLITCH_RATE = 10000, 330.0
+# Huffman-coded header bytes a connection may have decoded: HPACK's Huffman decoding is pure Python here
+# (~0.6 us a byte on the loop), so a client sending big coded headers could keep the loop busy for everyone.
+# 256 KiB at once, 128 KiB/s after that (at most ~8% of a core a connection); real clients send a few
+# coded bytes a request, the rest indexed.
+HUFFMAN_BURST, HUFFMAN_RATE = 256 * 1024, 128 * 1024.0
 WINDOW_UPDATES_PER_DATA_FRAME = 10
 WINDOW_UPDATE_SLACK = 100
 MAX_CONTINUATIONS = 8
@@ -114,7 +119,7 @@ class FloodGuard:
     """The counters of one connection."""
 
     __slots__ = ("resets", "glitches", "window_updates", "streams_opened", "data_frames_sent", "unsent_acks",
-                 "unsent_frames", "pings")
+                 "unsent_frames", "pings", "huffman")
 
     def __init__(self, ping_policy: PingPolicy) -> None:
         self.resets = TokenBucket(RESET_BURST, RESET_RATE)
@@ -125,10 +130,16 @@ class FloodGuard:
         self.unsent_acks = 0  # written while the transport was paused (the client not reading)
         self.unsent_frames = 0
         self.pings = PingStrikes(ping_policy)
+        self.huffman = TokenBucket(HUFFMAN_BURST, HUFFMAN_RATE)
 
     def glitch(self, what: str, cost: float = 1.0) -> None:
         if not self.glitches.take(cost):
             raise Flood(f"too many {what} (more than {GLITCH_BURST} at over {GLITCH_RATE:g}/s)")
+
+    def huffman_decoded(self, nbytes: int) -> None:
+        if nbytes and not self.huffman.take(nbytes):
+            raise Flood(f"too many Huffman-coded header bytes (more than {HUFFMAN_BURST} at over "
+                        f"{HUFFMAN_RATE:g}/s)")
 
     def reset(self) -> None:
         if not self.resets.take():

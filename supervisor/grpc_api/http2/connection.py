@@ -20,6 +20,7 @@ import logging
 from typing import Protocol
 
 from . import frames as f
+from . import hpack_codec
 from .abuse import MAX_CONTINUATIONS, MAX_SETTINGS, STREAMS_PER_GLITCH, Flood, FloodGuard, PingPolicy
 from .hpack_codec import Decoder, HeaderListTooLarge
 from .lifetime import ConnectionLifetime, Lifetime
@@ -290,10 +291,13 @@ class H2Connection(Sending, asyncio.Protocol):
     def _headers_complete(self, block: bytes) -> None:
         sid, end = self._header_stream, self._header_end_stream
         self._header_stream = 0
+        before = hpack_codec.huffman_decoded
         try:
             headers = self.decoder.decode(block)  # always: the decoder's table must follow the client
         except HeaderListTooLarge:
             headers = None
+        finally:
+            self.guard.huffman_decoded(hpack_codec.huffman_decoded - before)  # (Flood: the connection goes)
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client: only the end of its stream matters
             if end:

@@ -391,6 +391,30 @@ def test_hpack_bomb_is_refused_and_the_connection_serves_on(native: str) -> None
     w.check()
 
 
+def test_huffman_coded_headers_are_charged(native: str) -> None:
+    """HPACK's Huffman strings are decoded in pure Python (~0.6 us a byte on the loop): a client sending
+    big coded values over and over is cut off (GOAWAY ENHANCE_YOUR_CALM) once past the connection's
+    budget, before it has sent all, and costs the server a bounded CPU time; others are served."""
+    from hpack.huffman import HuffmanEncoder
+    from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+
+    coded = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH).encode(b"a" * 12_000)  # 7,500 bytes
+    length = hpack.hpack.encode_integer(len(coded), 7)
+    length[0] |= 0x80  # the value's H bit: Huffman-coded
+    field = b"\x00" + bytes([7]) + b"x-coded" + bytes(length) + coded  # a literal, not indexed, new name
+    head = encode(request_headers(SERVICE + "ServerLive"))
+    w = Watch(native, "Huffman-coded headers, 7.5 KB a block")
+    with w:
+        a = Attacker(native, reading=True)
+        blocks = b"".join(f.header(len(head) + len(field), f.HEADERS, f.END_HEADERS | f.END_STREAM, sid)
+                          + head + field for sid in range(1, 2 * 400, 2))
+        assert not a.flood(blocks, 1) or a.closed.wait(60)
+        _calm(a, b"Huffman")
+        other_client(native, w.cost)
+        a.close()
+    w.check()
+
+
 # ---- frames, prefaces, windows ----
 def test_oversized_frame_is_refused_before_its_payload(native: str) -> None:
     w = Watch(native, "16 MiB frame header")
