@@ -71,7 +71,7 @@ class Server(rb.Server):
         for c in main.children(recursive=True):
             try:
                 ct = c.cpu_times()
-                kind = "frontends" if "scaleout.frontend_main" in " ".join(c.cmdline()) else "workers"
+                kind = "frontends" if "frontend_processes.frontend_main" in " ".join(c.cmdline()) else "workers"
                 out[kind] += ct.user + ct.system
             except rb.psutil.Error:
                 pass

@@ -70,7 +70,7 @@ class App:
         self.stop_event: asyncio.Event | None = None
         self.exit_code = 0
         self._servers: list[Any] = []
-        self._frontend_processes: Any = None  # scaleout.processes.FrontendProcesses with --frontend-processes > 1
+        self._frontend_processes: Any = None  # FrontendProcesses (frontend_processes/) with --frontend-processes > 1
 
     async def run(self) -> int:
         self.stop_event = asyncio.Event()
@@ -251,8 +251,8 @@ class App:
     async def _start_frontends(self, dataplane: ServerDataPlane, frontends: int) -> None:
         cfg = self.config
         if frontends > 1 and (cfg.allow_http or cfg.allow_grpc):
-            # HTTP and gRPC in N processes of their own (scaleout/); the metrics port stays here
-            from .scaleout.processes import FrontendProcesses
+            # HTTP and gRPC in N processes of their own (frontend_processes/); the metrics port stays here
+            from .frontend_processes.processes import FrontendProcesses
 
             self._frontend_processes = FrontendProcesses(cfg, dataplane, frontends)
             await self._frontend_processes.start()

@@ -151,7 +151,7 @@ class ServerConfig:
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
     max_queue_size: int = 4096  # default per-model queue bound when the config sets none
     busy_poll_us: int = 0  # the most the event loop polls after a request instead of sleeping, µs (0: off)
-    # processes serving HTTP and gRPC (scaleout/); 1: the supervisor itself, as always. Default from the CPUs
+    # processes serving HTTP and gRPC (frontend_processes/); 1: the supervisor itself, as always. Default from the CPUs
     frontend_processes: int = 1
     frontend_processes_given: bool = False  # by the flag; else the default, which CUDA shared memory makes 1 (app.py)
     argv: tuple[str, ...] = ()  # the command line this config was parsed from (frontend processes parse it too)

@@ -9,7 +9,7 @@ Environment knobs:
 - INFERD_E2E_TARGET=triton runs the same tests against the real Triton (tests/tools/triton_reference.sh,
   or INFERD_TRITON_SCRIPT); tests marked `inferd_only` are skipped there. Default: inferd. A test may
   also start one server of each kind (`server_factory(..., target="triton")`).
-- INFERD_E2E_FRONTEND_PROCESSES=N runs every inferd server with `--frontend-processes N` (scaleout/).
+- INFERD_E2E_FRONTEND_PROCESSES=N runs every inferd server with `--frontend-processes N` (frontend_processes/).
 - INFERD_E2E_SKIP_MISSING=1 skips (instead of failing) server tests when the `inferd` console
   script is not installed.
 """

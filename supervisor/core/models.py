@@ -121,7 +121,7 @@ class ModelManager:
         self.stats_registry = stats_registry
         self.entries: dict[str, ModelEntry] = {}
         # the data plane, which resolves and routes every request (core/dataplane_impl.py), and the frontend
-        # processes' publisher (scaleout/) watch every change; the data plane says where ensemble steps go
+        # processes' publisher (frontend_processes/) watch every change; the data plane says where ensemble steps go
         self._watchers: list[Callable[[], None]] = []
         self.steps: StepRouter | None = None
         # --model-load-thread-count: how many models' workers start at once (ensembles have none to start)

@@ -184,7 +184,7 @@ def test_server_objects_cannot_be_registered(server, client):
     regions = _server_regions(server)
     # the pool region is the supervisor's, or a frontend process's with --frontend-processes N > 1
     pools = {server.pid} | {p.pid for p in psutil.Process(server.pid).children()
-                            if "scaleout.frontend_main" in " ".join(p.cmdline())}
+                            if "frontend_processes.frontend_main" in " ".join(p.cmdline())}
     assert any(int(r.split("_")[1]) in pools for r in regions), regions
     assert any(int(r.split("_")[1]) not in pools for r in regions), regions
     alias = f"alias_{uuid.uuid4().hex[:8]}"

@@ -47,7 +47,7 @@ def frontend_pids(server) -> list[int]:
     out = []
     for child in psutil.Process(server.pid).children():
         try:
-            if "inferd.supervisor.scaleout.frontend_main" in " ".join(child.cmdline()):
+            if "inferd.supervisor.frontend_processes.frontend_main" in " ".join(child.cmdline()):
                 out.append(child.pid)
         except psutil.NoSuchProcess:
             continue

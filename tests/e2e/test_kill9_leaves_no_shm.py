@@ -42,7 +42,7 @@ def test_kill_9_of_the_supervisor_leaves_no_shared_memory(server_factory, harnes
     held = mapped(server.pid)
     # the pool region: the supervisor's, or with --frontend-processes N > 1 a frontend process's (mapped here)
     frontends = {p.pid for p in psutil.Process(server.pid).children()
-                 if "scaleout.frontend_main" in " ".join(p.cmdline())}
+                 if "frontend_processes.frontend_main" in " ".join(p.cmdline())}
     pools = {server.pid} | frontends
     pids |= frontends
     assert any(int(n.split("_")[1]) in pools for n in held), held  # its pool region

@@ -1,4 +1,5 @@
-"""The frontend link's frames (scaleout/frames.py) over a real Unix socket pair (scaleout/link.py)."""
+"""The frontend link's frames (frontend_processes/frames.py) over a real Unix socket pair
+(frontend_processes/link.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import socket
 
 import pytest
 from inferd.supervisor.flags import default_frontend_processes, parse_args
+from inferd.supervisor.frontend_processes import frames
+from inferd.supervisor.frontend_processes.frames import Kind
+from inferd.supervisor.frontend_processes.link import Link
+from inferd.supervisor.frontend_processes.snapshot import View
 from inferd.supervisor.inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from inferd.supervisor.scaleout import frames
-from inferd.supervisor.scaleout.frames import Kind
-from inferd.supervisor.scaleout.link import Link
-from inferd.supervisor.scaleout.snapshot import View
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 
@@ -119,7 +120,7 @@ def test_bytes_ride_the_link_as_base64():
 
 
 async def test_a_request_too_large_for_the_link_is_refused_not_sent():
-    from inferd.supervisor.scaleout.remote_dataplane import RemoteDataPlane
+    from inferd.supervisor.frontend_processes.remote_dataplane import RemoteDataPlane
 
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     loop = asyncio.get_running_loop()

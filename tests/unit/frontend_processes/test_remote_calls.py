@@ -1,4 +1,4 @@
-"""A frontend's calls to the core (scaleout/remote_dataplane.py) over a real Unix socket pair: every call is
+"""A frontend's calls to the core (frontend_processes/remote_dataplane.py) over a real Unix socket pair: every call is
 answered exactly once, a call given up before its answer sends CANCEL, and one answered sends none."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import socket
 import time
 
 import pytest
+from inferd.supervisor.frontend_processes import frames
+from inferd.supervisor.frontend_processes.frames import Kind
+from inferd.supervisor.frontend_processes.link import Link
+from inferd.supervisor.frontend_processes.remote_dataplane import RemoteDataPlane
 from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
-from inferd.supervisor.scaleout import frames
-from inferd.supervisor.scaleout.frames import Kind
-from inferd.supervisor.scaleout.link import Link
-from inferd.supervisor.scaleout.remote_dataplane import RemoteDataPlane
 from inferd.worker.wire.errors import InferdError
 
 

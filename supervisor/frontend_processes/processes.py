@@ -102,7 +102,7 @@ class FrontendProcesses:
         cfg = self.config
         args = list(cfg.argv) + ["--run-dir", cfg.run_dir, "--http-port", str(self.http_port),
                                  "--grpc-port", str(self.grpc_port)]
-        return [sys.executable, "-m", "inferd.supervisor.scaleout.frontend_main", "--link", self.link_path,
+        return [sys.executable, "-m", "inferd.supervisor.frontend_processes.frontend_main", "--link", self.link_path,
                 "--parent", str(os.getpid()), "--", *args]
 
     async def _keep(self, index: int) -> None:

@@ -1,4 +1,4 @@
-"""A frontend process: `python -m inferd.supervisor.scaleout.frontend_main --link PATH --parent PID -- ARGS`.
+"""A frontend process: `python -m inferd.supervisor.frontend_processes.frontend_main --link PATH --parent PID -- ARGS`.
 
 ARGS is the server's own command line (the same frozen ServerConfig is parsed from it). The process dies
 with the supervisor (PR_SET_PDEATHSIG), connects to the core's link socket, waits for the first snapshot,
