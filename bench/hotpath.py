@@ -145,6 +145,9 @@ class Manager:
     def watch(self, callback: Any) -> None:
         """One ready version that never changes: nothing to tell."""
 
+    def lookup(self, name: str) -> Entry | None:
+        return self.entries.get(name)
+
 
 class Transport:
     def __init__(self) -> None:
