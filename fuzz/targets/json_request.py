@@ -80,11 +80,21 @@ def _no_surrogates(obj: Any) -> None:
             stack.extend(v.values())
 
 
+def _checked_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Every member, also one a later duplicate key overrides: orjson and rapidjson refuse a lone surrogate
+    wherever it stands in the text, not only in the values that survive."""
+    for key, value in pairs:
+        _no_surrogates(key)
+        _no_surrogates(value)
+    return dict(pairs)
+
+
 def reference(body: bytes) -> tuple[str, Any]:
     """("ok", value), ("refused", why) or ("limit", why): json with orjson's documented rules."""
     try:
         text = body.decode("utf-8")
-        value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+        value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant,
+                           object_pairs_hook=_checked_object)
         _no_surrogates(value)
         return "ok", value
     except RecursionError:

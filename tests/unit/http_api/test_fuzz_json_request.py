@@ -32,3 +32,15 @@ def test_a_number_beyond_a_double_is_still_refused_next_to_a_nan() -> None:
     with pytest.raises(InferdError, match="infinity when parsed as double"):
         codec.parse("m", "", {}, b'{"inputs":[{"name":"A","datatype":"FP64","shape":[2],"data":[NaN,%s]}]}'
                     % (b"9" * 400,))
+
+
+@pytest.mark.parametrize("nan", [b"", b",NaN"])
+def test_a_lone_surrogate_in_an_overridden_duplicate_key_is_refused_as_triton_refuses_it(nan: bytes) -> None:
+    """fuzz/corpus/json_request/4d6067ee77fb31f9 (the target's reference was too lax: json keeps the last of
+    two `data` keys and never saw the first one's lone surrogate). Triton 2.51 answers such a body 400
+    "failed to parse the request JSON buffer: The surrogate pair in string is invalid."; inferd refuses it
+    too, with or without a NaN literal elsewhere (orjson and json_nonfinite read the body)."""
+    codec = InferCodec(FakeDataPlane())
+    body = b'{"inputs":[{"name":"A","datatype":"FP64","shape":[2],"data":["\\ud800"],"data":[1.5,2%s]}]}' % nan
+    with pytest.raises(InferdError, match="failed to parse the request JSON buffer"):
+        codec.parse("m", "", {}, body)
