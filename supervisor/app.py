@@ -17,7 +17,6 @@ from typing import Any
 from inferd.worker.wire.errors import InferdError
 
 from . import gpus as gpus_mod
-from . import metrics as metrics_mod
 from . import orca, sdnotify
 from . import stats as stats_mod
 from .bls import BlsService
@@ -33,6 +32,7 @@ from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.runtime import Runtime
 from .custom_metrics import CustomMetrics
 from .gpu_metrics import GpuMetrics
+from .metrics import model_families as metrics_mod
 from .repository.agents import PollFailed
 from .tracing.tracer import Tracer
 

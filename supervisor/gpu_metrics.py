@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .gpus import Gpu, Nvml, NvmlError
-from .metrics import GpuSample, render_gpu_metrics
+from .metrics.model_families import GpuSample, render_gpu_metrics
 
 log = logging.getLogger("inferd")
 

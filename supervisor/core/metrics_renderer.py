@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import metrics as metrics_mod
+from ..metrics import model_families as metrics_mod
 from .runtime import Runtime
 
 

@@ -4,7 +4,7 @@ the keys that cannot make a label refused at load (Triton 2.51 aborts the server
 from __future__ import annotations
 
 import pytest
-from inferd.supervisor.metrics import ExtraMetrics, InstanceMetrics, render_metrics
+from inferd.supervisor.metrics.model_families import ExtraMetrics, InstanceMetrics, render_metrics
 from inferd.supervisor.repository import config as repo_config
 from inferd.supervisor.stats import StatsRegistry
 from inferd.worker.wire.errors import InferdError

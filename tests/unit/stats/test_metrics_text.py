@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from inferd.supervisor.metrics import ExtraMetrics, InstanceMetrics, render_metrics
+from inferd.supervisor.metrics.model_families import ExtraMetrics, InstanceMetrics, render_metrics
 from inferd.supervisor.stats import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
