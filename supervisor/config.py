@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .latency_summary import LatencyMetricsConfig
+from .metrics.latency_summary import LatencyMetricsConfig
 from .repository.cloud import credentials as cloud_credentials
 from .tracing.options import TraceOptions
 

@@ -27,7 +27,7 @@ from .config import (
 )
 from .core.busy_poll import cpu_quota, default_window_us
 from .instances import host_policy, memory_cap, recycle
-from .latency_summary import LatencyMetricsConfig, parse_quantiles
+from .metrics.latency_summary import LatencyMetricsConfig, parse_quantiles
 from .repository import agents as repo_agents
 from .repository import python_backends
 from .repository.cloud import credentials as cloud_credentials

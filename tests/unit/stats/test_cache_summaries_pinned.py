@@ -4,7 +4,7 @@ cache counters dropped with counter_latencies=false (as Triton), and the pinned 
 
 from __future__ import annotations
 
-from inferd.supervisor.latency_summary import LatencyMetricsConfig
+from inferd.supervisor.metrics.latency_summary import LatencyMetricsConfig
 from inferd.supervisor.metrics.model_families import ExtraMetrics, render_metrics
 from inferd.supervisor.stats import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families

@@ -11,7 +11,7 @@ import pytest
 from inferd.supervisor import latency_histogram as lh
 from inferd.supervisor.core.streaming import ResponseStream
 from inferd.supervisor.inference.types import InferResponse
-from inferd.supervisor.latency_summary import LatencyMetricsConfig
+from inferd.supervisor.metrics.latency_summary import LatencyMetricsConfig
 from inferd.supervisor.metrics.model_families import render_metrics
 from inferd.supervisor.stats import StatsRegistry
 from inferd.worker.wire.errors import ErrorCode, InferdError

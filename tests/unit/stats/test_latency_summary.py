@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from inferd.supervisor import latency_summary as ls
 from inferd.supervisor.flags import parse_args, parse_metrics_config
+from inferd.supervisor.metrics import latency_summary as ls
 from inferd.supervisor.metrics.model_families import render_metrics
 from inferd.supervisor.stats import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families

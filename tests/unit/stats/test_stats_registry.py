@@ -133,7 +133,7 @@ def test_a_batch_of_successes_counts_as_its_requests_one_by_one() -> None:
 
 
 def test_a_batch_of_successes_keeps_each_request_for_the_latency_summaries() -> None:
-    from inferd.supervisor import latency_summary as ls
+    from inferd.supervisor.metrics import latency_summary as ls
 
     reg = StatsRegistry(ls.LatencyMetricsConfig(summaries=True))
     s = reg.get("m", "1")
