@@ -17,7 +17,7 @@ from .default import DefaultScheduler, StatsSink
 from .dynamic import DynamicBatcher
 from .policy import PriorityPolicy
 from .rate_gate import RateGate
-from .sequence import SequenceScheduler
+from .sequence.scheduler import SequenceScheduler
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from inferd.supervisor.scheduler.dynamic import DynamicBatcher
 from inferd.supervisor.scheduler.policy import PriorityPolicy
 from inferd.supervisor.scheduler.rate_gate import RateGate
 from inferd.supervisor.scheduler.rate_limiter import LimiterSpec, RateLimiter, Resource
-from inferd.supervisor.scheduler.sequence import SequenceScheduler
+from inferd.supervisor.scheduler.sequence.scheduler import SequenceScheduler
 from inferd.worker.wire.errors import InferdError
 
 from .fakes import WAIT_S, HeldExecutor, Stats, until

@@ -7,8 +7,8 @@ import struct
 import numpy as np
 import pytest
 from inferd.supervisor.inference.types import InferResponse, Tensor
-from inferd.supervisor.scheduler import sequence_controls as sc
-from inferd.supervisor.scheduler import sequence_state as ss
+from inferd.supervisor.scheduler.sequence import controls as sc
+from inferd.supervisor.scheduler.sequence import state as ss
 from inferd.worker.wire.errors import InferdError
 
 SB = {"control_input": [

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from inferd.supervisor.inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse, Tensor
-from inferd.supervisor.scheduler.sequence import SequenceScheduler
-from inferd.supervisor.scheduler.sequence_lanes import DirectPolicy, Lane, OldestPolicy, SeqItem, Sequence
+from inferd.supervisor.scheduler.sequence.lanes import DirectPolicy, Lane, OldestPolicy, SeqItem, Sequence
+from inferd.supervisor.scheduler.sequence.scheduler import SequenceScheduler
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 WAIT_S = 10.0

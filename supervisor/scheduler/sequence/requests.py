@@ -1,7 +1,7 @@
 """What the worker gets for a sequence batcher's requests.
 
-Per request the scheduler injects the configured control inputs (sequence_controls.py) and the
-implicit state (sequence_state.py); the worker gets a copy of the client's request with them, so the
+Per request the scheduler injects the configured control inputs (controls.py) and the
+implicit state (state.py); the worker gets a copy of the client's request with them, so the
 frontends keep answering the request the client sent.
 
 Null requests (direct strategy, batching model): as in Triton, a batch is indexed by slot, and an
@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
-from . import sequence_controls, sequence_state
-from .sequence_lanes import Sequence
+from ...inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, RequestedOutput, Tensor
+from . import controls, state
+from .lanes import Sequence
 
 
 class WorkerRequests:
@@ -28,8 +28,8 @@ class WorkerRequests:
     def __init__(self, model_name: str, config: dict[str, Any], model_dir: str | None) -> None:
         sb = config.get("sequence_batching") or {}
         self.batched = int(config.get("max_batch_size") or 0) > 0
-        self.controls = sequence_controls.parse_controls(model_name, sb)
-        self.states = sequence_state.parse_states(model_name, sb, model_dir)
+        self.controls = controls.parse_controls(model_name, sb)
+        self.states = state.parse_states(model_name, sb, model_dir)
         self.state_outputs = {s.output_name for s in self.states}
         self.output_names = [o["name"] for o in config.get("output") or []]
 
@@ -37,8 +37,8 @@ class WorkerRequests:
         """The copy of `request` (of `sequence`, whose state it takes) that its worker gets."""
         start = bool(request.flags & SEQUENCE_START)
         if start or not sequence.state:
-            sequence.state = sequence_state.initial_tensors(self.states, self.batched)
-        inputs = sequence_controls.control_tensors(
+            sequence.state = state.initial_tensors(self.states, self.batched)
+        inputs = controls.control_tensors(
             self.controls, start=start, end=bool(request.flags & SEQUENCE_END), ready=True,
             correlation_id=request.correlation_id, batched=self.batched)
         inputs += request.inputs
@@ -51,10 +51,10 @@ class WorkerRequests:
 
     def null(self, template: InferRequest) -> InferRequest:
         """A null request shaped as `template`, a real request of the same batch."""
-        inputs = sequence_controls.control_tensors(self.controls, start=False, end=False, ready=False,
+        inputs = controls.control_tensors(self.controls, start=False, end=False, ready=False,
                                                    correlation_id=0, batched=self.batched)
         inputs += [Tensor(t.name, t.datatype, list(t.shape), _zeros_like(t)) for t in template.inputs]
-        inputs += sequence_state.initial_tensors(self.states, self.batched).values()
+        inputs += state.initial_tensors(self.states, self.batched).values()
         outputs = [RequestedOutput(n) for n in self.output_names] if self.states else []
         outputs += [RequestedOutput(n) for n in self.state_outputs]
         return InferRequest(template.model_name, template.model_version, inputs=inputs, outputs=outputs)

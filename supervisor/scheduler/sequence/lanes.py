@@ -20,8 +20,8 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..inference.types import InferRequest, InferResponse, Tensor
-from .base import Executor
+from ...inference.types import InferRequest, InferResponse, Tensor
+from ..base import Executor
 
 
 class SeqItem:

@@ -20,7 +20,7 @@ from typing import Any
 
 from inferd.worker.wire.errors import invalid_arg
 
-from ..inference.types import Tensor
+from ...inference.types import Tensor
 
 START, END, READY, CORRID = "START", "END", "READY", "CORRID"
 _KINDS = {

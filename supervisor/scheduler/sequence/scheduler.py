@@ -4,10 +4,10 @@ Every request names its sequence by correlation id (uint64 or string, `sequence_
 batch size 1. A sequence's first request carries START; END releases its slot; START on an id still
 in flight ends the old sequence early (a warning, as Triton) and the new one keeps the slot. A request
 of an unknown or ended sequence is refused with Triton's INVALID_ARG message. A sequence's requests
-run one at a time, in arrival order, on the instance whose slot it holds (sequence_lanes.py).
+run one at a time, in arrival order, on the instance whose slot it holds (lanes.py).
 
 The worker gets a copy of each request with the control inputs and the implicit state, and null
-requests in empty slots below the highest busy one (sequence_requests.py); their answers are dropped.
+requests in empty slots below the highest busy one (requests.py); their answers are dropped.
 
 `max_sequence_idle_microseconds`: a sequence without a request for that long (none queued or
 running) is released with a logged warning; a later request of it without START then fails, with
@@ -31,13 +31,13 @@ from typing import Any
 
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
-from ..inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse
-from . import sequence_state
-from .base import Executor
-from .lifecycle import QueueLifecycle
-from .rate_gate import RateGate
-from .sequence_lanes import Lane, SeqItem, Sequence, parse_policy
-from .sequence_requests import WorkerRequests
+from ...inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse
+from ..base import Executor
+from ..lifecycle import QueueLifecycle
+from ..rate_gate import RateGate
+from . import state
+from .lanes import Lane, SeqItem, Sequence, parse_policy
+from .requests import WorkerRequests
 
 log = logging.getLogger("inferd.scheduler.sequence")
 
@@ -47,7 +47,7 @@ RECENTLY_IDLED = 4096  # ids released for idleness that we remember, for a clear
 
 
 class SequenceScheduler(QueueLifecycle):
-    """Slots per sequence on each instance (sequence_lanes.py); the lifecycle is the other schedulers'
+    """Slots per sequence on each instance (lanes.py); the lifecycle is the other schedulers'
     (lifecycle.py), its own close stopping the runners first."""
 
     def __init__(self, model_name: str, config: dict[str, Any], executors: Seq[Executor], stats: Any,
@@ -350,7 +350,7 @@ class SequenceScheduler(QueueLifecycle):
         sequence.last_ns = end
         request_ns = end - item.request.arrival_ns
         if isinstance(response, InferResponse):
-            sequence.state = sequence_state.capture(self.worker_requests.states, response, sequence.state)
+            sequence.state = state.capture(self.worker_requests.states, response, sequence.state)
         if item.future.cancelled():
             self.stats.record_failure("CANCELED", request_ns)
         elif isinstance(response, InferdError):

@@ -19,7 +19,7 @@ from typing import Any
 from inferd.worker.wire import dtypes
 from inferd.worker.wire.errors import invalid_arg
 
-from ..inference.types import InferResponse, Tensor
+from ...inference.types import InferResponse, Tensor
 
 MAX_INITIAL_STATE_BYTES = 1 << 30  # an initial_state data_file is read into memory: bound it
 
