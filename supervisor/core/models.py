@@ -24,7 +24,7 @@ from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
-from ..latency_histogram import bucket_overrides
+from ..metrics.latency_histogram import bucket_overrides
 from ..repository import python_backends
 from ..repository.agents import PollFailed
 from ..scheduler.base import Scheduler

@@ -8,9 +8,9 @@ import logging
 import time
 
 import pytest
-from inferd.supervisor import latency_histogram as lh
 from inferd.supervisor.core.streaming import ResponseStream
 from inferd.supervisor.inference.types import InferResponse
+from inferd.supervisor.metrics import latency_histogram as lh
 from inferd.supervisor.metrics.latency_summary import LatencyMetricsConfig
 from inferd.supervisor.metrics.model_families import render_metrics
 from inferd.supervisor.stats import StatsRegistry
