@@ -40,8 +40,8 @@ from inferd.supervisor.http_api.server import HttpServer  # noqa: E402
 from inferd.supervisor.instances import results  # noqa: E402
 from inferd.supervisor.instances.packing import InputPacker  # noqa: E402
 from inferd.supervisor.instances.pipeline import BatchPipeline  # noqa: E402
+from inferd.supervisor.metrics.model_statistics import ModelStats  # noqa: E402
 from inferd.supervisor.scheduler.default import DefaultScheduler  # noqa: E402
-from inferd.supervisor.stats import ModelStats  # noqa: E402
 from inferd.worker.wire import writers, zmtp  # noqa: E402
 
 DEPTH = 8  # config.py's pipeline_depth default

@@ -18,7 +18,6 @@ from inferd.worker.wire.errors import InferdError
 
 from . import gpus as gpus_mod
 from . import orca, sdnotify
-from . import stats as stats_mod
 from .bls import BlsService
 from .cache import ResponseCache
 from .config import ServerConfig
@@ -33,6 +32,7 @@ from .core.runtime import Runtime
 from .custom_metrics import CustomMetrics
 from .gpu_metrics import GpuMetrics
 from .metrics import model_families as metrics_mod
+from .metrics import model_statistics as stats_mod
 from .repository.agents import PollFailed
 from .tracing.tracer import Tracer
 

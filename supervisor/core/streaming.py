@@ -38,7 +38,7 @@ class ResponseStream:
         self.responses = 0  # items put, the final one included
         self.errors = 0
         # (histogram, arrival ns): the model's first-response histogram, observed at the first item put
-        # (--metrics-config histogram_latencies=true; stats.ModelStats.first_response)
+        # (--metrics-config histogram_latencies=true; metrics.model_statistics.ModelStats.first_response)
         self.first_response: tuple[Any, int] | None = None
 
     # ---- producer side (worker process) ----

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from ..stats import FAILURE_REASONS, ModelStats, StatsRegistry
 from . import latency_summary as ls
 from .latency_histogram import FIRST_RESPONSE, FIRST_RESPONSE_HELP
+from .model_statistics import FAILURE_REASONS, ModelStats, StatsRegistry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 INSTANCE_STATES = ("starting", "ready", "draining", "stopped", "failed")

@@ -32,7 +32,7 @@ log = logging.getLogger("inferd.scheduler")
 
 
 class StatsSink:
-    """Receiver of per-request and per-batch figures (supervisor.stats.ModelStats fits)."""
+    """Receiver of per-request and per-batch figures (supervisor.metrics.model_statistics.ModelStats fits)."""
 
     def record_success(self, batch_items: int, request_ns: int, queue_ns: int, compute_input_ns: int,
                        compute_infer_ns: int, compute_output_ns: int) -> None: ...

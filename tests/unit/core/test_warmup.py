@@ -13,7 +13,7 @@ import pytest
 from inferd.supervisor.core import warmup
 from inferd.supervisor.inference.types import InferResponse
 from inferd.supervisor.instances.results import BatchResult
-from inferd.supervisor.stats import ModelStats
+from inferd.supervisor.metrics.model_statistics import ModelStats
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 

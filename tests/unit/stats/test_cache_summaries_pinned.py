@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from inferd.supervisor.metrics.latency_summary import LatencyMetricsConfig
 from inferd.supervisor.metrics.model_families import ExtraMetrics, render_metrics
-from inferd.supervisor.stats import StatsRegistry
+from inferd.supervisor.metrics.model_statistics import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from inferd.supervisor.metrics.model_families import ExtraMetrics, InstanceMetrics, render_metrics
+from inferd.supervisor.metrics.model_statistics import StatsRegistry
 from inferd.supervisor.repository import config as repo_config
-from inferd.supervisor.stats import StatsRegistry
 from inferd.worker.wire.errors import InferdError
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from inferd.supervisor.metrics.model_families import ExtraMetrics, InstanceMetrics, render_metrics
-from inferd.supervisor.stats import StatsRegistry
+from inferd.supervisor.metrics.model_statistics import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 COUNTERS_US = {

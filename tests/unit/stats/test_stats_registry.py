@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from inferd.supervisor.stats import FAILURE_REASONS, StatsRegistry
+from inferd.supervisor.metrics.model_statistics import FAILURE_REASONS, StatsRegistry
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 DURATIONS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",

@@ -27,8 +27,8 @@ from typing import Any
 
 from inferd.worker.wire.errors import invalid_arg
 
-from .metrics.latency_histogram import DEFAULT_BUCKETS, FIRST_RESPONSE, Histogram
-from .metrics.latency_summary import LatencyMetricsConfig, LatencyRing
+from .latency_histogram import DEFAULT_BUCKETS, FIRST_RESPONSE, Histogram
+from .latency_summary import LatencyMetricsConfig, LatencyRing
 
 FAILURE_REASONS = ("OTHER", "BACKEND", "CANCELED", "REJECTED")  # Triton's /metrics order
 
