@@ -55,7 +55,7 @@ class SequenceScheduler(QueueLifecycle):
         self.model_name = model_name
         self.executors = executors
         self._gate = gate  # the rate limiter's instances wait for their resources before each batch
-        self.stats = stats  # record_success / record_failure / record_execution (supervisor.metrics.model_statistics.ModelStats)
+        self.stats = stats  # record_success / record_failure / record_execution (metrics.model_statistics.ModelStats)
         self.max_queue_size = max_queue_size
         sb = config.get("sequence_batching") or {}
         self.max_batch_size = int(config.get("max_batch_size") or 0)
