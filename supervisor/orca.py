@@ -81,7 +81,7 @@ def header_value(fmt: str, utilization: float, capacity: float) -> str | None:
 
 def load_report(custom_metrics: Any, fmt: str, model: str = "") -> str | None:
     """The header for a request to `model` asking for `fmt`, from the models' custom metrics
-    (custom_metrics.CustomMetrics); None when there is none to send."""
+    (metrics.custom.CustomMetrics); None when there is none to send."""
     if fmt not in FORMATS:
         _log_once(f"{REQUEST_HEADER}: '{fmt[:40]}' is not a load report format (text, json): no {RESPONSE_HEADER} "
                   "header is sent")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from inferd.supervisor.custom_metrics import MAX_SERIES, CustomMetrics, format_value
+from inferd.supervisor.metrics.custom import MAX_SERIES, CustomMetrics, format_value
 from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire.messages import MetricsReport
 from prometheus_client.parser import text_string_to_metric_families
@@ -186,7 +186,7 @@ def test_per_worker_and_server_bounds(caplog, monkeypatch):
     assert sum(1 for line in _lines(reg) if line.startswith("f0{")) == rules.MAX_METRICS
     assert f"more than {rules.MAX_FAMILIES} metric families" in caplog.text
     assert f"more than {rules.MAX_METRICS} metrics" in caplog.text
-    monkeypatch.setattr("inferd.supervisor.custom_metrics.MAX_SERIES", 3)
+    monkeypatch.setattr("inferd.supervisor.metrics.custom.MAX_SERIES", 3)
     reg2 = CustomMetrics()
     with caplog.at_level(logging.WARNING, "inferd.custom_metrics"):
         reg2.apply("w1", _report(families=[[1, "x", "d", C]], metrics=[[i, 1, {"i": str(i)}, None] for i in range(5)]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from inferd.supervisor import orca
-from inferd.supervisor.custom_metrics import CustomMetrics
+from inferd.supervisor.metrics.custom import CustomMetrics
 from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire.messages import MetricsReport
 
