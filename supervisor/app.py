@@ -29,10 +29,10 @@ from .core.metrics_renderer import metrics_renderer
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.runtime import Runtime
-from .gpu_metrics import GpuMetrics
 from .metrics import model_families as metrics_mod
 from .metrics import model_statistics as stats_mod
 from .metrics.custom import CustomMetrics
+from .metrics.gpu import GpuMetrics
 from .repository.agents import PollFailed
 from .tracing.tracer import Tracer
 

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .gpus import Gpu, Nvml, NvmlError
-from .metrics.model_families import GpuSample, render_gpu_metrics
+from ..gpus import Gpu, Nvml, NvmlError
+from .model_families import GpuSample, render_gpu_metrics
 
 log = logging.getLogger("inferd")
 
