@@ -25,13 +25,13 @@ from .core import loader
 from .core.busy_poll import BusyPoll
 from .core.dataplane_impl import ServerDataPlane
 from .core.load_settings import LoaderSettings
-from .core.metrics_renderer import metrics_renderer
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.runtime import Runtime
 from .metrics import model_families as metrics_mod
 from .metrics import model_statistics as stats_mod
 from .metrics.custom import CustomMetrics
+from .metrics.endpoint import metrics_renderer
 from .metrics.gpu import GpuMetrics
 from .repository.agents import PollFailed
 from .tracing.tracer import Tracer

@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..metrics import model_families as metrics_mod
-from .runtime import Runtime
+from . import model_families as metrics_mod
 
 
-def metrics_renderer(registry: Any, manager: Any, runtime: Runtime, cpu_metrics: bool = True,
+def metrics_renderer(registry: Any, manager: Any, runtime: Any, cpu_metrics: bool = True,
                      pinned_pool_bytes: int | None = None) -> Callable[[], bytes]:
     """The /metrics body; `cpu_metrics`: with the nv_cpu_* gauges (--allow-cpu-metrics); `pinned_pool_bytes`:
     the total of Triton's nv_pinned_memory_pool_* gauges (--pinned-memory-pool-byte-size)."""
