@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .codec import Limits
 from .frontend import start_http_api
-from .metrics import start_metrics_server
+from .metrics_server import start_metrics_server
 from .routes import Router
 from .server import HttpServer, Request, Response, start_http_server
 

@@ -15,7 +15,7 @@ from typing import Any
 from ..core.dataplane import DataPlane
 from . import routes
 from .codec import Limits
-from .metrics import start_metrics_server
+from .metrics_server import start_metrics_server
 from .server import HttpServer, start_http_server
 
 log = logging.getLogger("inferd.http")
