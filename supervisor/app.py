@@ -18,7 +18,7 @@ from inferd.worker.wire.errors import InferdError
 
 from . import gpus as gpus_mod
 from . import orca, sdnotify
-from .bls import BlsService
+from .bls_api.service import BlsService
 from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader

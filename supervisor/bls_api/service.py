@@ -23,9 +23,9 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire import shm
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from .core.dataplane_impl import FINAL_FLAG, ServerDataPlane
-from .inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
-from .memory.device_refs import TABLE, DeviceRef, device_key
+from ..core.dataplane_impl import FINAL_FLAG, ServerDataPlane
+from ..inference.types import InferRequest, InferResponse, RequestedOutput, Tensor
+from ..memory.device_refs import TABLE, DeviceRef, device_key
 
 log = logging.getLogger("inferd.bls")
 
