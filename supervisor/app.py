@@ -11,7 +11,6 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Callable
 from typing import Any
 
 from inferd.worker.wire.errors import InferdError
@@ -28,40 +27,14 @@ from .core.load_settings import LoaderSettings
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.runtime import Runtime
-from .metrics import model_families as metrics_mod
 from .metrics import model_statistics as stats_mod
 from .metrics.custom import CustomMetrics
-from .metrics.endpoint import metrics_renderer
+from .metrics.endpoint import MetricsEndpoint
 from .metrics.gpu import GpuMetrics
 from .repository.agents import PollFailed
 from .tracing.tracer import Tracer
 
 log = logging.getLogger("inferd")
-
-
-def _with_cache_metrics(render: Callable[[], bytes], cache: ResponseCache | None) -> Callable[[], bytes]:
-    """The /metrics body, followed by the server-wide nv_cache_* gauges when a response cache exists."""
-    if cache is None:
-        return render
-
-    def render_all() -> bytes:
-        snapshot = metrics_mod.CacheMetrics(cache.utilization(), len(cache), cache.hits, cache.misses,
-                                            cache.evictions, cache.lookup_ns, cache.insertion_ns)
-        return render() + metrics_mod.render_cache_metrics(snapshot)
-
-    return render_all
-
-
-def _with_gpu_metrics(render: Callable[[], bytes], gpu: GpuMetrics | None) -> Callable[[], bytes]:
-    """The /metrics body, followed by the nv_gpu_* families of the last NVML poll."""
-    if gpu is None:
-        return render
-    return lambda: render() + gpu.render()
-
-
-def _with_custom_metrics(render: Callable[[], bytes], custom: CustomMetrics) -> Callable[[], bytes]:
-    """The /metrics body, followed by the families Python models made (pb_utils.MetricFamily)."""
-    return lambda: render() + custom.render()
 
 
 class App:
@@ -103,10 +76,9 @@ class App:
             control_mode=self.config.model_control_mode,
             strict_readiness=self.config.strict_readiness,
             stats_registry=registry,
-            metrics_renderer=_with_custom_metrics(_with_gpu_metrics(_with_cache_metrics(
-                metrics_renderer(registry, manager, runtime, self.config.allow_cpu_metrics,
-                                 self.config.pinned_memory_pool_bytes), response_cache),
-                gpu_metrics), custom_metrics),
+            metrics_renderer=MetricsEndpoint(registry, manager, runtime, cpu_metrics=self.config.allow_cpu_metrics,
+                                             pinned_pool_bytes=self.config.pinned_memory_pool_bytes,
+                                             cache=response_cache, gpu=gpu_metrics, custom=custom_metrics).render,
             shm=runtime.client_shm if self.config.allow_client_shm else None,
             response_cache=response_cache,
             busy_poll=busy_poll,

@@ -1,13 +1,12 @@
-"""The metrics endpoint (--metrics-port): `GET /metrics` in the Prometheus text format."""
+"""The metrics port (--metrics-port): `GET /metrics`, the body metrics/endpoint.py renders (DataPlane.metrics_text)."""
 
 from __future__ import annotations
 
 from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.metrics.text_format import CONTENT_TYPE
 
 from . import errors
 from .server import HttpServer, Request, Response, start_http_server
-
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class MetricsHandler:

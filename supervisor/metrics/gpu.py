@@ -10,15 +10,53 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..gpus import Gpu, Nvml, NvmlError
-from .model_families import GpuSample, render_gpu_metrics
+from .text_format import Family, encode, escape
 
 log = logging.getLogger("inferd")
 
 
+@dataclass(slots=True)
+class GpuSample:
+    """One GPU's NVML readings, in Triton's units."""
+
+    uuid: str
+    utilization: float  # 0..1
+    memory_total_bytes: int
+    memory_used_bytes: int
+    power_usage_w: float
+    power_limit_w: float
+    energy_j: float  # since the server started
+
+
+def render_gpu_metrics(samples: Sequence[GpuSample]) -> bytes:
+    """Triton's per-GPU families (names, HELP texts and the gpu_uuid label as tritonserver 2.51 has them)."""
+    if not samples:
+        return b""
+    rows: tuple[tuple[str, str, str, Callable[[GpuSample], float]], ...] = (
+        ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)", lambda s: s.utilization),
+        ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes", lambda s: s.memory_total_bytes),
+        ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes", lambda s: s.memory_used_bytes),
+        ("nv_gpu_power_usage", "gauge", "GPU power usage in watts", lambda s: s.power_usage_w),
+        ("nv_gpu_power_limit", "gauge", "GPU power management limit in watts", lambda s: s.power_limit_w),
+        ("nv_energy_consumption", "counter", "GPU energy consumption in joules since the Triton Server started",
+         lambda s: s.energy_j),
+    )
+    families = []
+    for name, kind, help_text, value in rows:
+        fam = Family(name, kind, help_text)
+        for s in samples:
+            fam.add(f'gpu_uuid="{escape(s.uuid)}"', value(s))
+        families.append(fam)
+    return encode(families)
+
+
 class GpuMetrics:
+    """The NVML poller: a thread reads every GPU each interval; `render()` gives the last readings' families."""
+
     def __init__(self, nvml: Nvml, gpus: Sequence[Gpu], interval_s: float) -> None:
         self._nvml = nvml
         self._gpus = [g for g in gpus if g.uuid]  # a GPU NVML cannot name has no gpu_uuid label

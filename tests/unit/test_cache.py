@@ -19,7 +19,7 @@ from inferd.supervisor.inference.types import (
     RequestedOutput,
     Tensor,
 )
-from inferd.supervisor.metrics.model_families import CacheMetrics, render_cache_metrics
+from inferd.supervisor.metrics.server_families import CacheMetrics, render_cache_metrics
 
 # ---- --cache-config ----
 

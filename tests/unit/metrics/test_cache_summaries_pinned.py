@@ -4,8 +4,8 @@ cache counters dropped with counter_latencies=false (as Triton), and the pinned 
 
 from __future__ import annotations
 
+from inferd.supervisor.metrics.endpoint import ExtraMetrics, render_metrics
 from inferd.supervisor.metrics.latency_summary import LatencyMetricsConfig
-from inferd.supervisor.metrics.model_families import ExtraMetrics, render_metrics
 from inferd.supervisor.metrics.model_statistics import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -11,8 +11,8 @@ import pytest
 from inferd.supervisor.core.streaming import ResponseStream
 from inferd.supervisor.inference.types import InferResponse
 from inferd.supervisor.metrics import latency_histogram as lh
+from inferd.supervisor.metrics.endpoint import render_metrics
 from inferd.supervisor.metrics.latency_summary import LatencyMetricsConfig
-from inferd.supervisor.metrics.model_families import render_metrics
 from inferd.supervisor.metrics.model_statistics import StatsRegistry
 from inferd.worker.wire.errors import ErrorCode, InferdError
 from prometheus_client.parser import text_string_to_metric_families

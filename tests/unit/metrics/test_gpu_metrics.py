@@ -11,8 +11,7 @@ import time
 import pytest
 from inferd.supervisor import gpus
 from inferd.supervisor.gpus import FakeNvml, NvmlError
-from inferd.supervisor.metrics.gpu import GpuMetrics
-from inferd.supervisor.metrics.model_families import GpuSample, render_gpu_metrics
+from inferd.supervisor.metrics.gpu import GpuMetrics, GpuSample, render_gpu_metrics
 
 UUID0 = "GPU-fa6e0000-0000-0000-0000-000000000000"
 UUID1 = "GPU-fa6e0000-0000-0000-0000-000000000001"

@@ -8,7 +8,7 @@ import math
 import pytest
 from inferd.supervisor.flags import parse_args, parse_metrics_config
 from inferd.supervisor.metrics import latency_summary as ls
-from inferd.supervisor.metrics.model_families import render_metrics
+from inferd.supervisor.metrics.endpoint import render_metrics
 from inferd.supervisor.metrics.model_statistics import StatsRegistry
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -4,8 +4,9 @@ the keys that cannot make a label refused at load (Triton 2.51 aborts the server
 from __future__ import annotations
 
 import pytest
-from inferd.supervisor.metrics.model_families import ExtraMetrics, InstanceMetrics, render_metrics
+from inferd.supervisor.metrics.endpoint import ExtraMetrics, render_metrics
 from inferd.supervisor.metrics.model_statistics import StatsRegistry
+from inferd.supervisor.metrics.server_families import InstanceMetrics
 from inferd.supervisor.repository import config as repo_config
 from inferd.worker.wire.errors import InferdError
 from prometheus_client.parser import text_string_to_metric_families

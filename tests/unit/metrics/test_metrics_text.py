@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from inferd.supervisor.metrics.model_families import ExtraMetrics, InstanceMetrics, render_metrics
+from inferd.supervisor.metrics.endpoint import ExtraMetrics, render_metrics
 from inferd.supervisor.metrics.model_statistics import StatsRegistry
+from inferd.supervisor.metrics.server_families import InstanceMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 COUNTERS_US = {
