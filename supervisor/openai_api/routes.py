@@ -17,6 +17,7 @@ from urllib.parse import unquote
 import orjson
 from inferd.supervisor import access
 from inferd.supervisor.http_api.messages import HandlerResult, Request, Response
+from inferd.supervisor.metrics.text_format import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from inferd.worker.wire.errors import InferdError
 
 from . import errors
@@ -26,7 +27,6 @@ from .context import Api
 from .embeddings import Embeddings
 
 OWNED_BY = "Triton Inference Server"  # what Triton's frontend says; clients may compare it
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INFERENCE = ("inference",)
 _EMBEDDING = ("inference", "embedding")
 _REPOSITORY = ("model-repository",)
