@@ -18,7 +18,6 @@ from inferd.worker.wire.errors import InferdError
 from . import gpus as gpus_mod
 from . import orca, sdnotify
 from .bls_api.service import BlsService
-from .cache import ResponseCache
 from .config import ServerConfig
 from .core import loader
 from .core.busy_poll import BusyPoll
@@ -32,6 +31,7 @@ from .metrics.custom import CustomMetrics
 from .metrics.endpoint import MetricsEndpoint
 from .metrics.gpu import GpuMetrics
 from .repository.agents import PollFailed
+from .response_cache import ResponseCache
 from .tracing.tracer import Tracer
 
 log = logging.getLogger("inferd")

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from . import access, rundir, triton_flags
-from .cache import parse_cache_config
 from .config import (
     DEFAULT_PINNED_POOL_BYTES,
     OPENAI_RESTRICTABLE,
@@ -32,6 +31,7 @@ from .repository import agents as repo_agents
 from .repository import python_backends
 from .repository.cloud import credentials as cloud_credentials
 from .repository.cloud import location as cloud_location
+from .response_cache import parse_cache_config
 from .scheduler import rate_limiter
 from .tracing import options as trace_options
 from .tracing.options import TraceOptions

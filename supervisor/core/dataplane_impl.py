@@ -15,9 +15,9 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
-from ..cache import ResponseCache, infer_cached
 from ..inference.types import InferRequest, InferResponse
 from ..memory.cuda_regions import CudaSpan
+from ..response_cache import ResponseCache, infer_cached
 from ..tracing import live
 from ..tracing.options import TraceOptions
 from ..tracing.tracer import Tracer

@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
-from ..cache import model_wants_cache
 from ..ensemble.graph import EnsemblePlan, build_plan, check_composing
 from ..ensemble.scheduler import EnsembleScheduler
 from ..inference.types import InferRequest, InferResponse
 from ..metrics.latency_histogram import bucket_overrides
 from ..repository import python_backends
 from ..repository.agents import PollFailed
+from ..response_cache import model_wants_cache
 from ..scheduler.base import Scheduler
 from ..scheduler.factory import SchedulerSettings, make_scheduler
 from ..scheduler.rate_gate import RateGate

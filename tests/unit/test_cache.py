@@ -4,14 +4,6 @@ from __future__ import annotations
 
 import pytest
 from inferd.supervisor import flags
-from inferd.supervisor.cache import (
-    ENTRY_OVERHEAD,
-    TENSOR_OVERHEAD,
-    ResponseCache,
-    model_wants_cache,
-    parse_cache_config,
-    request_key,
-)
 from inferd.supervisor.inference.types import (
     SEQUENCE_START,
     InferRequest,
@@ -20,6 +12,14 @@ from inferd.supervisor.inference.types import (
     Tensor,
 )
 from inferd.supervisor.metrics.server_families import CacheMetrics, render_cache_metrics
+from inferd.supervisor.response_cache import (
+    ENTRY_OVERHEAD,
+    TENSOR_OVERHEAD,
+    ResponseCache,
+    model_wants_cache,
+    parse_cache_config,
+    request_key,
+)
 
 # ---- --cache-config ----
 
