@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import replace
 
-from . import access, rundir, triton_flags
+from . import header_rules, rundir, triton_flags
 from .config import (
     DEFAULT_PINNED_POOL_BYTES,
     OPENAI_RESTRICTABLE,
@@ -384,7 +384,7 @@ def _flag_errors(args: argparse.Namespace, environ: Mapping[str, str]) -> list[s
     for flag, pattern in (("--http-header-forward-pattern", args.http_header_forward_pattern),
                           ("--grpc-header-forward-pattern", args.grpc_header_forward_pattern)):
         try:
-            access.forward_pattern(pattern)
+            header_rules.forward_pattern(pattern)
         except re.error as exc:
             errors.append(f"{flag}: not a regular expression: {exc}")
     name = args.model_config_name

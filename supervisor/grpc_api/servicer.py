@@ -22,7 +22,7 @@ from inferd.supervisor._gen import grpc_service_pb2 as pb
 from inferd.supervisor._gen import health_pb2
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
-from .. import access
+from .. import header_rules as access
 from ..core.dataplane import DataPlane
 from ..tracing import live
 from . import convert, wire

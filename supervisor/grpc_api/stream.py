@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
-from .. import access
+from .. import header_rules as access
 from ..core.dataplane import DataPlane
 from ..inference.types import FirstResponseError, InferRequest, InferResponse
 from ..tracing import live

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import orjson
-from inferd.supervisor import access
+from inferd.supervisor import header_rules as access
 from inferd.supervisor.core.dataplane import DataPlane
 from inferd.supervisor.inference.types import InferResponse
 from inferd.supervisor.tracing import live

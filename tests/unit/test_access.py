@@ -1,10 +1,10 @@
-"""access.py: restriction checks and header forwarding as Triton 2.51 applies them."""
+"""header_rules.py: restriction checks and header forwarding as Triton 2.51 applies them."""
 
 from __future__ import annotations
 
 import base64
 
-from inferd.supervisor import access
+from inferd.supervisor import header_rules as access
 
 
 def test_restriction_compares_the_value_exactly() -> None:

@@ -1,4 +1,4 @@
-"""--http-restricted-api and --http-header-forward-pattern in the router (access.py has the rules).
+"""--http-restricted-api and --http-header-forward-pattern in the router (header_rules.py has the rules).
 
 The category of each endpoint and the refusal were read off Triton 2.51 with every category
 restricted to its own header.
