@@ -1,19 +1,14 @@
-"""Reading HTTP/1.1 requests off a connection: httptools' callbacks, the header and body caps checked
+"""The reading half of an HTTP/1.1 connection (connection.py's HttpConnection is a RequestReader): bytes in,
+each request read handed on in the order it came. httptools' callbacks, the header and body caps checked
 before anything is buffered (a chunked body is refused the moment it crosses the cap), `Expect:
-100-continue`, and the pipelining limit (beyond `max_pipelined` waiting, a request is answered 503 in its
-turn without running). Bytes that make no progress (an unfinished head, chunk framing, trailer fields) are
-capped together as a head is; trailer fields never become headers; `Upgrade:` is ignored as Triton ignores
-it (`_upgrade`); bytes after a request without keep-alive are dropped.
+100-continue`. Bytes that make no progress (an unfinished head, chunk framing, trailer fields) are capped
+together as a head is; trailer fields never become headers; `Upgrade:` is ignored as Triton ignores it
+(`_upgrade`); bytes after a request without keep-alive are dropped.
 
 A request with both `Content-Length` and `Transfer-Encoding: chunked` is read as chunked, as Triton reads it
 (RFC 9112 6.3: Transfer-Encoding overrides Content-Length), and the connection is closed once it is answered
 (6.3 again: what follows such a request is not trusted, so it is dropped). Any other Transfer-Encoding beside
 a Content-Length (`gzip`, `xchunked`, ...) is refused with 400, as are duplicate Content-Lengths (llhttp).
-
-A request with both `Content-Length` and `Transfer-Encoding: chunked` is read as chunked, as Triton reads it
-(RFC 9112 6.3: Transfer-Encoding overrides Content-Length), and the connection is closed once it is answered
-(6.3 again: what follows such a request is not trusted). Every other Transfer-Encoding beside a
-Content-Length (`gzip`, `xchunked`, ...) is refused with 400, as are duplicate Content-Lengths (llhttp).
 
 The body cap (--http-max-input-size) applies as Triton applies it: to the JSON of a request, and
 separately to the bytes after it, so a binary request may be its `Inference-Header-Content-Length`
@@ -29,20 +24,32 @@ bytes at a request's start parse the same way, and the caps were checked when th
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from .connection_state import BODY, CLOSING, DRAIN, HEADERS, IDLE, ConnectionState, Refused, new_parser
-from .messages import Request, Response
+from .messages import Request
+
+if TYPE_CHECKING:
+    from collections import deque
+
+    from .coalesce import Coalescer
 
 log = logging.getLogger("inferd.http")
+
+# what the connection is reading (`state`)
+IDLE = 0  # between requests
+HEADERS = 1  # request line / headers being read
+BODY = 2  # body being read
+DRAIN = 3  # an error was answered; incoming bytes are discarded until the client closes
+CLOSING = 4  # the connection's last request was read (no keep-alive, or CONNECT): what follows is dropped
 
 # how much a connection answered with a fatal error drains at most: the body cap plus this (a client
 # that sends a body just over the cap before reading still gets the 413), then it is dropped
 DRAIN_EXTRA = 16 * 1024 * 1024
-BUSY = 503  # too many requests pipelined on one connection, or too many connections
 
 # raw header name -> its lower-cased str: one dict lookup per request instead of decoding each time
 # (bounded: clients choose the names)
@@ -53,6 +60,15 @@ _CACHE_MAX = 256
 _METHODS = {m: m.decode() for m in (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH")}
 _new_request = object.__new__
 HEAD_MAX = 1024  # longest head kept for reading again (one per connection)
+
+
+def new_parser(protocol: object) -> httptools.HttpRequestParser:
+    """A request parser that reads a chunked body beside a Content-Length (on_headers_complete checks the rest)."""
+    parser = httptools.HttpRequestParser(protocol)
+    lenient = getattr(parser, "set_dangerous_leniencies", None)  # (httptools >= 0.6.2; older ones refuse CL+TE)
+    if lenient is not None:
+        lenient(lenient_chunked_length=True)
+    return parser
 
 
 class _Dropped(Exception):
@@ -74,14 +90,55 @@ class Abort(Exception):
         self.message = message
 
 
-class RequestReader(ConnectionState):
-    """asyncio's data_received and httptools' callbacks: bytes in, Requests to `_dispatch` (or queued)."""
+class RequestReader(asyncio.Protocol):
+    """asyncio's data_received and httptools' callbacks: bytes in, each Request read handed to `_complete`
+    (connection.py: run now or queued behind the one running). What the request being read has so far (its
+    target, headers, body) lives here until it is complete: the callbacks run per header and per body
+    piece, so they read and write plain attributes."""
+
+    def __init__(self, max_body: int, max_header_size: int, max_headers: int) -> None:
+        self._parser = new_parser(self)
+        self.state = IDLE
+        self.since = time.monotonic()  # start of the current state (idle / headers) or of the last progress
+        self.last_read = self.since
+        self._max_body = max_body
+        self._max_header_size = max_header_size
+        self._max_headers = max_headers
+        # the request being parsed
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._raw: list[tuple[str, str]] | None = None  # headers as received (KeepCaseConnection)
+        self._hbytes = 0
+        self._hraw = 0  # bytes read since the last progress (a head, body bytes): capped as a head is
+        self._completed = 0
+        self._clen = -1
+        self._cap = max_body  # of the request being read (its JSON header adds to it)
+        self._body: Any = None
+        self._blen = 0
+        self._expect = False
+        # the last request's head, when it can be read again without the parser (the module's docstring)
+        self._head: bytes | None = None
+        self._head_parsed: tuple[str, str, str, dict[str, str], int] | None = None
+        self._read: bytes | None = None  # the read being parsed, when it began at a request's start
+        # a request that asked for Upgrade (or CONNECT) while its body is read (_after_upgrade)
+        self._held: tuple[bytes, bool, bytes, dict[str, str], list[tuple[str, str]] | None] | None = None
+        self._drained = 0  # bytes read and dropped after a fatal error
+
+    if TYPE_CHECKING:  # the connection's (connection.py), which the reader asks
+        _coalescer: Coalescer
+        _queue: deque[Any]
+        _cycle: Any  # the request running, or None
+
+        def _complete(self, req: Request) -> None: ...
+        def _fatal(self, status: int, message: str) -> None: ...
+        def _send_continue(self) -> None: ...
+        def abort(self) -> None: ...
 
     def data_received(self, data: bytes) -> None:
         state = self.state
         if state >= DRAIN:  # an error was answered, or the last request was read: dropped, bounded
             self._drained += len(data)
-            if self._drained > self._server.max_body + DRAIN_EXTRA:
+            if self._drained > self._max_body + DRAIN_EXTRA:
                 self.abort()
             return
         if self._coalescer.waiting:
@@ -232,7 +289,7 @@ class RequestReader(ConnectionState):
     def on_headers_complete(self) -> None:
         self.state = BODY
         headers = self._headers
-        cap = self._server.max_body
+        cap = self._max_body
         hlen = headers.get("inference-header-content-length")
         if hlen is not None and hlen.isascii() and hlen.isdigit() and len(hlen) < 19 and int(hlen) <= cap:
             cap += int(hlen)  # the JSON header is capped on its own, as Triton caps it (codec checks it)
@@ -256,7 +313,7 @@ class RequestReader(ConnectionState):
                 raise Abort(417, "unsupported Expect header")
             if self._clen != 0:
                 self._expect = True
-                if not self._busy and not self._queue:
+                if self._cycle is None and not self._queue:
                     self._send_continue()
 
     def on_body(self, body: bytes) -> None:
@@ -360,19 +417,3 @@ class RequestReader(ConnectionState):
     def _target(self) -> tuple[str, str]:
         path, _, query = self._url.partition(b"?")
         return path.decode("latin-1"), query.decode("latin-1")
-
-    def _complete(self, req: Request) -> None:
-        """Run `req` now, or queue it behind the one running."""
-        if self._busy:
-            if len(self._queue) >= self._max_pipelined:  # not run: answered 503 in its turn
-                self._queue.append(self._too_many(req))
-            else:
-                self._queue.append(req)
-            if len(self._queue) >= self._max_pipelined:
-                self._pause_reading()
-        else:
-            self._dispatch(req)
-
-    def _too_many(self, req: Request) -> Refused:
-        return Refused(req, Response(BUSY, ('{"error":"too many requests pipelined on this connection: at most %d '
-                                            'wait behind the one running"}' % self._max_pipelined).encode()))

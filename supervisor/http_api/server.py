@@ -3,7 +3,9 @@
 What it does: keep-alive, pipelined requests answered in order, Content-Length and chunked request
 bodies, `Expect: 100-continue`, header and body size caps checked before buffering, header/body read
 timeouts (slow-loris), an idle keep-alive timeout, write back-pressure, and a graceful close that lets
-in-flight requests finish. The protocol itself lives in connection.py (and the parts it is built from).
+in-flight requests finish. The protocol itself lives in connection.py (one per client: its socket, the
+requests waiting, timeouts, close), built on request_reader.py (bytes to requests); each request runs in a
+request_cycle.py RequestCycle (the handler, its answer written, its cancellation).
 
 The handler is called with a `Request` and returns a `Response`, or an awaitable of one. Returning a
 `Response` directly (the synchronous endpoints: health, metadata) skips creating a task.
