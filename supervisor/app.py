@@ -16,7 +16,7 @@ from typing import Any
 from inferd.worker.wire.errors import InferdError
 
 from . import gpus as gpus_mod
-from . import orca, sdnotify
+from . import sdnotify
 from .bls_api.service import BlsService
 from .config import ServerConfig
 from .core import loader
@@ -26,6 +26,7 @@ from .core.load_settings import LoaderSettings
 from .core.models import ModelManager
 from .core.poller import RepositoryPoller, scan_fingerprints
 from .core.runtime import Runtime
+from .http_api import orca
 from .metrics import model_statistics as stats_mod
 from .metrics.custom import CustomMetrics
 from .metrics.endpoint import MetricsEndpoint

@@ -65,7 +65,7 @@ class Op(enum.IntEnum):
     MODEL_READY = 11  # a model whose readiness asks its is_ready() (snapshot "asks"): the core asks it
     READY = 12  # server readiness while such a model is loaded under --strict-readiness
     RESTART = 14  # infer-ctl restart: the core replaces the model's workers (core/restart.py)
-    LOAD_REPORT = 13  # the endpoint-load-metrics header of a generate request (orca.py): the core's custom metrics
+    LOAD_REPORT = 13  # a generate request's endpoint-load-metrics header (http_api/orca.py): the core's custom metrics
 
 
 def _default(value: Any) -> Any:

@@ -39,10 +39,10 @@ from typing import Any
 
 import orjson
 from inferd.supervisor.core.dataplane import DataPlane, ResponseError
+from inferd.supervisor.http_api.orca import REQUEST_HEADER as LOAD_REPORT_FORMAT
+from inferd.supervisor.http_api.orca import RESPONSE_HEADER as LOAD_REPORT
 from inferd.supervisor.inference.tensors import json_to_raw, raw_to_json
 from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
-from inferd.supervisor.orca import REQUEST_HEADER as LOAD_REPORT_FORMAT
-from inferd.supervisor.orca import RESPONSE_HEADER as LOAD_REPORT
 from inferd.worker.wire.errors import InferdError, invalid_arg
 
 from . import errors

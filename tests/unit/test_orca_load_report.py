@@ -1,11 +1,11 @@
-"""orca.py: the endpoint-load-metrics header (ORCA, Triton 2.57 and later, its src/orca_http.cc) from the
+"""http_api/orca.py: the endpoint-load-metrics header (ORCA, Triton 2.57 and later, its src/orca_http.cc) from the
 nv_trt_llm_kv_cache_block_metrics gauges the models export, as the supervisor's custom metrics hold them."""
 
 from __future__ import annotations
 
 import json
 
-from inferd.supervisor import orca
+from inferd.supervisor.http_api import orca
 from inferd.supervisor.metrics.custom import CustomMetrics
 from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire.messages import MetricsReport
