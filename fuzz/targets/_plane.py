@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import InProcessDataPlane
+from inferd.supervisor.core.model_handle import GivenModel, ModelHandle
 from inferd.supervisor.inference.types import InferRequest, InferResponse
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
@@ -23,7 +24,7 @@ MODELS = {
 }
 
 
-class MemoryPlane(DataPlane):
+class MemoryPlane(InProcessDataPlane):
     def _model(self, name: str) -> tuple[str, str, list[int], int]:
         m = MODELS.get(name)
         if m is None:
@@ -50,6 +51,10 @@ class MemoryPlane(DataPlane):
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return {"name": name, "max_batch_size": self._model(name)[3]}
+
+    def model(self, name: str, version: str = "") -> ModelHandle:
+        return GivenModel(name, version, self.model_is_decoupled(name, version),
+                          lambda: self.model_metadata(name, version), lambda: self.model_config(name, version))
 
     def model_is_decoupled(self, name: str, version: str = "") -> bool:
         return False

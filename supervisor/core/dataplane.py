@@ -1,4 +1,12 @@
-"""The interface the frontends (HTTP, gRPC) call. One implementation: core.dataplane_impl.ServerDataPlane.
+"""The interface the frontends (HTTP, gRPC, OpenAI) call, and its two kinds: in process and remote.
+
+`DataPlane` is what a frontend may ask: the answers every data plane has at hand (health, server metadata,
+a model resolved into a handle, model readiness, client shared memory on the request path) synchronously,
+inference, and the control calls (statistics, status, repository, settings, shm registration) as
+coroutines, so one frontend code serves both kinds without asking which it has. `InProcessDataPlane`
+answers the control calls from synchronous forms of its own (core.dataplane_impl.ServerDataPlane, the
+server's), which in-process callers (the frontend processes' core side, the OpenAI frontend) may call
+directly; a frontend process's `frontend_processes.remote_dataplane.RemoteDataPlane` asks the core for them.
 
 Every method raises wire.errors.InferdError with a protocol-neutral code on failure; each frontend
 maps codes to its statuses in its own single table. Dict shapes are the Triton JSON shapes
@@ -13,9 +21,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from inferd.worker.wire.errors import InferdError
+from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..inference.types import InferRequest, InferResponse
+from .model_handle import ModelHandle
 
 
 class ResponseError(InferdError):
@@ -26,12 +35,7 @@ class ResponseError(InferdError):
 
 
 class DataPlane(abc.ABC):
-    # True for a frontend process's data plane (scaleout.RemoteDataPlane), whose statistics, status, index,
-    # settings and shm registry live in the core: the frontends then await the `*_async` forms (end of
-    # this class) instead of calling the synchronous ones. False here: nothing changes for one process.
-    remote: bool = False
-
-    # ---- health and metadata ----
+    # ---- health and metadata: answered at once (a frontend process: from the core's last snapshot) ----
     @abc.abstractmethod
     def live(self) -> bool: ...
 
@@ -44,29 +48,16 @@ class DataPlane(abc.ABC):
         """{"name": str, "version": str, "extensions": [str, ...]}"""
 
     @abc.abstractmethod
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        """{"name", "versions": [str], "platform", "inputs": [{"name","datatype","shape"}], "outputs": [...]}"""
+    def model(self, name: str, version: str = "") -> ModelHandle:
+        """`name` at `version` ("" = the version policy's choice) resolved once for a request: its handle
+        (core/model_handle.py), which the frontend reads and puts on the InferRequest it builds
+        (InferRequest.model). Raises NOT_FOUND for an unknown model or version (INVALID_ARG for a name of
+        several models with --model-namespacing); a version that is not ready resolves (its metadata and
+        its inference answer UNAVAILABLE)."""
 
     @abc.abstractmethod
     def model_ready(self, name: str, version: str = "") -> bool:
-        """False when the version is not READY; raises INVALID_ARG for an unknown model."""
-
-    async def model_ready_async(self, name: str, version: str = "") -> bool:
-        """What the model readiness endpoints answer: `model_ready`, and for a Python model defining
-        is_ready() (python_backend after 2.51) that check's answer too (core/readiness.py)."""
-        return self.model_ready(name, version)
-
-    async def ready_async(self) -> bool:
-        """What the server readiness endpoints answer: `ready`, and with --strict-readiness the is_ready()
-        checks of the models defining one."""
-        return self.ready()
-
-    @abc.abstractmethod
-    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        """The normalised ModelConfig in Triton's JSON rendering (preserved field names, all fields)."""
-
-    @abc.abstractmethod
-    def model_is_decoupled(self, name: str, version: str = "") -> bool: ...
+        """False when the version is not READY or unknown."""
 
     # ---- inference ----
     @abc.abstractmethod
@@ -85,23 +76,41 @@ class DataPlane(abc.ABC):
         cancels the request. Default: the one response of `infer`."""
         yield await self.infer(request)
 
-    # ---- statistics ----
-    @abc.abstractmethod
-    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """{"model_stats": [...]} (reference/triton.md §7.2); "" name = every model."""
-
     @abc.abstractmethod
     def metrics_text(self) -> bytes:
-        """Prometheus text exposition for :8002/metrics."""
+        """Prometheus text exposition for :8002/metrics (served by the core process only)."""
 
-    def load_report(self, fmt: str, model: str = "") -> str | None:
+    def trace_of(self, context: str) -> Any:
+        """What a BLS call naming trace `context` continues (see ServerDataPlane); None: not traced here."""
+        return None
+
+    # ---- control calls: awaited by every frontend (a frontend process asks the core) ----
+    async def ready_async(self) -> bool:
+        """What the server readiness endpoints answer: `ready`, and with --strict-readiness the is_ready()
+        checks of the models defining one (core/readiness.py)."""
+        return self.ready()
+
+    async def model_ready_async(self, name: str, version: str = "") -> bool:
+        """What the model readiness endpoints answer: `model_ready`, and for a Python model defining
+        is_ready() (python_backend after 2.51) that check's answer too (core/readiness.py)."""
+        return self.model_ready(name, version)
+
+    @abc.abstractmethod
+    async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """{"model_stats": [...]} (reference/triton.md §7.2); "" name = every model."""
+
+    async def load_report_async(self, fmt: str, model: str = "") -> str | None:
         """The `endpoint-load-metrics` header for a request to `model` that asked for one in `fmt` ("text" or
         "json"; orca.py), or None when there is nothing to report. Default: nothing."""
         return None
 
-    # ---- repository extension ----
+    async def status_async(self, name: str = "") -> dict[str, Any]:
+        """inferd's own status view (infer-ctl status): {"models": [{"name","version","state","reason",
+        "instances": [{"name","pid","state","restarts","inflight","last_error"}]}]}"""
+        raise InferdError(ErrorCode.UNSUPPORTED, "status is not available")
+
     @abc.abstractmethod
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+    async def repository_index_async(self, ready_only: bool = False) -> list[dict[str, Any]]:
         """[{"name", "version"?, "state"?, "reason"?}, ...]"""
 
     @abc.abstractmethod
@@ -113,47 +122,34 @@ class DataPlane(abc.ABC):
 
     async def restart_model(self, name: str) -> dict[str, Any]:
         """Replace every instance's worker of `name` without a gap (core/restart.py; infer-ctl restart)."""
-        from inferd.worker.wire.errors import ErrorCode, InferdError
-
         raise InferdError(ErrorCode.UNSUPPORTED, "restart is not available here")
 
-    # ---- inferd's own status view (infer-ctl status) ----
-    def status(self, name: str = "") -> dict[str, Any]:
-        """{"models": [{"name","version","state","reason","instances": [{"name","pid","state","restarts",
-        "inflight","last_error"}]}]}"""
-        from inferd.worker.wire.errors import ErrorCode, InferdError
-
-        raise InferdError(ErrorCode.UNSUPPORTED, "status is not available")
-
-    # ---- settings (trace / logging extensions) ----
     @abc.abstractmethod
-    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+    async def log_settings_async(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The log settings (trace / logging extensions) after applying `update`."""
 
     @abc.abstractmethod
-    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def trace_settings_async(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
         """The trace settings of `model` ("" the global ones) after applying `update` (key -> str, [str] or
         None to clear), as the HTTP JSON shows them; a refused update changes nothing."""
 
-    def trace_of(self, context: str) -> Any:
-        """What a BLS call naming trace `context` continues (see ServerDataPlane); None: not traced here."""
-        return None
+    @abc.abstractmethod
+    async def shm_status_async(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        """kind "system" | "cuda"; entries as in Triton's JSON status."""
 
-    # ---- system shared memory extension ----
+    @abc.abstractmethod
+    async def shm_register_async(self, kind: str, name: str, **fields: Any) -> None:
+        """system: key, offset, byte_size; cuda: raw_handle (bytes), device_id, byte_size."""
+
+    @abc.abstractmethod
+    async def shm_unregister_async(self, kind: str, name: str = "") -> None: ...
+
+    # ---- client shared memory on the request path: synchronous in both kinds (a frontend process reads
+    # and writes the regions itself) ----
     def shm_check_allowed(self) -> None:
         """Raise as Triton does when client shared memory is disabled (before a register body is read);
         the default allows it."""
         return None
-
-    @abc.abstractmethod
-    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
-        """kind "system" | "cuda"; entries as in Triton's JSON status."""
-
-    @abc.abstractmethod
-    def shm_register(self, kind: str, name: str, **fields: Any) -> None:
-        """system: key, offset, byte_size; cuda: raw_handle (bytes), device_id, byte_size."""
-
-    @abc.abstractmethod
-    def shm_unregister(self, kind: str, name: str = "") -> None: ...
 
     @abc.abstractmethod
     def shm_read(self, region: str, offset: int, byte_size: int, device_ok: bool = False) -> Any:
@@ -183,8 +179,40 @@ class DataPlane(abc.ABC):
         (None when none is registered), released when collected; unregistering a held region is refused."""
         return None
 
-    # ---- the queries and settings above, awaitable: the gRPC servicer always awaits these; HTTP routes
-    # answer at once from the plain forms unless `remote` (a frontend process, scaleout/) ----
+
+class InProcessDataPlane(DataPlane):
+    """A data plane in the server's own process: the control calls answered at once by synchronous forms,
+    which in-process callers may also call directly (the core's end of the frontend links, the OpenAI
+    frontend). The one implementation: core.dataplane_impl.ServerDataPlane (and tests' small ones)."""
+
+    @abc.abstractmethod
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]: ...
+
+    def load_report(self, fmt: str, model: str = "") -> str | None:
+        return None
+
+    def status(self, name: str = "") -> dict[str, Any]:
+        raise InferdError(ErrorCode.UNSUPPORTED, "status is not available")
+
+    @abc.abstractmethod
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def shm_register(self, kind: str, name: str, **fields: Any) -> None: ...
+
+    @abc.abstractmethod
+    def shm_unregister(self, kind: str, name: str = "") -> None: ...
+
+    # the DataPlane control calls, over the forms above
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
         return self.model_statistics(name, version)
 

@@ -1,7 +1,8 @@
-"""ServerDataPlane: the one DataPlane implementation, over the model registry (models.py) and schedulers.
+"""ServerDataPlane: the server's data plane (in process), over the model registry (models.py) and schedulers.
 
-Every request is resolved and routed here: a frontend's, a BLS call's (through `infer` / `stream_infer`)
-and an ensemble step's (`call_step` / `stream_step`); the registry only holds the versions and their state.
+Every request is resolved (resolution.py) and routed here: a frontend's, which comes with the model handle
+the frontend resolved (InferRequest.model), a BLS call's (through `infer` / `stream_infer`, by name) and an
+ensemble step's (`call_step` / `stream_step`); the registry only holds the versions and their state.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from ..tracing.options import TraceOptions
 from ..tracing.tracer import Tracer
 from . import classification, readiness
 from .busy_poll import BusyPoll
-from .dataplane import DataPlane, ResponseError
+from .dataplane import InProcessDataPlane, ResponseError
 from .models import ModelManager, ModelVersion
+from .resolution import Resolution
 from .restart import restart_model
 from .shm_endpoints import ShmEndpoints
 from .status_json import status_json
@@ -50,13 +52,13 @@ def extensions(*, cuda_shared_memory: bool, trace: bool = False) -> list[str]:
     return [name for name in TRITON_EXTENSIONS if works.get(name, True)]
 
 
-class ServerDataPlane(ShmEndpoints, DataPlane):
+class ServerDataPlane(Resolution, ShmEndpoints, InProcessDataPlane):
     def __init__(self, manager: ModelManager, *, server_id: str, control_mode: str, strict_readiness: bool,
                  stats_registry: Any, metrics_renderer: Any, shm: Any = None,
                  response_cache: ResponseCache | None = None, log_settings: dict[str, Any] | None = None,
                  busy_poll: BusyPoll | None = None, cuda_shared_memory_supported: bool | None = None,
                  tracer: Tracer | None = None, load_reporter: Any = None) -> None:
-        self.manager = manager
+        Resolution.__init__(self, manager)
         self.load_reporter = load_reporter  # (format, model) -> the endpoint-load-metrics header or None (orca.py)
         self.busy_poll = busy_poll  # None: the event loop sleeps whenever it has nothing to do
         self.response_cache = response_cache  # None: no --cache-config, nothing is cached
@@ -79,54 +81,7 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         }
         self._log_settings.update(log_settings or {})
         self.tracer = tracer if tracer is not None else Tracer(TraceOptions())
-        # name -> the version a request without a version resolves to, only while it is ready; forgotten on
-        # every change the registry reports (instance state, load, unload)
-        self._ready: dict[str, ModelVersion] = {}
-        manager.watch(self._ready.clear)
         manager.steps = self
-
-    # ---- resolution ----
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
-        """The version a request targets: "" = highest ready version (policy already applied at load)."""
-        if not version:
-            cached = self._ready.get(name)
-            if cached is not None:
-                return cached
-        e = self.manager.lookup(name)  # (--model-namespacing: a name of several models is refused)
-        if e is None or (not e.versions and not e.records):
-            raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' is not found" % name)
-        if version:
-            try:
-                v = int(version)
-            except ValueError:
-                raise InferdError(ErrorCode.NOT_FOUND,
-                                  "invalid model version '%s' for model '%s'" % (version, name)) from None
-            mv = e.versions.get(v)
-            if mv is None:
-                raise InferdError(ErrorCode.NOT_FOUND,
-                                  "Request for unknown model: '%s' version %s is not found" % (name, version))
-            return mv
-        ready = [v for v, mv in e.versions.items() if mv.ready]
-        if ready:
-            mv = e.versions[max(ready)]
-            self._ready[name] = mv
-            return mv
-        if e.versions:
-            return e.versions[max(e.versions)]
-        raise InferdError(ErrorCode.NOT_FOUND, "Request for unknown model: '%s' has no available versions" % name)
-
-    def resolve_ready(self, name: str, version: str = "") -> ModelVersion:
-        """As `resolve`, refusing a version that is not ready (UNAVAILABLE)."""
-        if not version:
-            cached = self._ready.get(name)
-            if cached is not None:
-                return cached
-        mv = self.resolve(name, version)
-        if not mv.ready:
-            raise InferdError(ErrorCode.UNAVAILABLE,
-                              "Request for unavailable model: '%s' version %d is not ready (%s)"
-                              % (name, mv.version, mv.reason or "no ready instance"))
-        return mv
 
     # ---- health and metadata ----
     def live(self) -> bool:
@@ -141,15 +96,6 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         return {"name": self.server_id, "version": SERVER_VERSION,
                 "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported, trace=True)}
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        mv = self.resolve_ready(name, version)
-        versions = [str(mv.version)] if version else sorted(
-            (str(v) for v, m in self.manager.lookup(name).versions.items() if m.ready), key=int)  # type: ignore[union-attr]
-        base = mv.metadata_base
-        meta = {"name": base["name"], "versions": versions}
-        meta.update((k, v) for k, v in base.items() if k != "name")
-        return meta
-
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             mv = self.resolve(name, version)
@@ -162,12 +108,6 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
 
     async def ready_async(self) -> bool:
         return await readiness.server_ready(self)
-
-    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return self.resolve(name, version).config
-
-    def model_is_decoupled(self, name: str, version: str = "") -> bool:
-        return self.resolve(name, version).decoupled
 
     # ---- inference ----
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -209,10 +149,13 @@ class ServerDataPlane(ShmEndpoints, DataPlane):
         return future
 
     def _resolve(self, request: InferRequest) -> ModelVersion:
-        """The ready version a request names (UNAVAILABLE while draining); wakes the busy poller."""
+        """The ready version a request names (UNAVAILABLE while draining): its handle's when a frontend
+        resolved one (resolution.Resolution.ready_version), else by name; wakes the busy poller."""
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
-        mv = self.resolve_ready(request.model_name, request.model_version)
+        handle = request.model
+        mv = (self.ready_version(handle) if handle is not None
+              else self.resolve_ready(request.model_name, request.model_version))
         if self.busy_poll is not None:
             self.busy_poll.poke(mv.scheduler.idle)
         return mv

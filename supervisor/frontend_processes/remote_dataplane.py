@@ -1,10 +1,11 @@
 """The DataPlane of a frontend process: every call answered by the core over the link, or from its snapshot.
 
-Synchronous reads (live, ready, metadata, config, decoupled, model ready) come from the last snapshot the
-core pushed (snapshot.View); the core pushes one on every change and, after a load, unload or shm
-(un)registration, answers the caller only once every frontend has acknowledged it, so no frontend serves
-state older than a change a client has seen completed. Statistics, status, the repository index, settings
-and shm register/unregister/status are control calls (`*_async`, Kind.CONTROL). Client system shared
+Synchronous reads (live, ready, server metadata, a model's handle: its metadata, config and decoupled flag,
+model ready) come from the last snapshot the core pushed (snapshot.View); the core pushes one on every
+change and, after a load, unload or shm (un)registration, answers the caller only once every frontend has
+acknowledged it, so no frontend serves state older than a change a client has seen completed. The
+DataPlane's control calls (statistics, status, the repository index, settings, shm register/unregister/
+status, readiness that asks a model's is_ready()) are CONTROL frames to the core. Client system shared
 memory is read and written here with this process's own fds, opened from the registrations the snapshot
 lists (memory.client_shm.ClientShm, the same checks as the core's).
 
@@ -32,6 +33,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..core.dataplane import DataPlane, ResponseError
+from ..core.model_handle import ModelHandle
 from ..inference.types import InferRequest, InferResponse
 from ..memory.client_shm import ClientShm
 from ..memory.shm_pool import ShmPool
@@ -61,8 +63,6 @@ class _Call:
 
 
 class RemoteDataPlane(DataPlane):
-    remote = True
-
     def __init__(self, pool: ShmPool | None = None) -> None:
         self.link: Link | None = None
         self.outputs: OutputRegions | None = None  # workers' output regions mapped here (made on connect)
@@ -308,8 +308,8 @@ class RemoteDataPlane(DataPlane):
     def server_metadata(self) -> dict[str, Any]:
         return dict(self.view.doc["server"])
 
-    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        return self.view.value("meta", name, version)  # type: ignore[no-any-return]
+    def model(self, name: str, version: str = "") -> ModelHandle:
+        return self.view.model(name, version)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return self.view.model_ready(name, version)
@@ -323,12 +323,6 @@ class RemoteDataPlane(DataPlane):
         if not self.view.doc.get("ready_asks") or not self.ready():
             return self.ready()
         return bool(await self._control(Op.READY)) and not self.lost.is_set()
-
-    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return self.view.value("config", name, version)  # type: ignore[no-any-return]
-
-    def model_is_decoupled(self, name: str, version: str = "") -> bool:
-        return bool(self.view.value("decoupled", name, version))
 
     # ---------------------------------------------------------------- DataPlane: control calls
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
@@ -368,30 +362,8 @@ class RemoteDataPlane(DataPlane):
         value = await self._control(Op.LOAD_REPORT, fmt, model)  # the models' metrics live in the core
         return value if isinstance(value, str) else None
 
-    # the synchronous forms have no answer here: the frontends call the *_async ones (DataPlane.remote)
-    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        raise _async_only()
-
     def metrics_text(self) -> bytes:
-        raise _async_only()  # the metrics port is served by the core only
-
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
-        raise _async_only()
-
-    def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:
-        raise _async_only()
-
-    def trace_settings(self, model: str = "", update: dict[str, Any] | None = None) -> dict[str, Any]:
-        raise _async_only()
-
-    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
-        raise _async_only()
-
-    def shm_register(self, kind: str, name: str, **fields: Any) -> None:
-        raise _async_only()
-
-    def shm_unregister(self, kind: str, name: str = "") -> None:
-        raise _async_only()
+        raise InferdError(ErrorCode.INTERNAL, "the metrics port is served by the core process only")
 
     # ---------------------------------------------------------------- client shared memory, read here
     def shm_check_allowed(self) -> None:
@@ -422,6 +394,3 @@ class RemoteDataPlane(DataPlane):
 def _no_region(region: str) -> InferdError:
     return InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
 
-
-def _async_only() -> InferdError:
-    return InferdError(ErrorCode.INTERNAL, "a frontend process answers this through the core (the *_async form)")

@@ -6,7 +6,8 @@ readiness and decoupled flag, each a value or the error the core would raise; pl
 shared-memory registrations, which every frontend opens itself (it reads and writes those regions with
 its own fds), and the log settings (a POST /v2/logging applies in every process). `View` (frontend
 side) answers the same questions from one such document; a version key the core does not know gets the
-error the core's resolution would give.
+error the core's resolution would give, and `View.model` resolves a request's model from it into a handle
+(core/model_handle.py) once per request, as the core's data plane does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..core import readiness
 from ..core.dataplane_impl import ServerDataPlane
+from ..core.model_handle import ModelHandle
+
+MAX_HANDLES = 1024  # handles a View remembers (cleared when full: a client may spell one version many ways)
 
 
 def _answer(fn: Any, *args: Any) -> Any:
@@ -27,8 +31,15 @@ def _answer(fn: Any, *args: Any) -> Any:
 
 
 def _model(dp: ServerDataPlane, name: str, version: str) -> dict[str, Any]:
-    doc = {"meta": _answer(dp.model_metadata, name, version), "config": _answer(dp.model_config, name, version),
-           "decoupled": _answer(dp.model_is_decoupled, name, version), "ready": dp.model_ready(name, version)}
+    try:
+        handle = dp.model(name, version)
+    except InferdError as exc:  # metadata, config and decoupled: the same refusal
+        refused = {"err": [int(exc.code), exc.message]}
+        doc: dict[str, Any] = {"meta": refused, "config": refused, "decoupled": refused}
+    else:
+        doc = {"meta": _answer(handle.metadata), "config": _answer(handle.config),
+               "decoupled": {"ok": handle.decoupled}}
+    doc["ready"] = dp.model_ready(name, version)
     if _asks(dp, name, version):
         doc["asks"] = True  # its readiness comes from its is_ready(): the frontend asks the core
     return doc
@@ -67,6 +78,7 @@ class View:
         self.doc: dict[str, Any] = doc or {"version": 0, "live": True, "ready": False, "models": {},
                                            "server": {"name": "triton", "version": "", "extensions": []},
                                            "shm_allowed": False, "shm": [], "trace_armed": False}
+        self._handles: dict[Any, SnapshotModel] = {}  # name, or (name, version) -> its handle
 
     @property
     def version(self) -> int:
@@ -93,6 +105,21 @@ class View:
             _raise(answer["err"])
         return answer["ok"]
 
+    def model(self, name: str, version: str) -> SnapshotModel:
+        """The handle of a request's model, as the core's data plane would resolve it (DataPlane.model)."""
+        key: Any = (name, version) if version else name
+        handle = self._handles.get(key)
+        if handle is None:
+            entry = self._entry(name, version)
+            decoupled = entry["decoupled"]
+            if "err" in decoupled:
+                _raise(decoupled["err"])
+            handle = SnapshotModel(name, version, bool(decoupled["ok"]), entry)
+            if len(self._handles) >= MAX_HANDLES:
+                self._handles.clear()
+            self._handles[key] = handle
+        return handle
+
     def model_ready(self, name: str, version: str) -> bool:
         try:
             return bool(self._entry(name, version)["ready"])
@@ -105,3 +132,26 @@ class View:
             return bool(self._entry(name, version).get("asks"))
         except InferdError:
             return False
+
+
+class SnapshotModel(ModelHandle):
+    """A frontend process's handle: its model's answers in the snapshot it was resolved from. Inference goes
+    to the core by name (which resolves it there, as the snapshot showed it or as it has changed since)."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, name: str, version: str, decoupled: bool, entry: dict[str, Any]) -> None:
+        super().__init__(name, version, decoupled)
+        self._entry = entry
+
+    def metadata(self) -> dict[str, Any]:
+        return _ok(self._entry["meta"])  # type: ignore[no-any-return]
+
+    def config(self) -> dict[str, Any]:
+        return _ok(self._entry["config"])  # type: ignore[no-any-return]
+
+
+def _ok(answer: dict[str, Any]) -> Any:
+    if "err" in answer:
+        _raise(answer["err"])
+    return answer["ok"]

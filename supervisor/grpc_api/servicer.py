@@ -160,7 +160,7 @@ class InferenceService:
         )
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        md = self.dp.model_metadata(request.name, request.version)
+        md = self.dp.model(request.name, request.version).metadata()
         resp = pb.ModelMetadataResponse(
             name=md.get("name", ""),
             versions=[str(v) for v in md.get("versions", [])],
@@ -172,7 +172,7 @@ class InferenceService:
         return resp
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
-        cfg = self.dp.model_config(request.name, request.version)
+        cfg = self.dp.model(request.name, request.version).config()
         resp = pb.ModelConfigResponse()
         try:
             json_format.ParseDict(cfg, resp.config, ignore_unknown_fields=True)
@@ -202,9 +202,11 @@ class InferenceService:
             raise invalid_arg(PARSE_ERROR)
         assert isinstance(request, convert.ParsedRequest)
         dp = self.dp
-        if dp.model_is_decoupled(request.model_name, request.model_version):
+        handle = dp.model(request.model_name, request.model_version)  # the one lookup of this request's model
+        if handle.decoupled:
             raise InferdError(ErrorCode.UNSUPPORTED, DECOUPLED_UNARY)
         req, shm_out = convert.to_core(request, dp)
+        req.model = handle
         if self.forward is not None and context is not None:
             access.forward_grpc(self.forward, context.invocation_metadata() or (), req.parameters)
         if live.armed and context is not None:  # tracing: a client's W3C trace context is continued

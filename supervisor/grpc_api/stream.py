@@ -104,16 +104,17 @@ class StreamInfer:
                     await queue.put(invalid_arg(convert.PARSE_ERROR))
                     continue
                 try:
-                    decoupled = dp.model_is_decoupled(msg.model_name, msg.model_version)
+                    handle = dp.model(msg.model_name, msg.model_version)  # its one lookup
                     req, shm = convert.to_core(msg, dp)
                 except InferdError as exc:
                     await queue.put(exc)
                     continue
+                req.model = handle
                 if forwarded:
                     req.parameters.update(forwarded)
                 if live.armed:  # tracing: the stream's W3C trace context is continued by each request
                     req.trace_parent = _traceparent(context)
-                if decoupled:
+                if handle.decoupled:
                     flag = msg.parameters.get(EMPTY_FINAL)
                     empty_final = flag is not None and flag[0] == "bool_param" and bool(flag[1])
                     task = asyncio.create_task(self._decoupled(req, shm, empty_final, queue))

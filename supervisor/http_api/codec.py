@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from inferd.supervisor.core.classification import CLASSIFICATION_WITH_SHM
 from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.model_handle import ModelHandle
 from inferd.supervisor.inference import limits, tensors
 from inferd.supervisor.inference.types import (
     SEQUENCE_END,
@@ -109,7 +110,11 @@ class InferCodec:
         self._templates: dict[tuple[str, str, int, bytes], templates.HeaderTemplate] = {}
         self._json_templates = JsonTemplates()
 
-    def parse(self, model: str, version: str, headers: dict[str, str], body: Any) -> ParsedInfer:
+    def parse(self, model: str, version: str, headers: dict[str, str], body: Any,
+              handle: ModelHandle | None = None) -> ParsedInfer:
+        """The InferRequest of a request body to `model` at `version`; `handle`: that model as the router
+        resolved it (DataPlane.model), which the raw binary form reads its one input from (resolved here
+        when not given)."""
         hlen_text = headers.get("inference-header-content-length")
         if hlen_text is None:  # a JSON body: seen before, or the simple form in one pass, or _parse_doc
             plain_body = type(body) is bytes
@@ -135,7 +140,7 @@ class InferCodec:
             raise invalid_arg(f"invalid 'Inference-Header-Content-Length' {hlen_text[:32]!r}: must be an "
                               f"integer between 0 and the body size {total}")
         if hlen == 0:
-            return self._parse_raw(model, version, body, total)
+            return self._parse_raw(handle or self.dp.model(model, version), body, total)
         head = body if hlen == total else memoryview(body)[:hlen]
         key = None
         if hlen <= templates.MAX_HEADER:  # a binary request: its header may have been seen before
@@ -329,9 +334,10 @@ class InferCodec:
                 raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', 'double', "
                                   "'bool', or 'string'.")
 
-    def _parse_raw(self, model: str, version: str, body: Any, total: int) -> ParsedInfer:
+    def _parse_raw(self, handle: ModelHandle, body: Any, total: int) -> ParsedInfer:
         """Header length 0: the body is the one input of a single-input model, batch 1."""
-        meta = self.dp.model_metadata(model, version)
+        model = handle.name
+        meta = handle.metadata()
         inputs = meta.get("inputs") or []
         if len(inputs) != 1:
             raise invalid_arg(f"raw binary request needs a model with exactly one input; model '{model}' "
@@ -339,7 +345,7 @@ class InferCodec:
         spec = inputs[0]
         name, datatype = spec["name"], spec["datatype"]
         shape = [int(d) for d in spec["shape"]]
-        config = self.dp.model_config(model, version)
+        config = handle.config()
         if shape and int(config.get("max_batch_size", 0) or 0) > 0:
             shape[0] = 1
         variable = [i for i, d in enumerate(shape) if d < 0]
@@ -362,7 +368,7 @@ class InferCodec:
                 raise invalid_arg(f"input byte size mismatch for input '{name}' for model '{model}'. "
                                   f"Expected {fixed}, got {total}")
             data = body
-        req = InferRequest(model_name=model, model_version=version)
+        req = InferRequest(model_name=model, model_version=handle.version)
         req.inputs.append(Tensor(name, datatype, shape, data))
         return ParsedInfer(req, binary_default=True)
 

@@ -136,7 +136,8 @@ def _input_tensor(name: str, value: Any, spec: dict[str, Any], batched: bool) ->
 def parse_request(dp: DataPlane, model: str, version: str, body: Any, max_size: int,
                   encoding: str | None) -> InferRequest:
     """The InferRequest of a generate body; InferdError(INVALID_ARG) naming what is wrong."""
-    config = dp.model_config(model, version)  # unknown model / version: NOT_FOUND first, as Triton
+    handle = dp.model(model, version)  # unknown model / version: NOT_FOUND first, as Triton
+    config = handle.config()
     raw = decode_content(encoding, body, max_size)
     try:
         doc = orjson.loads(raw)  # (the checks and the messages: NaN, integer range, depth)
@@ -148,7 +149,7 @@ def parse_request(dp: DataPlane, model: str, version: str, body: Any, max_size: 
         raise invalid_arg("the generate request body must be a JSON object")
     specs = {str(i.get("name")): i for i in config.get("input") or [] if isinstance(i, dict)}
     batched = int(config.get("max_batch_size") or 0) > 0
-    request = InferRequest(model_name=model, model_version=version)
+    request = InferRequest(model_name=model, model_version=version, model=handle)
     request_id = doc.get("id", "")
     if not isinstance(request_id, str):
         raise invalid_arg("'id' must be a string")

@@ -1,8 +1,10 @@
 """The router: every KServe v2 / Triton HTTP endpoint (reference/triton.md §1.1) over a DataPlane.
 
-`Router(dataplane, ...)` is the server's handler. Synchronous endpoints (health, metadata, config,
-stats, shared memory, settings) answer with a Response at once; inference, load and unload return a
-coroutine. Malformed inference requests are refused before any task is created.
+`Router(dataplane, ...)` is the server's handler. What every data plane answers at once (liveness,
+server and model metadata, model config) is answered with a Response; the control calls (readiness,
+statistics, repository, shared memory registration, settings) return a coroutine awaiting the data
+plane's, as do load and unload. An inference resolves its model once (DataPlane.model, a handle the codec
+and the data plane share) and is refused before any task is created when it is malformed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from urllib.parse import unquote
 import orjson
 from inferd.supervisor import header_rules as access
 from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.model_handle import ModelHandle
 from inferd.supervisor.inference.types import InferResponse
 from inferd.supervisor.tracing import live
 from inferd.worker.wire.errors import invalid_arg
@@ -77,7 +80,7 @@ async def _readiness(pending: Awaitable[bool], not_ready: Response) -> Response:
 
 
 async def _json_later(pending: Awaitable[Any]) -> Response:
-    """The JSON answer of a query the data plane answers later (one in a frontend process: DataPlane.remote)."""
+    """The JSON answer of a control call (awaited: a frontend process asks the core)."""
     try:
         return _json(await pending)
     except Exception as exc:
@@ -244,28 +247,28 @@ class Router:
         return _json(self.dp.server_metadata())
 
     def _model_metadata(self, req: Request, model: str, version: str) -> Response:
-        return _json(self.dp.model_metadata(model, version))
+        return _json(self.dp.model(model, version).metadata())
 
     def _model_ready(self, req: Request, model: str, version: str) -> HandlerResult:
         # (a Python model's is_ready() may be asked: python_backend after 2.51)
         return _readiness(self.dp.model_ready_async(model, version), _VERSION_NOT_READY)
 
     def _model_config(self, req: Request, model: str, version: str) -> Response:
-        return _json(self.dp.model_config(model, version))
+        return _json(self.dp.model(model, version).config())
 
     def _stats(self, req: Request, model: str, version: str) -> HandlerResult:
-        if self.dp.remote:
-            return _json_later(self.dp.model_statistics_async(model, version))
-        return _json(self.dp.model_statistics(model, version))
+        return _json_later(self.dp.model_statistics_async(model, version))
 
     # ------------------------------------------------------------ inference
     def _infer(self, req: Request, model: str, version: str) -> HandlerResult:
-        if self.dp.model_is_decoupled(model, version):
+        handle = self.dp.model(model, version)  # the one lookup of this request's model
+        if handle.decoupled:
             return errors.error_response(501, _DECOUPLED)
         encoding = req.headers.get("content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
-            return self._infer_compressed(req, model, version, encoding)
-        parsed = self.codec.parse(model, version, req.headers, req.body)
+            return self._infer_compressed(req, handle, encoding)
+        parsed = self.codec.parse(model, version, req.headers, req.body, handle)
+        parsed.request.model = handle
         if self.forward is not None:
             self._forward(req, parsed)
         if live.armed:  # tracing: a client's W3C trace context is continued
@@ -289,7 +292,7 @@ class Router:
             if parsed.hold is not None:
                 parsed.hold.release()  # its shm regions are free to unregister once its outputs are written
 
-    async def _infer_compressed(self, req: Request, model: str, version: str, encoding: str) -> Response:
+    async def _infer_compressed(self, req: Request, handle: ModelHandle, encoding: str) -> Response:
         try:
             if len(req.body) > _OFFLOAD_BYTES // 4:
                 loop = asyncio.get_running_loop()
@@ -297,7 +300,8 @@ class Router:
                                                   self.max_input_size)
             else:
                 body = decode_content(encoding, req.body, self.max_input_size)
-            parsed = self.codec.parse(model, version, req.headers, body)
+            parsed = self.codec.parse(handle.name, handle.version, req.headers, body, handle)
+            parsed.request.model = handle
             if self.forward is not None:
                 self._forward(req, parsed)
             if live.armed:
@@ -343,9 +347,7 @@ class Router:
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("'ready' must be a boolean")
-        if self.dp.remote:
-            return _json_later(self.dp.repository_index_async(ready))
-        return _json(self.dp.repository_index(ready))
+        return _json_later(self.dp.repository_index_async(ready))
 
     def _repo_named(self, req: Request) -> Response:
         return errors.error_response(501, "'repository_name' specification is not supported")
@@ -387,15 +389,10 @@ class Router:
 
     # ------------------------------------------------------------ shared memory
     def _shm_status(self, req: Request, kind: str, region: str) -> HandlerResult:
-        if self.dp.remote:
-            return _json_later(self.dp.shm_status_async(kind, region))
-        return _json(self.dp.shm_status(kind, region))
+        return _json_later(self.dp.shm_status_async(kind, region))
 
     def _shm_unregister(self, req: Request, kind: str, region: str) -> HandlerResult:
-        if self.dp.remote:
-            return self._control(self.dp.shm_unregister_async(kind, region))
-        self.dp.shm_unregister(kind, region)
-        return _EMPTY_OK
+        return self._control(self.dp.shm_unregister_async(kind, region))
 
     def _shm_register(self, req: Request, kind: str, region: str) -> HandlerResult:
         self.dp.shm_check_allowed()  # Triton's order: the disabled answer before the body is looked at
@@ -413,19 +410,12 @@ class Router:
                 raise invalid_arg("'key' must be a non-empty string")
             if type(offset) is not int or offset < 0:
                 raise invalid_arg("'offset' must be a non-negative integer")
-            if self.dp.remote:
-                return self._control(self.dp.shm_register_async(kind, region, key=key, offset=offset,
-                                                                byte_size=size))
-            self.dp.shm_register(kind, region, key=key, offset=offset, byte_size=size)
-        else:
-            device = doc.get("device_id", 0)
-            if type(device) is not int or device < 0:
-                raise invalid_arg("'device_id' must be a non-negative integer")
-            if self.dp.remote:
-                return self._control(self.dp.shm_register_async(kind, region, raw_handle=raw, device_id=device,
-                                                                byte_size=size))
-            self.dp.shm_register(kind, region, raw_handle=raw, device_id=device, byte_size=size)
-        return _EMPTY_OK
+            return self._control(self.dp.shm_register_async(kind, region, key=key, offset=offset, byte_size=size))
+        device = doc.get("device_id", 0)
+        if type(device) is not int or device < 0:
+            raise invalid_arg("'device_id' must be a non-negative integer")
+        return self._control(self.dp.shm_register_async(kind, region, raw_handle=raw, device_id=device,
+                                                        byte_size=size))
 
     @staticmethod
     def _cuda_handle(doc: dict[str, Any]) -> bytes:
@@ -445,9 +435,7 @@ class Router:
         return raw
 
     def _inferd_status(self, req: Request, model: str) -> HandlerResult:
-        if self.dp.remote:
-            return _json_later(self.dp.status_async(model))
-        return _json(self.dp.status(model))
+        return _json_later(self.dp.status_async(model))
 
     async def _inferd_restart(self, req: Request, model: str) -> Response:
         try:
@@ -459,13 +447,9 @@ class Router:
     # ------------------------------------------------------------ settings
     def _trace(self, req: Request, model: str) -> HandlerResult:
         update = self._body_object(req) if req.method == "POST" else None
-        if self.dp.remote:
-            return _json_later(self.dp.trace_settings_async(model, update))
-        return _json(self.dp.trace_settings(model, update))
+        return _json_later(self.dp.trace_settings_async(model, update))
 
     def _logging(self, req: Request) -> HandlerResult:
         update = self._body_object(req) if req.method == "POST" else None
-        if self.dp.remote:
-            return _json_later(self.dp.log_settings_async(update))
-        return _json(self.dp.log_settings(update))
+        return _json_later(self.dp.log_settings_async(update))
 

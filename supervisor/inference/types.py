@@ -63,6 +63,9 @@ class InferRequest:
     # the client shm regions it names, held while it is in flight (memory.client_shm.ShmHold; unregistering
     # a held region is refused, as Triton refuses it)
     shm_hold: Any = None
+    # the model as the frontend resolved it for this request (core.model_handle.ModelHandle): the data plane
+    # submits to it without looking the name up again; None: it resolves model_name/model_version itself
+    model: Any = None
 
 
 @dataclass(slots=True)

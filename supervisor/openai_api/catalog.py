@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import InProcessDataPlane
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from . import errors
@@ -39,7 +39,7 @@ class ModelInfo:
 
 
 class Catalog:
-    def __init__(self, dataplane: DataPlane, repositories: tuple[str, ...], *, tokenizer: str = "",
+    def __init__(self, dataplane: InProcessDataPlane, repositories: tuple[str, ...], *, tokenizer: str = "",
                  backend: str = "") -> None:
         self.dp = dataplane
         self.repositories = repositories
@@ -52,7 +52,7 @@ class Catalog:
     def get(self, name: str) -> ModelInfo:
         """The ready model `name`; 404 when no version of it is loaded."""
         try:
-            config = self.dp.model_config(name)
+            config = self.dp.model(name).config()
         except InferdError as exc:
             if exc.code == ErrorCode.NOT_FOUND:
                 raise errors.unknown_model(name) from None

@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferd.supervisor.config import OpenAIOptions
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import InProcessDataPlane
 
 from .catalog import Catalog
 
 
 @dataclass
 class Api:
-    dp: DataPlane
+    dp: InProcessDataPlane
     catalog: Catalog
     options: OpenAIOptions
     chat_template: str | None = None

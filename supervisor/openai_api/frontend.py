@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import InProcessDataPlane
 from inferd.supervisor.http_api.frontend import HttpFrontend
 from inferd.supervisor.http_api.server import HttpServer
 
@@ -20,7 +20,7 @@ from .routes import Router
 log = logging.getLogger("inferd.openai")
 
 
-def build_api(dataplane: DataPlane, config: Any) -> Api:
+def build_api(dataplane: InProcessDataPlane, config: Any) -> Api:
     options = config.openai
     template = None
     if options.chat_template:
@@ -31,7 +31,7 @@ def build_api(dataplane: DataPlane, config: Any) -> Api:
     return Api(dataplane, catalog, options, template, config.model_control_mode)
 
 
-async def start(dataplane: DataPlane, config: Any) -> HttpFrontend:
+async def start(dataplane: InProcessDataPlane, config: Any) -> HttpFrontend:
     options = config.openai
     api = build_api(dataplane, config)
     server = HttpServer(Router(api), max_body=int(config.http_max_input_size),

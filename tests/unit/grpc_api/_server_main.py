@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 from inferd.supervisor.config import GrpcKeepalive
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import InProcessDataPlane
+from inferd.supervisor.core.model_handle import GivenModel, ModelHandle
 from inferd.supervisor.grpc_api.grpcio_server import start_grpc_server
 from inferd.supervisor.grpc_api.http2 import abuse, connection, sending
 from inferd.supervisor.grpc_api.native_server import start_native_server
@@ -72,7 +73,7 @@ def _config(name: str) -> dict[str, Any]:
     return cfg
 
 
-class TestDataPlane(DataPlane):
+class TestDataPlane(InProcessDataPlane):
     def __init__(self) -> None:
         self.counts = {"started": 0, "cancelled": 0}
         self.changed = asyncio.Condition()
@@ -109,6 +110,10 @@ class TestDataPlane(DataPlane):
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         self._check(name)
         return _config(name)
+
+    def model(self, name: str, version: str = "") -> ModelHandle:
+        return GivenModel(name, version, self.model_is_decoupled(name, version),
+                          lambda: self.model_metadata(name, version), lambda: self.model_config(name, version))
 
     def model_is_decoupled(self, name: str, version: str = "") -> bool:
         self._check(name)

@@ -10,6 +10,7 @@ import asyncio
 from typing import Any
 
 from inferd.supervisor.config import RESTRICTABLE
+from inferd.supervisor.core.model_handle import GivenModel
 from inferd.supervisor.grpc_api import convert
 from inferd.supervisor.grpc_api.http2.grpc_calls import Context
 from inferd.supervisor.grpc_api.native_server import build_methods
@@ -39,8 +40,8 @@ class _DataPlane:
     def __init__(self) -> None:
         self.requests: list[Any] = []
 
-    def model_is_decoupled(self, name: str, version: str = "") -> bool:
-        return False
+    def model(self, name: str, version: str = "") -> Any:
+        return GivenModel(name, version, False, dict, dict)
 
     def infer_nowait(self, request: Any) -> Any:
         self.requests.append(request)

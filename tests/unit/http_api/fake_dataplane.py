@@ -8,7 +8,8 @@ import os
 from typing import Any
 
 import numpy as np
-from inferd.supervisor.core.dataplane import DataPlane
+from inferd.supervisor.core.dataplane import InProcessDataPlane
+from inferd.supervisor.core.model_handle import GivenModel, ModelHandle
 from inferd.supervisor.inference.types import InferRequest, InferResponse, Tensor
 from inferd.worker.wire.dtypes import BY_NAME
 from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg, not_found
@@ -27,7 +28,7 @@ def _model(name: str, inputs: list[tuple[str, str, list[int]]], outputs: list[tu
     }
 
 
-class FakeDataPlane(DataPlane):
+class FakeDataPlane(InProcessDataPlane):
     def __init__(self) -> None:
         self.is_ready = True
         self.models: dict[str, dict[str, Any]] = {
@@ -87,6 +88,10 @@ class FakeDataPlane(DataPlane):
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return self._get(name, version)
+
+    def model(self, name: str, version: str = "") -> ModelHandle:
+        return GivenModel(name, version, self.model_is_decoupled(name, version),
+                          lambda: self.model_metadata(name, version), lambda: self.model_config(name, version))
 
     def model_is_decoupled(self, name: str, version: str = "") -> bool:
         return bool(self._get(name, version).get("decoupled", False))
