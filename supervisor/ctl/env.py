@@ -49,7 +49,7 @@ def check(path: str) -> dict[str, Any]:
     """Everything `env check` reports; raises CtlError when the env cannot run an inferd worker."""
     from ..envs import EnvError, EnvironmentManager
     from ..envs.unpack import base_env
-    from ..instances.launcher import prepare_pypath
+    from ..envs.worker_pypath import prepare_pypath
 
     tmp = tempfile.mkdtemp(prefix="inferd-envcheck-")
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from inferd.supervisor.instances.launcher import Launcher, clean_env, prepare_pypath, worker_package_dir
+from inferd.supervisor.envs.worker_pypath import prepare_pypath, worker_package_dir
+from inferd.supervisor.instances.launcher import Launcher, clean_env
 
 
 def test_pypath_layout(run_dir):
