@@ -30,7 +30,7 @@ def default_cache_dir() -> str:
     return os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs")
 
 
-# The env machinery imports asyncio and the launcher: loaded only by `env` commands (infer-ctl starts fast).
+# The env code (envs/, shared with the server; it imports asyncio): loaded only by `env` commands (fast start).
 def _manager_mod() -> Any:
     from ..envs import manager
 
