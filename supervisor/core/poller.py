@@ -29,7 +29,7 @@ MAX_CONCURRENT_LOADS = 4
 async def scan_fingerprints(repositories: Repositories) -> dict[str, str]:
     """{model name: fingerprint} of the loadable models (a name in two repositories is left out:
     it cannot be loaded), read off the event loop. Raises InferdError when a repository cannot be read.
-    A cloud model's fingerprint digests its objects' keys, sizes and ETags (repository/cloud/cache.py)."""
+    A cloud model's fingerprint digests its objects' keys, sizes and ETags (repository/cloud/snapshot_cache.py)."""
     if repositories.cloud:
         return await repositories.fingerprints_async()
     return await asyncio.to_thread(repositories.fingerprints)

@@ -23,7 +23,7 @@ from inferd.worker.wire.errors import InferdError, not_found
 from . import layout
 
 if TYPE_CHECKING:
-    from .cloud.cache import CloudRepository
+    from .cloud.snapshot_cache import CloudRepository
 
 log = logging.getLogger("inferd.repository")
 
@@ -47,9 +47,9 @@ class Repositories:
         self._executor: ThreadPoolExecutor | None = None
         urls = [r for r in self.roots if _is_url(r)]
         if urls:
-            from .cloud.cache import CloudRepository
             from .cloud.credentials import CloudCredentials
             from .cloud.location import parse_url
+            from .cloud.snapshot_cache import CloudRepository
 
             settings = cloud or CloudSettings(CloudCredentials(), os.path.expanduser("~/.cache/inferd/models"))
             for url in urls:

@@ -283,9 +283,9 @@ def test_s3_bad_credentials_leave_the_model_unavailable(server_factory, harness,
 def test_gcs_unreadable_credential_file_is_the_reason(tmp_path):
     """GOOGLE_APPLICATION_CREDENTIALS naming a file that is no credential: the listing fails with why."""
     pytest.importorskip("google.cloud.storage")
-    from inferd.supervisor.repository.cloud.cache import CloudRepository
     from inferd.supervisor.repository.cloud.credentials import CloudCredentials
     from inferd.supervisor.repository.cloud.location import parse_url
+    from inferd.supervisor.repository.cloud.snapshot_cache import CloudRepository
     from inferd.worker.wire.errors import InferdError
 
     bad = tmp_path / "key.json"

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from inferd.supervisor.repository.cloud import cache as cloud_cache
+from inferd.supervisor.repository.cloud import snapshot_cache as cloud_cache
 from inferd.supervisor.repository.cloud.credentials import AzureCredential, CloudCredentials, S3Credential
 from inferd.supervisor.repository.cloud.location import parse_url
 from inferd.supervisor.repository.cloud.store import ObjectInfo
