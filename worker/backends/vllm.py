@@ -40,6 +40,7 @@ INSTALL_HINT = "pip install 'inferd[vllm]'"
 _PATH_ARGS = ("model", "tokenizer")  # engine arguments that may name a local folder
 _CANCEL_CHECK_S = 0.05  # how often open requests are checked for cancellation (only while any is open)
 _EXIT_GRACE_S = 1.0  # after the engine died: time for the failed requests' answers to leave
+_HEALTH_CHECK_S = 10.0  # ENABLE_VLLM_HEALTH_CHECK: an engine that does not answer its check in this time is unhealthy
 # A helper that outlives a SIGKILLed worker for as long as it takes to kill what the worker left behind: vLLM's
 # engine core processes are the worker's children and are not tied to its life (a kill -9 of the worker would
 # leave them running). It waits on a pidfd of the worker, then kills the worker's process group (the supervisor
@@ -136,10 +137,12 @@ class VllmBackend:
         self._sampling: Any = None
         self._structured: Any = None
         self._final_only: Any = None
+        self._delta: Any = None
         self._lora_request: Any = None
         self._dead: Optional[str] = None  # why the engine is gone
         self._open: dict[str, tuple[Request, Any]] = {}  # engine request id -> (request, task): loop thread only
         self._watching = False
+        self._health_check = False  # ENABLE_VLLM_HEALTH_CHECK: the engine's check_health() before each batch
         self._ids = itertools.count(1)
         self._log = load_pb_utils().Logger
 
@@ -171,7 +174,8 @@ class VllmBackend:
             self._structured = StructuredOutputsParams
         except ImportError:
             self._structured = None
-        self._sampling, self._final_only, self._lora_request = SamplingParams, RequestOutputKind.FINAL_ONLY, LoRARequest
+        self._sampling, self._lora_request = SamplingParams, LoRARequest
+        self._final_only, self._delta = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
         self._lora_ids = {name: i + 1 for i, name in enumerate(self._loras or {})}
         try:
             engine_args = AsyncEngineArgs(**args)
@@ -192,6 +196,8 @@ class VllmBackend:
             raise InferdError(ErrorCode.INTERNAL, "failed to start the vLLM engine: %s: %s"
                               % (type(exc).__name__, exc)) from None
         self._spec, self._emit = model, context.emit
+        self._health_check = _bool_parameter(model.config, "ENABLE_VLLM_HEALTH_CHECK")
+        _cache_vllm_envs()
 
     async def _start(self, engine_args: Any, stat_loggers: Any) -> Any:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -205,6 +211,9 @@ class VllmBackend:
             error = InferdError(ErrorCode.UNAVAILABLE, "the vLLM engine is not running: %s"
                                 % (self._dead or "model is not loaded"))
             return [Response(error=error) for _ in requests]
+        if self._health_check and not self._healthy():
+            error = InferdError(ErrorCode.UNAVAILABLE, "Model is unavailable due to unhealthy vLLM engine")
+            return [Response(error=error) for _ in requests]
         results = []
         for request in requests:
             try:
@@ -212,6 +221,10 @@ class VllmBackend:
                 params = vllm_request.sampling_params(self._sampling, asked.parameters, self._structured)
                 if not asked.stream:
                     params.output_kind = self._final_only  # one answer: no intermediate outputs built
+                elif params.n == 1:
+                    # each output holds what is new only (as vLLM's own server streams): no cumulative text and
+                    # token lists rebuilt every step, and outputs a slow reader has not taken yet are merged
+                    params.output_kind = self._delta
                 lora = self._lora_for(asked.lora_name)
             except InferdError as exc:
                 results.append(Response(error=exc))
@@ -219,6 +232,16 @@ class VllmBackend:
             self._loop.start(self._generate(request, asked, params, lora), _ignore)
             results.append(Response())
         return results
+
+    def _healthy(self) -> bool:
+        """vllm_backend's ENABLE_VLLM_HEALTH_CHECK: ask the engine before a batch; an unhealthy engine makes
+        the model not ready and the instance restart (Triton unloads the model instead)."""
+        try:
+            self._loop.run(asyncio.wait_for(self._engine.check_health(), _HEALTH_CHECK_S))
+        except Exception as exc:  # noqa: BLE001 - whatever the check raised, the engine is not usable
+            self._engine_died("health check failed: %s: %s" % (type(exc).__name__, exc))
+            return False
+        return True
 
     def _lora_for(self, name: Optional[str]) -> Any:
         if name is None:
@@ -233,7 +256,8 @@ class VllmBackend:
     async def _generate(self, request: Request, asked: vllm_request.Asked, params: Any, lora: Any) -> None:
         emit = self._emit
         rid = "inferd-%d" % next(self._ids)
-        builder = vllm_request.ResponseBuilder(asked, request.requested_outputs)
+        builder = vllm_request.ResponseBuilder(asked, request.requested_outputs,
+                                               delta=params.output_kind is self._delta)
         self._open[rid] = (request, asyncio.current_task())
         if not self._watching:
             self._watching = True
@@ -322,6 +346,17 @@ class VllmBackend:
                 error = InferdError(ErrorCode.INTERNAL, "vLLM engine shutdown failed: %s" % exc)
         self._loop.stop()
         return error
+
+
+def _cache_vllm_envs() -> None:
+    """Once the engine runs, vLLM's settings are read from the environment once, not on every lookup: its
+    output path reads several per step (vLLM's engine core does the same after its start; its API server does
+    not). The worker never changes its environment after the load."""
+    try:
+        from vllm.envs import enable_envs_cache
+    except ImportError:
+        return
+    enable_envs_cache()
 
 
 def _start_reaper() -> None:

@@ -199,14 +199,16 @@ def _bytes_array(values: list[bytes]) -> np.ndarray:
 
 
 class ResponseBuilder:
-    """The response tensors of one request from vLLM's cumulative RequestOutputs: a streamed request gets
-    what is new since the previous response (text, logprobs, token counts), as vllm_backend sends it."""
+    """The response tensors of one request from vLLM's RequestOutputs: a streamed request gets what is new
+    since the previous response (text, logprobs, token counts), as vllm_backend sends it. `delta`: the outputs
+    hold only what is new (RequestOutputKind.DELTA, one sequence), else they are cumulative."""
 
-    __slots__ = ("asked", "wanted", "_text_lens", "_token_lens", "_logprob_lens", "_first")
+    __slots__ = ("asked", "wanted", "_text_lens", "_token_lens", "_logprob_lens", "_first", "_delta")
 
-    def __init__(self, asked: Asked, requested_outputs: list[str]) -> None:
+    def __init__(self, asked: Asked, requested_outputs: list[str], delta: bool = False) -> None:
         self.asked = asked
         self.wanted = frozenset(requested_outputs) if requested_outputs else None
+        self._delta = delta
         self._text_lens: list[int] = []
         self._token_lens: list[int] = []
         self._logprob_lens: list[int] = []
@@ -216,6 +218,8 @@ class ResponseBuilder:
         return self.wanted is None or name in self.wanted
 
     def response(self, out: Any, prepend_input: bool) -> Response:
+        if self._delta:
+            return self._delta_response(out)
         seqs = out.outputs
         n = len(seqs)
         if self._first:
@@ -247,6 +251,30 @@ class ResponseBuilder:
             counts = [len(s.token_ids) - self._token_lens[i] for i, s in enumerate(seqs)]
             tensors.append(Tensor("num_output_tokens", "UINT32", np.asarray(counts, dtype=np.uint32)))
         self._token_lens = [len(s.token_ids) for s in seqs]
+        return Response(tensors)
+
+    def _delta_response(self, out: Any) -> Response:
+        """A DELTA output (streamed, one sequence, never the prompt prepended): taken as it is."""
+        flags = self.asked.flags
+        tensors = []
+        seqs = out.outputs
+        if self._want("text_output"):
+            tensors.append(Tensor("text_output", "BYTES", _bytes_array([s.text.encode("utf-8") for s in seqs])))
+        if flags["return_finish_reason"] and self._want("finish_reason"):
+            reasons = [str(s.finish_reason).encode("utf-8") for s in seqs]
+            tensors.append(Tensor("finish_reason", "BYTES", _bytes_array(reasons)))
+        if flags["return_cumulative_logprob"] and self._want("cumulative_logprob"):
+            values = [np.nan if s.cumulative_logprob is None else s.cumulative_logprob for s in seqs]
+            tensors.append(Tensor("cumulative_logprob", "FP32", np.asarray(values, dtype=np.float32)))
+        if flags["return_logprobs"] and self._want("logprobs"):
+            self._logprob_lens = [0] * len(seqs)  # (each delta's logprobs are new)
+            tensors.append(Tensor("logprobs", "BYTES", _bytes_array(self._logprobs(seqs))))
+        if flags["return_num_input_tokens"] and self._want("num_input_tokens"):
+            count = len(out.prompt_token_ids or ())
+            tensors.append(Tensor("num_input_tokens", "UINT32", np.asarray([count], dtype=np.uint32)))
+        if flags["return_num_output_tokens"] and self._want("num_output_tokens"):
+            counts = [len(s.token_ids) for s in seqs]
+            tensors.append(Tensor("num_output_tokens", "UINT32", np.asarray(counts, dtype=np.uint32)))
         return Response(tensors)
 
     def _logprobs(self, seqs: Any) -> list[bytes]:

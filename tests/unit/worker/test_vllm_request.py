@@ -105,6 +105,19 @@ def test_streamed_responses_carry_what_is_new() -> None:
     assert second["num_input_tokens"].dtype == np.uint32
 
 
+def test_delta_outputs_are_sent_as_they_are() -> None:
+    # (RequestOutputKind.DELTA, what a streamed one-sequence request gets: each output holds the new part only)
+    asked = vllm_request.parse(_request(text_input="P:", stream=True, return_num_output_tokens=True,
+                                        return_finish_reason=True, return_num_input_tokens=True))
+    builder = vllm_request.ResponseBuilder(asked, [], delta=True)
+    first = {t.name: t.array for t in builder.response(_output("ab", [5, 6]), False).outputs}
+    second = {t.name: t.array for t in builder.response(_output("c", [7], True), False).outputs}
+    assert list(first["text_output"]) == [b"ab"] and list(second["text_output"]) == [b"c"]
+    assert list(first["num_output_tokens"]) == [2] and list(second["num_output_tokens"]) == [1]
+    assert list(first["finish_reason"]) == [b"None"] and list(second["finish_reason"]) == [b"length"]
+    assert second["num_input_tokens"].tolist() == [3]
+
+
 def test_whole_response_prepends_the_prompt_and_keeps_requested_outputs_only() -> None:
     asked = vllm_request.parse(_request(text_input="P:", return_cumulative_logprob=True, return_logprobs=True))
     out = vllm_request.ResponseBuilder(asked, ["text_output", "logprobs"]).response(_output("ab", [5], True), True)
