@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 from inferd.supervisor.config import OpenAIOptions
+from inferd.supervisor.core.model_handle import GivenModel
 from inferd.supervisor.http_api.messages import Request
 from inferd.supervisor.inference.types import InferResponse, Tensor
 from inferd.supervisor.openai_api import embeddings
@@ -52,6 +53,9 @@ class Plane:
         if name not in self.configs:
             raise InferdError(ErrorCode.NOT_FOUND, f"no model {name}")
         return self.configs[name]
+
+    def model(self, name: str, version: str = "") -> GivenModel:
+        return GivenModel(name, version, False, dict, lambda: self.model_config(name, version))
 
     def model_ready(self, name: str, version: str = "") -> bool:
         return name in self.configs
