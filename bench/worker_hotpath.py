@@ -32,7 +32,7 @@ from inferd.supervisor.inference.types import InferRequest, Tensor  # noqa: E402
 from inferd.supervisor.instances import results  # noqa: E402
 from inferd.supervisor.instances.packing import InputPacker  # noqa: E402
 from inferd.worker.channel import header_loads  # noqa: E402
-from inferd.worker.runtime import Runtime  # noqa: E402
+from inferd.worker.message_loop import Runtime  # noqa: E402
 from inferd.worker.wire import messages as m  # noqa: E402
 
 MODEL_SRC = Path(__file__).resolve().parent / "models" / "fixed_cost"

@@ -31,7 +31,7 @@ from inferd.supervisor.inference.types import InferRequest, Tensor  # noqa: E402
 from inferd.supervisor.instances import results  # noqa: E402
 from inferd.supervisor.instances.packing import InputPacker  # noqa: E402
 from inferd.worker.channel import Channel  # noqa: E402
-from inferd.worker.runtime import Runtime  # noqa: E402
+from inferd.worker.message_loop import Runtime  # noqa: E402
 from inferd.worker.wire import messages as m  # noqa: E402
 from inferd.worker.wire import zmtp  # noqa: E402
 

@@ -160,7 +160,7 @@ def main(argv: Optional[list] = None) -> int:
         zmq_version=zmq.pyzmq_version(),
     ))
     from . import bls
-    from .runtime import Runtime  # numpy is imported here, after Hello is on its way
+    from .message_loop import Runtime  # numpy is imported here, after Hello is on its way
 
     bls.configure(context, boot["endpoint"], boot["identity"])
 

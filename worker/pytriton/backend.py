@@ -1,6 +1,6 @@
 """The backend that runs a bound Python function (one instance = one callable of the model).
 
-The runtime (worker/runtime.py) hands it a batch of requests; it builds PyTriton `Request` mappings,
+The runtime (worker/message_loop.py) hands it a batch of requests; it builds PyTriton `Request` mappings,
 calls the function with the list, and turns the returned dicts (one per request) into responses. A
 decoupled model's function is a generator: every dict (or list of dicts) it yields goes out at once.
 `strict=True` checks each output's dtype and shape against the bound `Tensor`s; otherwise outputs are

@@ -2,7 +2,7 @@
 
 The server, our child, asks for workers over the `--host-fd` socket (JSON lines; see
 docs/worker-protocol.md, "External workers"). For each `start` a thread connects to the server as that
-worker (Hello, then the ordinary message loop of worker/runtime.py with a `FunctionBackend`) and says
+worker (Hello, then the ordinary message loop of worker/message_loop.py with a `FunctionBackend`) and says
 `exited` when it ends; `kill` closes its sockets and is answered `exited` at once (a function stuck in
 user code keeps its thread until it returns). EOF on the link means the server is gone.
 """
@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import zmq
 from inferd.worker.channel import Channel, HeartbeatThread
-from inferd.worker.runtime import Runtime
+from inferd.worker.message_loop import Runtime
 from inferd.worker.wire.messages import WIRE_VERSION, Hello, ProtocolError
 
 from .backend import FunctionBackend

@@ -23,7 +23,7 @@ from inferd.worker import tensors
 from inferd.worker.backends.base import ModelSpec, Response
 from inferd.worker.backends.base import Tensor as WorkerTensor
 from inferd.worker.channel import header_loads
-from inferd.worker.runtime import Runtime
+from inferd.worker.message_loop import Runtime
 from inferd.worker.wire import messages as m
 
 CONFIG: dict[str, Any] = {"name": "m", "max_batch_size": 8,

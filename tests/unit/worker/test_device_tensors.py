@@ -275,7 +275,7 @@ def test_cpu_worker_never_imports_a_cuda_library(tmp_path: Path) -> None:
     code = textwrap.dedent("""
         import json, sys
         import numpy as np
-        from inferd.worker import runtime
+        from inferd.worker import message_loop as runtime
         from inferd.worker.backends import create
         from inferd.worker.backends.base import ModelSpec, Request, Tensor, WorkerContext
         cfg = {"name": "m", "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [2]}],

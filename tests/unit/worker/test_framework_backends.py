@@ -46,7 +46,7 @@ def test_tensorrt_without_gpu_is_unavailable(tmp_path):
 
 def test_python_worker_never_imports_framework_packages():
     code = ("import sys; from inferd.worker.backends import create; create('python'); "
-            "import inferd.worker.runtime; "
+            "import inferd.worker.message_loop; "
             "print(sorted(m for m in ('onnxruntime', 'torch', 'tensorrt', 'onnx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

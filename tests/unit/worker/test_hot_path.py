@@ -391,7 +391,7 @@ class DoublingBackend:
 
 def test_runtime_execute_mixed_batch_keeps_order_and_frame_numbers():
     from inferd.worker.backends.base import ModelSpec
-    from inferd.worker.runtime import Runtime
+    from inferd.worker.message_loop import Runtime
 
     channel = FakeChannel()
     runtime = Runtime(channel)  # type: ignore[arg-type]
