@@ -219,9 +219,9 @@ class Runtime:
                              message.backend_dir)
             backend = self._create_backend(message.backend)
             if spec.instance_kind == "GPU":  # its device is current before initialize (main thread)
-                from . import cuda_device
+                from . import current_device
 
-                cuda_device.make_current_or_warn(spec.device_id, spec.instance_name)
+                current_device.make_current_or_warn(spec.device_id, spec.instance_name)
             backend.load(spec, self._context)
         except Exception as exc:
             self._channel.send(LoadResult(error=wire_error(exc)))
@@ -250,9 +250,9 @@ class Runtime:
         """The CUDA device is per thread: a GPU instance's execute thread gets it too."""
         spec = self._spec
         if spec is not None and spec.instance_kind == "GPU":
-            from . import cuda_device
+            from . import current_device
 
-            cuda_device.make_current_or_warn(spec.device_id, spec.instance_name)
+            current_device.make_current_or_warn(spec.device_id, spec.instance_name)
 
     def release(self) -> None:
         """Unmap the input regions and free the output arena. Shutdown does it; a runtime that ends

@@ -153,9 +153,9 @@ def test_pynvml_adapter() -> None:
 
 def test_cpu_paths_import_no_gpu_library() -> None:
     """The server's modules and the worker's runtime import nothing GPU: pynvml only when discovery
-    runs, cuda_device only in a GPU instance's worker."""
+    runs, current_device only in a GPU instance's worker."""
     code = ("import sys, inferd.supervisor.app, inferd.supervisor.metrics.gpu, inferd.worker.message_loop\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pynvml', 'cuda', 'cupy', 'torch')"
-            " or m == 'inferd.worker.cuda_device'))")
+            " or m == 'inferd.worker.current_device'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""worker/cuda_device.py: which CUDA library makes the device current, in the documented order, and a
+"""worker/current_device.py: which CUDA library makes the device current, in the documented order, and a
 worker with none (a CPU environment) going on with a line that says why. The libraries are stand-in
 modules here (the real ones need a GPU: tests/gpu/test_gpu_discovery.py)."""
 
@@ -9,7 +9,7 @@ import types
 from typing import Any
 
 import pytest
-from inferd.worker import cuda_device
+from inferd.worker import current_device as cuda_device
 
 
 class _Err(int):
