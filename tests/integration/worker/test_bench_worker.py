@@ -5,8 +5,8 @@ the spot, one intra-op thread) from a raw ZeroMQ ROUTER with Execute headers bui
 `supervisor/instances/packing.py` builds them, one request per batch, in lock step, and reports the
 worker's CPU time per request (all threads, and the main thread alone):
 
-    .venv/bin/python -m pytest -q -m slow -s tests/unit/worker/test_bench_worker.py
-    .venv/bin/python tests/unit/worker/test_bench_worker.py [N] [python] [python|onnxruntime]
+    .venv/bin/python -m pytest -q -m slow -s tests/integration/worker/test_bench_worker.py
+    .venv/bin/python tests/integration/worker/test_bench_worker.py [N] [python] [python|onnxruntime]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A fake supervisor for worker tests: raw pyzmq ROUTER + the staging PYTHONPATH of the protocol doc.
 
-Also usable by hand: `python tests/unit/worker/workerharness.py [python]` prints spawn-to-Hello and
+Also usable by hand: `python tests/integration/worker/workerharness.py [python]` prints spawn-to-Hello and
 idle RSS of a worker started with that interpreter.
 """
 
