@@ -139,7 +139,7 @@ def main(argv: Optional[list] = None) -> int:
     import zmq
 
     from .channel import Channel, HeartbeatThread
-    from .custom_metrics import REGISTRY as custom_metrics
+    from .metric_registry import REGISTRY as custom_metrics
     from .metrics_sender import MetricsSender
     from .wire.messages import WIRE_VERSION, Hello, ProtocolError
 

@@ -1,4 +1,4 @@
-"""Sends what changed in the models' custom metrics (custom_metrics.Registry) as a MetricsReport on
+"""Sends what changed in the models' custom metrics (metric_registry.Registry) as a MetricsReport on
 the worker's own "<identity>/metrics" socket, opened when the first report is due (a worker whose
 model makes no metrics never opens it).
 
@@ -19,8 +19,8 @@ from typing import Any, Optional
 
 import zmq
 
-from .wire.custom_metrics import SUFFIX as METRICS_SUFFIX
 from .wire.messages import MetricsAck, MetricsReport, ProtocolError, decode, encode_header
+from .wire.metric_rules import SUFFIX as METRICS_SUFFIX
 
 SYNC_TIMEOUT_S = 5.0  # a supervisor that does not answer in time: the call returns (the next report says all)
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire import messages as m
+from inferd.worker.wire import metric_rules as rules
 from inferd.worker.wire.errors import InferdError
 
 log = logging.getLogger("inferd.custom_metrics")

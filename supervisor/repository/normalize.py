@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from inferd.supervisor._gen import model_config_pb2 as mc
-from inferd.worker.wire import custom_metrics as rules
+from inferd.worker.wire import metric_rules as rules
 from inferd.worker.wire.errors import invalid_arg
 
 from .batch_io import validate_batch_io

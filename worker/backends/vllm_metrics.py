@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import custom_metrics
-from ..wire import custom_metrics as rules
+from .. import metric_registry as custom_metrics
+from ..wire import metric_rules as rules
 
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]
 _TPOT_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import custom_metrics as _custom
 from .. import log_levels as _log_levels
 from .. import log_lines as _log_lines
+from .. import metric_registry as _custom
 from .. import pb_args as _args
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1

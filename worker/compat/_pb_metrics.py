@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Optional
 
-from .. import custom_metrics as _custom
+from .. import metric_registry as _custom
 from .. import pb_args as _args
 from ._pb_base import TritonModelException
 

@@ -315,7 +315,7 @@ class ModelControlResult:
 @dataclass
 class MetricsReport:
     """A worker's custom metrics (pb_utils.MetricFamily / Metric), sent by its heartbeat thread at most
-    once per heartbeat interval and only when something changed (wire.custom_metrics has the rules).
+    once per heartbeat interval and only when something changed (wire.metric_rules has the rules).
 
     `full`: every live family and metric is listed (whatever the supervisor had from this worker and is
     not listed is gone); otherwise only what is new or changed since the previous report. Ids are the

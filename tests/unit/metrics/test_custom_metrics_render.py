@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from inferd.supervisor.metrics.custom import MAX_SERIES, CustomMetrics, format_value
-from inferd.worker.wire import custom_metrics as rules
+from inferd.worker.wire import metric_rules as rules
 from inferd.worker.wire.messages import MetricsReport
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -7,7 +7,7 @@ import json
 
 from inferd.supervisor.http_api import orca
 from inferd.supervisor.metrics.custom import CustomMetrics
-from inferd.worker.wire import custom_metrics as rules
+from inferd.worker.wire import metric_rules as rules
 from inferd.worker.wire.messages import MetricsReport
 
 KV = "nv_trt_llm_kv_cache_block_metrics"

@@ -12,12 +12,12 @@ import time
 
 import pytest
 import zmq
-from inferd.worker import custom_metrics as cm
+from inferd.worker import metric_registry as cm
 from inferd.worker.channel import HeartbeatThread
 from inferd.worker.compat import load_pb_utils
 from inferd.worker.metrics_sender import MetricsSender
-from inferd.worker.wire import custom_metrics as rules
 from inferd.worker.wire import messages as m
+from inferd.worker.wire import metric_rules as rules
 
 pb = load_pb_utils()
 C, G, H = pb.MetricFamily.COUNTER, pb.MetricFamily.GAUGE, pb.MetricFamily.HISTOGRAM

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from .wire import custom_metrics as rules
+from .wire import metric_rules as rules
 from .wire.messages import MetricsReport
 
 FAMILY_DELETED = (
