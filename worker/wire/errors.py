@@ -1,4 +1,11 @@
-"""Error codes shared by both sides of the wire.
+"""The error type every layer raises (`InferdError`) and its codes, shared by both sides of the wire.
+
+Why in the wire: this is the one package both processes may import. A worker's Python path holds only
+`inferd.worker` (the supervisor's envs/worker_pypath.py makes it, refusing every other `inferd.*` module),
+and the supervisor imports only `inferd.worker.wire` of the worker (the import-linter contract). A code
+crosses the wire in `WireError` (schema.py), and the supervisor's layers raise the same `InferdError` that
+its frontends map to a status in one table each (http_api/errors.py, grpc_api/errors.py), so one
+definition serves both sides. Standard library only, as all of the wire (workers run on Python 3.9+).
 
 Numbering follows TRITONSERVER_Error_Code (pb_utils.TritonError codes 0..7); RESOURCE_EXHAUSTED
 is ours, for size caps and a full /dev/shm (HTTP 413/503, gRPC RESOURCE_EXHAUSTED).
