@@ -25,7 +25,7 @@ from inferd.supervisor.instances.launcher import Launcher
 from inferd.worker.wire import messages as m
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAKE = os.path.join(HERE, "..", "unit", "instances", "fake_worker.py")
+FAKE = os.path.join(HERE, "instances", "fake_worker.py")
 MODEL = '''
 import numpy as np
 import triton_python_backend_utils as pb_utils
