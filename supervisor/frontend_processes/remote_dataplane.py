@@ -393,4 +393,3 @@ class RemoteDataPlane(DataPlane):
 
 def _no_region(region: str) -> InferdError:
     return InferdError(ErrorCode.NOT_FOUND, "Unable to find shared memory region: '%s'" % region)
-
