@@ -29,8 +29,8 @@ import psutil
 import pytest
 from inferd.supervisor.grpc_api.http2 import frames as f
 from inferd.supervisor.grpc_api.http2.hpack_codec import encode
+from unit.grpc_api._h2client import SERVICE, H2Client, grpc_message, request_headers
 
-from ._h2client import SERVICE, H2Client, grpc_message, request_headers
 from ._spawn import PIDS, serve
 
 h2_connection = pytest.importorskip("h2.connection")

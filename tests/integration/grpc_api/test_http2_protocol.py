@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from inferd.supervisor.grpc_api.http2 import frames as f
 from tritonclient.grpc import service_pb2
+from unit.grpc_api._h2client import SERVICE, H2Client, grpc_message, request_headers
 
-from ._h2client import SERVICE, H2Client, grpc_message, request_headers
 from ._spawn import serve
 
 LIVE = b""  # ServerLiveRequest has no fields
