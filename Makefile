@@ -29,7 +29,7 @@ run: venv protos
 
 lint: venv protos
 	$(BIN)/ruff check .
-	$(BIN)/mypy supervisor worker
+	$(BIN)/mypy supervisor worker pytriton
 	$(BIN)/lint-imports  # the import directions in pyproject.toml [tool.importlinter]
 
 test: lint

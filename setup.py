@@ -9,10 +9,10 @@ import os
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-# worker/pytriton is the Python API (inferd.pytriton, PyTriton's surface): worker-side code, but its own
+# pytriton/ is the Python API (inferd.pytriton, PyTriton's surface): worker-side code with its own
 # import name, so that PyTriton users change `pytriton.` to `inferd.pytriton.` and nothing else
 ROOTS = {"supervisor": "inferd.supervisor", "worker": "inferd.worker", "envs": "inferd.envs",
-         os.path.join("worker", "pytriton"): "inferd.pytriton"}
+         "pytriton": "inferd.pytriton"}
 GEN_PACKAGE, GEN_DIR = "inferd.supervisor._gen", os.path.join("supervisor", "_gen")
 
 

@@ -83,7 +83,7 @@ class Runtime:
         readiness: Optional[Callable[[Callable[[], bool]], Any]] = None,
     ) -> None:
         """`polls`: an Execute's poll_us is honoured (False for a worker thread hosted in the API user's
-        process, worker/pytriton/host.py: its polling would take the interpreter from the user's threads).
+        process, pytriton/host.py: its polling would take the interpreter from the user's threads).
         `readiness(check)`: starts the `<identity>/ready` socket's thread (readiness.py) for a model that
         defines is_ready(), returning something with `stop()`; None: such checks are not offered."""
         self._channel = channel
