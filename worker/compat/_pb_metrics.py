@@ -1,5 +1,5 @@
 """pb_utils.MetricFamily and Metric: custom metrics exported on the server's /metrics
-(worker/custom_metrics.py holds them and reports each change to the supervisor)."""
+(worker/metric_registry.py holds them and reports each change to the supervisor)."""
 
 from __future__ import annotations
 
