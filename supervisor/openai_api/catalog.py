@@ -15,9 +15,10 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from inferd.supervisor.core.dataplane import InProcessDataPlane
+from inferd.supervisor.core.model_handle import ModelHandle
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from . import errors
@@ -38,6 +39,16 @@ class ModelInfo:
     loras: list[str] = field(default_factory=list)  # adapter names, in multi_lora.json's order
 
 
+class Resolved(NamedTuple):
+    """A request's model: its info, its handle (for the InferRequest), the LoRA adapter named (or None) and
+    that adapter's 1-based task id (0 without one)."""
+
+    info: ModelInfo
+    handle: ModelHandle
+    lora: str | None
+    task: int
+
+
 class Catalog:
     def __init__(self, dataplane: InProcessDataPlane, repositories: tuple[str, ...], *, tokenizer: str = "",
                  backend: str = "") -> None:
@@ -51,15 +62,21 @@ class Catalog:
 
     def get(self, name: str) -> ModelInfo:
         """The ready model `name`; 404 when no version of it is loaded."""
+        return self.lookup(name)[0]
+
+    def lookup(self, name: str) -> tuple[ModelInfo, ModelHandle]:
+        """The ready model `name` and its handle, resolved once for a request (DataPlane.model: the request
+        carries it to the data plane, which then does not look the name up again); 404 as `get`."""
         try:
-            config = self.dp.model(name).config()
+            handle = self.dp.model(name)
+            config = handle.config()
         except InferdError as exc:
             if exc.code == ErrorCode.NOT_FOUND:
                 raise errors.unknown_model(name) from None
             raise
         info = self._models.get(name)
         if info is not None and info.config is config:
-            return info
+            return info, handle
         if not self.dp.model_ready(name):
             raise errors.unknown_model(name)
         info = ModelInfo(name, config, ModelInputs.of(config, self.backend), int(time.time()),
@@ -67,20 +84,20 @@ class Catalog:
         if len(self._models) > 4096:
             self._models.clear()
         self._models[name] = info
-        return info
+        return info, handle
 
-    def resolve(self, requested: str, separator: str) -> tuple[ModelInfo, str | None, int]:
+    def resolve(self, requested: str, separator: str) -> Resolved:
         """The model a request names, and its LoRA adapter when the name is `model<separator>lora` (Triton's
-        --lora-separator; a name that splits into more than two parts is a model name): (info, lora name,
-        its 1-based task id)."""
+        --lora-separator; a name that splits into more than two parts is a model name)."""
         if separator and separator in requested:
             parts = requested.split(separator)
             if len(parts) == 2:
-                info = self.get(parts[0])
+                info, handle = self.lookup(parts[0])
                 if parts[1] not in info.loras:
                     raise errors.bad_request(f"Unknown LoRA: {parts[1]}; for model: {requested}", param="model")
-                return info, parts[1], info.loras.index(parts[1]) + 1
-        return self.get(requested), None, 0
+                return Resolved(info, handle, parts[1], info.loras.index(parts[1]) + 1)
+        info, handle = self.lookup(requested)
+        return Resolved(info, handle, None, 0)
 
     def ready_names(self) -> list[str]:
         return sorted({row["name"] for row in self.dp.repository_index(ready_only=True)})

@@ -59,13 +59,13 @@ class Completions:
 
     def __call__(self, req: Any) -> Any:
         body = schema.check(schema.load(req.body), schema.COMPLETION)
-        info, lora, task = self.api.catalog.resolve(body["model"], self.api.options.lora_separator)
+        info, handle, lora, task = self.api.catalog.resolve(body["model"], self.api.options.lora_separator)
         _check(body, info)
         max_tokens = body.get("max_tokens")
         gen = Generation(prompt=body["prompt"], body=body, stream=bool(body.get("stream")),
                          max_tokens=self.api.options.default_max_tokens if max_tokens is None else max_tokens,
                          echo=bool(body.get("echo")), logprobs=body.get("logprobs") or 0, lora=lora, lora_task=task)
-        request = generate_request(info.name, "", info.inputs, gen)
+        request = generate_request(info.name, "", info.inputs, gen, handle)
         if gen.stream:
             return self._stream(body, info, gen, Stream(self.api.dp, request))
         return self._plain(body, info, gen, Stream(self.api.dp, request))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from inferd.supervisor.core.model_handle import ModelHandle
 from inferd.supervisor.inference.tensors import json_to_raw
 from inferd.supervisor.inference.types import InferRequest, Tensor
 
@@ -101,7 +102,10 @@ def _shape(name: str, dims: list[int], batched: bool, count: int) -> list[int]:
     return [1, *shape] if batched else shape
 
 
-def generate_request(model: str, version: str, inputs: ModelInputs, gen: Generation) -> InferRequest:
+def generate_request(model: str, version: str, inputs: ModelInputs, gen: Generation,
+                     handle: ModelHandle | None = None) -> InferRequest:
+    """The model's request for `gen`; `handle`: the model as the request resolved it (DataPlane.model), which
+    the data plane then takes instead of looking `model` up again."""
     if not inputs.has("text_input"):
         raise bad_request(f"model '{model}' cannot serve completions: it declares no input 'text_input' (the "
                           "prompt, as Triton's vLLM and TensorRT-LLM models have it)", code="model_inputs")
@@ -110,7 +114,7 @@ def generate_request(model: str, version: str, inputs: ModelInputs, gen: Generat
     for flag in ("return_num_input_tokens", "return_num_output_tokens"):
         if inputs.has(flag):
             tensors.append(inputs.tensor(flag, [True]))
-    return InferRequest(model_name=model, model_version=version, inputs=tensors)
+    return InferRequest(model_name=model, model_version=version, inputs=tensors, model=handle)
 
 
 def _vllm(model: str, inputs: ModelInputs, gen: Generation) -> list[Tensor]:

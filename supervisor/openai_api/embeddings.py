@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import orjson
+from inferd.supervisor.core.model_handle import ModelHandle
 from inferd.supervisor.http_api.messages import Response
 from inferd.supervisor.inference.types import InferRequest
 
@@ -51,7 +52,7 @@ class Embeddings:
 
     async def __call__(self, req: Any) -> Response:
         body = schema.check(schema.load(req.body), schema.EMBEDDING)
-        info, _, _ = self.api.catalog.resolve(body["model"], self.api.options.lora_separator)
+        info, handle, _, _ = self.api.catalog.resolve(body["model"], self.api.options.lora_separator)
         value = body["input"]
         items = value if isinstance(value, list) and value and isinstance(value[0], str) else [value]
         io = None
@@ -64,8 +65,8 @@ class Embeddings:
 
         def run(item: Any) -> Awaitable[tuple[list[float], int | None]]:
             if io is None:
-                return self._vllm(info, item, body.get("dimensions"))
-            return self._generic(info, io, item, body.get("dimensions"))
+                return self._vllm(info, handle, item, body.get("dimensions"))
+            return self._generic(info, handle, io, item, body.get("dimensions"))
 
         results = await _each(run, items)
         prompt_tokens = None if any(n is None for _, n in results) else sum(n for _, n in results)  # type: ignore[misc]
@@ -77,24 +78,26 @@ class Embeddings:
             usage = await self._count(info, items)
         return Response(200, orjson.dumps({"object": "list", "data": data, "model": body["model"], "usage": usage}))
 
-    async def _vllm(self, info: ModelInfo, item: Any, dimensions: int | None) -> tuple[list[float], int | None]:
+    async def _vllm(self, info: ModelInfo, handle: ModelHandle, item: Any,
+                    dimensions: int | None) -> tuple[list[float], int | None]:
         doc = {"input": item, "pooling_params": {"dimensions": [dimensions]} if dimensions is not None else {}}
         tensors = [info.inputs.tensor(VLLM_INPUT, [orjson.dumps(doc).decode()])]
         for flag in ("return_num_input_tokens", "return_num_output_tokens"):
             if info.inputs.has(flag):
                 tensors.append(info.inputs.tensor(flag, [True]))
-        resp = await self._one(InferRequest(model_name=info.name, inputs=tensors))
+        resp = await self._one(InferRequest(model_name=info.name, inputs=tensors, model=handle))
         vector = outputs.json_output(resp, "text_output")
         if not isinstance(vector, list):
             raise bad_request(f"model '{info.name}' answered no embedding (its 'text_output' is not a JSON list)")
         return [float(v) for v in vector], outputs.count(resp, "num_input_tokens")
 
-    async def _generic(self, info: ModelInfo, io: tuple[str, str], item: Any,
+    async def _generic(self, info: ModelInfo, handle: ModelHandle, io: tuple[str, str], item: Any,
                        dimensions: int | None) -> tuple[list[float], int | None]:
         if not isinstance(item, str):
             raise bad_request(f"model '{info.name}' takes text: token ids cannot be embedded by it", param="input")
         name, output = io
-        resp = await self._one(InferRequest(model_name=info.name, inputs=[info.inputs.tensor(name, [item])]))
+        resp = await self._one(InferRequest(model_name=info.name, inputs=[info.inputs.tensor(name, [item])],
+                                            model=handle))
         vector = outputs.float_vector(resp, output)
         if dimensions is not None and dimensions != len(vector):
             raise bad_request(f"model '{info.name}' makes vectors of {len(vector)} dimensions, not {dimensions}",

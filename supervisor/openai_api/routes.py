@@ -107,7 +107,7 @@ class Router:
         return Response(200, orjson.dumps({"object": "list", "data": data}))
 
     def _model(self, req: Request, name: str) -> Response:
-        info, lora, _ = self.api.catalog.resolve(name, self.api.options.lora_separator)
+        info = self.api.catalog.resolve(name, self.api.options.lora_separator).info
         card = self._card(info.name)
         card["id"] = name
         return Response(200, orjson.dumps(card))

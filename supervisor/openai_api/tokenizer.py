@@ -90,6 +90,12 @@ class Tokenizer:
                        add_generation_prompt=add_generation_prompt)
         return render_chat_template(source, context)
 
+    def template_compiled(self, with_tools: bool = False, template: str | None = None) -> bool:
+        """True when the template `apply_chat_template` would render is compiled already (so rendering it
+        costs only the rendering: no compile, which can take milliseconds for a long template)."""
+        source = template if template is not None else self._pick_template(with_tools)
+        return source is not None and source in _compiled
+
     def _pick_template(self, with_tools: bool) -> str | None:
         t = self.chat_template
         if t is None or isinstance(t, str):

@@ -1,5 +1,6 @@
 """The OpenAI handlers keep the event loop free: token counts by the tokenizer and chat templates run on a
-thread (encoding a long prompt, rendering a long conversation take milliseconds to seconds), and an
+thread (encoding a long prompt, rendering a long conversation take milliseconds to seconds; only a short
+conversation whose template is compiled already renders on the loop, faster than the hop), and an
 embeddings list runs a bounded number of requests at once, cancelling the rest when one fails.
 
 The handlers run over a small in-process data plane (the parts they call: model_config, model_ready,
@@ -21,7 +22,7 @@ from inferd.supervisor.http_api.messages import Request
 from inferd.supervisor.inference.types import InferResponse, Tensor
 from inferd.supervisor.openai_api import embeddings
 from inferd.supervisor.openai_api.catalog import Catalog
-from inferd.supervisor.openai_api.chat import Chat
+from inferd.supervisor.openai_api.chat import INLINE_RENDER_BYTES, INLINE_RENDER_ITEMS, Chat
 from inferd.supervisor.openai_api.completions import Completions
 from inferd.supervisor.openai_api.context import Api
 from inferd.worker.wire.errors import ErrorCode, InferdError
@@ -86,12 +87,16 @@ class LoopBoundTokenizer:
     """count() asks the event loop to run a callback and waits for it: on the loop thread itself it never
     runs (the wait then times out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = True) -> None:
         self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
+        self.compiled = compiled  # what template_compiled() answers
         self.counted_off_loop: list[bool] = []
         self.rendered_off_loop: list[bool] = []
 
     def _off_loop(self) -> bool:
+        if threading.get_ident() == self.loop_thread:
+            return False
         loop_ran = threading.Event()
         self.loop.call_soon_threadsafe(loop_ran.set)
         return loop_ran.wait(2.0)
@@ -103,6 +108,9 @@ class LoopBoundTokenizer:
     def apply_chat_template(self, messages: list[dict[str, Any]], **kw: Any) -> str:
         self.rendered_off_loop.append(self._off_loop())
         return " ".join(str(m["content"]) for m in messages)
+
+    def template_compiled(self, with_tools: bool = False, template: str | None = None) -> bool:
+        return self.compiled
 
 
 def _api(plane: Plane, tokenizer: Any) -> Api:
@@ -129,9 +137,22 @@ async def test_usage_is_counted_off_the_event_loop(path, handler, body):
 
 async def test_the_chat_template_renders_off_the_event_loop():
     tokenizer = LoopBoundTokenizer()
-    body = {"model": "llm", "messages": [{"role": "user", "content": "hi"}] * 3}
+    body = {"model": "llm", "messages": [{"role": "user", "content": "hi"}] * (INLINE_RENDER_ITEMS + 1)}
     resp = await Chat(_api(Plane(), tokenizer))(_post("/v1/chat/completions", body))
     assert resp.status == 200 and tokenizer.rendered_off_loop == [True]
+
+
+@pytest.mark.parametrize(("messages", "content", "compiled", "off_loop"), [
+    (3, "hi", True, False),  # short, template compiled: rendered on the loop (no hop to a thread and back)
+    (3, "hi", False, True),  # the template's first use compiles it: on a thread
+    (1, "x" * INLINE_RENDER_BYTES, True, True),  # a long body
+    (INLINE_RENDER_ITEMS, "hi", True, False),
+])
+async def test_only_a_short_conversation_renders_on_the_loop(messages, content, compiled, off_loop):
+    tokenizer = LoopBoundTokenizer(compiled)
+    body = {"model": "llm", "messages": [{"role": "user", "content": content}] * messages}
+    resp = await Chat(_api(Plane(), tokenizer))(_post("/v1/chat/completions", body))
+    assert resp.status == 200 and tokenizer.rendered_off_loop == [off_loop]
 
 
 async def test_embedding_usage_is_counted_off_the_event_loop():
