@@ -26,7 +26,7 @@ from . import classification, readiness
 from .busy_poll import BusyPoll
 from .dataplane import InProcessDataPlane, ResponseError
 from .models import ModelManager, ModelVersion
-from .resolution import Resolution
+from .resolution import LocalModel, Resolution
 from .restart import restart_model
 from .shm_endpoints import ShmEndpoints
 from .status_json import status_json
@@ -96,6 +96,12 @@ class ServerDataPlane(Resolution, ShmEndpoints, InProcessDataPlane):
         return {"name": self.server_id, "version": SERVER_VERSION,
                 "extensions": extensions(cuda_shared_memory=self.cuda_shared_memory_supported, trace=True)}
 
+    def model(self, name: str, version: str = "") -> LocalModel:
+        """DataPlane.model; a handle made in this generation is taken here (resolution.Resolution.model's
+        first step, inline: the request path calls no other file for its model)."""
+        handle = self._handles.get((name, version) if version else name)
+        return handle if handle is not None else Resolution.model(self, name, version)
+
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             mv = self.resolve(name, version)
@@ -154,8 +160,12 @@ class ServerDataPlane(Resolution, ShmEndpoints, InProcessDataPlane):
         if self.draining:
             raise InferdError(ErrorCode.UNAVAILABLE, "Server is shutting down")
         handle = request.model
-        mv = (self.ready_version(handle) if handle is not None
-              else self.resolve_ready(request.model_name, request.model_version))
+        if handle is None:
+            mv = self.resolve_ready(request.model_name, request.model_version)
+        elif handle.generation == self.generation and (handle.checked or handle.mv.ready):
+            mv = handle.mv  # (Resolution.ready_version's common case, inline: no call per request)
+        else:
+            mv = self.ready_version(handle)  # resolved again, or refused, as by name
         if self.busy_poll is not None:
             self.busy_poll.poke(mv.scheduler.idle)
         return mv
