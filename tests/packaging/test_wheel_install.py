@@ -52,7 +52,7 @@ def test_sdist_has_the_sources_to_rebuild(dist: Path):
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     for needed in ("pyproject.toml", "setup.py", "MANIFEST.in", "constraints.txt", "protos/generate.py",
                    "protos/grpc_service.proto", "protos/model_config.proto", "protos/health.proto",
-                   "envs/minimal.yml", "worker/compat/triton_python_backend_utils.py"):
+                   "envs/minimal.yml", "worker/compat/triton_python_backend_utils.py", "pytriton/triton.py"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith("supervisor/_gen/")], "generated modules belong to the build"
 
@@ -62,8 +62,10 @@ def test_wheel_has_generated_modules_and_envs(dist: Path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("inferd/supervisor/_gen/grpc_service_pb2.py", "inferd/supervisor/_gen/grpc_service_pb2_grpc.py",
                    "inferd/supervisor/_gen/model_config_pb2.py", "inferd/supervisor/_gen/health_pb2_grpc.py",
-                   "inferd/envs/minimal.yml", "inferd/envs/packer.py"):
+                   "inferd/envs/minimal.yml", "inferd/envs/packer.py", "inferd/pytriton/triton.py"):
         assert needed in names, needed
+    # pytriton/ is mapped to inferd.pytriton only (setup.py ROOTS), never also packaged inside inferd.worker
+    assert not [n for n in names if n.startswith("inferd/worker/pytriton/")]
 
 
 def test_wheel_in_fresh_venv_serves_http_and_grpc(dist: Path, tmp_path: Path, harness):
