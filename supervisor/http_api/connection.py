@@ -15,8 +15,8 @@ or queue) -> `_dispatch` -> RequestCycle.start -> its answer written -> `_next` 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
+from time import monotonic
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .messages import Request, Response
@@ -173,7 +173,7 @@ class HttpConnection(RequestReader):
             self._resume_reading()
         if self._queue:
             return True
-        self.since = time.monotonic()
+        self.since = monotonic()
         if self._expect and self.state == BODY:
             self._send_continue()
         return False
@@ -217,7 +217,7 @@ class HttpConnection(RequestReader):
         if self.closed or self._transport is None:
             return
         self.state = DRAIN
-        self.since = time.monotonic()
+        self.since = monotonic()
         self._queue.clear()
         self._body = None  # what was read of a refused body goes at once, not when the connection does
         if self._cycle is not None:

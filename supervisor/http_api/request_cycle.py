@@ -150,7 +150,13 @@ class RequestCycle:
             return False
         req = self.req
         keep = req.keep_alive and not conn._server.closing and not conn._eof
-        write(conn._coalescer, transport, res, keep, req.headers.get("connection"))
+        body = res.body
+        conn_hdr = req.headers.get("connection")
+        if (type(body) is bytes and keep and conn_hdr is None and res.status == 200 and res.headers is None
+                and body and len(body) <= SMALL and res.content_type == "application/json"):
+            conn._coalescer.write(transport, json_ok(body))  # the common answer, its head from a template
+        else:
+            write(conn._coalescer, transport, res, keep, conn_hdr)
         if not keep:
             conn.close()
             return False
@@ -214,13 +220,10 @@ class RequestCycle:
 
 def write(coalescer: Coalescer, transport: asyncio.Transport, res: Response, keep: bool,
           conn_hdr: str | None) -> None:
-    """Write a sized response: a small one joined into one buffer and handed to the coalescer, a large one
-    buffer by buffer. `conn_hdr`: the request's Connection header."""
+    """Write a sized response (but the common one, which `respond` writes from a template): a small one joined
+    into one buffer and handed to the coalescer, a large one buffer by buffer. `conn_hdr`: the request's
+    Connection header."""
     body: Any = res.body
-    if (type(body) is bytes and keep and conn_hdr is None and res.status == 200 and res.headers is None
-            and body and len(body) <= SMALL and res.content_type == "application/json"):
-        coalescer.write(transport, json_ok(body))  # the common answer, its head from a template
-        return
     if type(body) is bytes:
         single, size = True, len(body)
     else:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -99,7 +99,7 @@ class RequestReader(asyncio.Protocol):
     def __init__(self, max_body: int, max_header_size: int, max_headers: int) -> None:
         self._parser = new_parser(self)
         self.state = IDLE
-        self.since = time.monotonic()  # start of the current state (idle / headers) or of the last progress
+        self.since = monotonic()  # start of the current state (idle / headers) or of the last progress
         self.last_read = self.since
         self._max_body = max_body
         self._max_header_size = max_header_size
@@ -143,7 +143,7 @@ class RequestReader(asyncio.Protocol):
             return
         if self._coalescer.waiting:
             self._coalescer.flush()  # answers first, then the request just read
-        self.last_read = time.monotonic()
+        self.last_read = monotonic()
         if state == IDLE:
             head = self._head
             if (head is not None and data.startswith(head)
