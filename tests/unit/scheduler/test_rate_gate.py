@@ -21,8 +21,8 @@ from inferd.supervisor.scheduler.sequence.scheduler import SequenceScheduler
 from inferd.worker.wire.errors import InferdError
 
 from .fakes import WAIT_S, HeldExecutor, Stats, until
-from .test_sequence_scheduler import CONTROLS
-from .test_sequence_scheduler import HeldExecutor as SeqExecutor
+from .sequence.test_scheduler import CONTROLS
+from .sequence.test_scheduler import HeldExecutor as SeqExecutor
 
 ONE_R = LimiterSpec((Resource("R", 1),))
 
