@@ -218,7 +218,8 @@ class Runtime:
                              message.backend, message.instance_name, message.instance_kind, message.device_id,
                              message.backend_dir)
             backend = self._create_backend(message.backend)
-            if spec.instance_kind == "GPU":  # its device is current before initialize (main thread)
+            # its device is current before initialize (main thread), unless the backend places its work itself
+            if spec.instance_kind == "GPU" and not getattr(backend, "owns_device", False):
                 from . import current_device
 
                 current_device.make_current_or_warn(spec.device_id, spec.instance_name)
@@ -249,7 +250,7 @@ class Runtime:
     def _execute_thread_start(self) -> None:
         """The CUDA device is per thread: a GPU instance's execute thread gets it too."""
         spec = self._spec
-        if spec is not None and spec.instance_kind == "GPU":
+        if spec is not None and spec.instance_kind == "GPU" and not getattr(self._backend, "owns_device", False):
             from . import current_device
 
             current_device.make_current_or_warn(spec.device_id, spec.instance_name)

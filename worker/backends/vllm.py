@@ -126,6 +126,7 @@ class VllmBackend:
     supports_auto_complete = True
     supports_decoupled = True
     checks_outputs = False  # outputs are built here exactly as the declared ones
+    owns_device = True  # KIND_GPU: the engine's processes take the instance's GPU; the worker makes no CUDA context
 
     def __init__(self) -> None:
         self._loop = ModelLoop()
@@ -163,7 +164,8 @@ class VllmBackend:
             if parallel > 1:
                 raise InferdError(ErrorCode.INVALID_ARG, "KIND_GPU is currently for single-GPU models, please "
                                   "specify KIND_MODEL in the model's config.pbtxt for multi-GPU models")
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(model.device_id)  # before vLLM sees the devices
+            # before vLLM sees the devices: its engine core processes inherit the one GPU as their device 0
+            os.environ["CUDA_VISIBLE_DEVICES"] = _visible_device(model.device_id)
         import_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.lora.request import LoRARequest
@@ -346,6 +348,18 @@ class VllmBackend:
                 error = InferdError(ErrorCode.INTERNAL, "vLLM engine shutdown failed: %s" % exc)
         self._loop.stop()
         return error
+
+
+def _visible_device(device_id: int) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of the instance's GPU: inferd numbers GPUs as CUDA does under the
+    server's CUDA_VISIBLE_DEVICES (supervisor/gpus.py), which the worker inherits."""
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    if not visible:
+        return str(device_id)
+    if device_id >= len(visible):
+        raise InferdError(ErrorCode.INVALID_ARG, "GPU %d is not among CUDA_VISIBLE_DEVICES=%s"
+                          % (device_id, ",".join(visible)))
+    return visible[device_id]
 
 
 def _cache_vllm_envs() -> None:
