@@ -3,8 +3,10 @@
 - `Channel` (main thread): Hello, then request/reply messages, on a DealerSocket (zmtp_socket.py: ZMTP
   spoken by the main thread itself, no libzmq I/O thread in between). Messages read ahead of time
   (while a model polls for cancellation) are queued and handed out first by `recv()`.
-- `Outbox`: messages produced on other threads (responses of decoupled requests); they are queued
-  and the main thread, woken through a pipe it polls beside the socket, sends them in order.
+- `Outbox`: messages produced on other threads (responses of decoupled requests). The posting thread
+  sends one itself when nothing waits before it and the socket is free (no hop to the main thread: one
+  wake-up less per response); otherwise it is queued and the main thread, woken through a pipe it polls
+  beside the socket, sends the queue in order.
 - `HeartbeatThread`: its own DealerSocket (`identity + "/hb"`); answers each Heartbeat(seq) of the
   supervisor with the same seq, sleeps in between (the supervisor sets the pace), and calls `on_lost` when
   the supervisor has been silent for `timeout_s` (0 disables that check). With a `metrics` sender
@@ -61,6 +63,9 @@ class Channel:
         self._sock = DealerSocket(endpoint, identity.encode("utf-8"))  # LinkClosed is a ProtocolError
         self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
         self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
+        # one writer at a time: the main thread, or a thread sending its Outbox message itself (reads stay
+        # the main thread's alone); reentrant: the Outbox's flush holds it around its sends
+        self.send_lock = threading.RLock()
 
     def send(self, message: Any, frames: Sequence[Any] = ()) -> None:
         """Header then data frames, as one ZeroMQ multipart message."""
@@ -69,7 +74,19 @@ class Channel:
     def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """`send` for a header already encoded (by `encode_header`). A message of small frames is joined
         into one write; one holding a frame of 64 KiB or more is written from where its frames lie."""
-        self._sock.send_multipart([header, *frames] if frames else (header,))
+        with self.send_lock:
+            self._sock.send_multipart([header, *frames] if frames else (header,))
+
+    def try_send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> bool:
+        """`send_encoded` from any thread when it can go at once; False (nothing sent) when another thread is
+        writing, the socket's buffer is full or the message holds a large frame. Raises LinkClosed."""
+        lock = self.send_lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return self._sock.try_send_multipart([header, *frames] if frames else (header,))
+        finally:
+            lock.release()
 
     def _recv(self, block: bool = True) -> Optional[tuple[Any, list[Any]]]:
         """One message: the header parsed, data frames as views of what was read (no copy)."""
@@ -128,14 +145,18 @@ class Channel:
 
 
 class Outbox:
-    """Messages for the main socket from any thread. `post` encodes and queues the message and
-    writes a wake-up byte to a pipe; the main thread polls `fileno()` beside its socket and calls
-    `flush(channel)`. Order is kept per posting thread (one FIFO). The pipe lives as long as the
-    process (a thread may still post while the worker exits)."""
+    """Messages for the main socket from any thread. `post` encodes the message and, with a `direct`
+    channel, sends it from the posting thread when the queue is empty and no other thread is writing;
+    otherwise it queues it and writes a wake-up byte to a pipe; the main thread polls `fileno()` beside its
+    socket and calls `flush(channel)`. Order is kept per posting thread (one FIFO: a message is sent
+    directly only when nothing is queued before it, and the flush holds the channel's send lock from
+    taking the queue to its last send). The pipe lives as long as the process (a thread may still post
+    while the worker exits); `stop_direct()` sends everything through the main thread from then on."""
 
-    def __init__(self) -> None:
+    def __init__(self, direct: Optional[Channel] = None) -> None:
         self._queue: collections.deque[tuple[bytes, Sequence[Any]]] = collections.deque()
         self._lock = threading.Lock()  # keeps encode+append atomic so the FIFO order is the post order
+        self._direct = direct
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
@@ -146,10 +167,22 @@ class Outbox:
     def post(self, message: Any, frames: Sequence[Any] = ()) -> None:
         self.post_encoded(encode_header(message), frames)
 
+    def stop_direct(self) -> None:
+        """Posting threads queue from now on (the main thread's last flush and goodbye come after)."""
+        with self._lock:
+            self._direct = None
+
     def post_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """`post` for a header already encoded."""
         with self._lock:
             queue = self._queue
+            direct = self._direct
+            if not queue and direct is not None:
+                try:
+                    if direct.try_send_encoded(header, frames):
+                        return
+                except ProtocolError:
+                    pass  # the link is gone: queued, the main thread meets the same error and ends the worker
             wake = not queue
             queue.append((header, frames))
         if not wake:
@@ -170,6 +203,16 @@ class Outbox:
                 pass
         except (BlockingIOError, OSError):
             pass
+        # the send lock first: no posting thread sends directly (ahead of what is taken) until the last of
+        # it is sent
+        lock = getattr(channel, "send_lock", None)
+        if lock is None:
+            self._flush(channel)
+            return
+        with lock:
+            self._flush(channel)
+
+    def _flush(self, channel: Channel) -> None:
         # taken under the lock, after the pipe is drained: a message posted from now on finds the queue
         # empty and writes a wake-up byte of its own (post_encoded's check and append are one step)
         with self._lock:

@@ -8,7 +8,9 @@ asks `request.is_cancelled()` (the main socket is read ahead; other messages sta
 Decoupled models: execute runs on one execute thread (batches in arrival order) while the main
 thread keeps the socket: it reads Cancels at once (the model may be streaming from its own threads)
 and sends what other threads posted to the Outbox (StreamResponses, then each batch's ExecuteResult,
-in the order they were posted). A request stays open from its Execute until its final response.
+in the order they were posted) when they could not send it themselves (channel.py: a posting thread
+writes its message while nothing is queued before it and the socket is free). A request stays open from
+its Execute until its final response.
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ class Runtime:
         self._results.configure(spec, bool(getattr(backend, "checks_outputs", True)))
         self._reshapes = tensors.input_reshapes(spec.config)
         if spec.decoupled:
-            self._outbox = Outbox()
+            # model threads send their responses themselves while the socket is free (a Channel's send lock)
+            self._outbox = Outbox(self._channel if isinstance(self._channel, Channel) else None)
             self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute",
                                                       initializer=self._execute_thread_start)
             self._poller = zmq.Poller()
@@ -280,6 +283,7 @@ class Runtime:
             except Exception as exc:
                 error = wire_error(exc)
         if self._outbox is not None:
+            self._outbox.stop_direct()  # posted from now on: queued (this flush sends it; Bye is the last message)
             self._outbox.flush(self._channel)
         self.release()
         self.bye_error = error

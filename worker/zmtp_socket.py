@@ -159,6 +159,25 @@ class DealerSocket:
         except OSError as exc:
             raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
 
+    def try_send_multipart(self, frames: Sequence[Any]) -> bool:
+        """`send_multipart` when it can start at once: False (nothing sent) when the kernel's buffer is full
+        or the message holds a large frame (those go by `send_multipart`). A write cut short by a buffer that
+        filled meanwhile is finished blocking (the rest of a message must follow it). Raises LinkClosed."""
+        whole, pieces = zmtp.encode(frames)
+        if pieces:
+            return False
+        sock = self._sock
+        try:
+            try:
+                sent = sock.send(whole, _DONTWAIT)
+            except BlockingIOError:
+                return False
+            if sent < len(whole):
+                sock.sendall(memoryview(whole)[sent:])
+        except OSError as exc:
+            raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
+        return True
+
     def close(self) -> None:
         self._sock.close()
 

@@ -1,14 +1,21 @@
 """worker/channel.py Outbox: messages posted from model threads reach the main thread's socket in post
-order, none is left behind, and a burst posted before the main thread flushes costs one wake-up byte."""
+order, none is left behind, and a burst posted before the main thread flushes costs one wake-up byte. With
+a real channel (Outbox(direct=channel)) a posting thread sends its message itself while nothing is queued
+before it and no other thread writes; the rest still goes through the main thread, in order."""
 
 from __future__ import annotations
 
 import os
 import select
+import socket
 import threading
 from typing import Any
 
-from inferd.worker.channel import Outbox
+import pytest
+import zmq
+from inferd.worker.channel import Channel, Outbox
+from inferd.worker.wire import zmtp
+from inferd.worker.zmtp_socket import DealerSocket
 
 
 class Sent:
@@ -75,3 +82,122 @@ def test_concurrent_posters_lose_nothing_and_keep_their_order() -> None:
         assert i == seen.get(t, -1) + 1, f"thread {t}: message {i} after {seen.get(t)}"
         seen[t] = i
     assert seen == {t: each - 1 for t in range(threads_n)}
+
+
+# ---- posting threads that send themselves (Outbox(direct=channel)) ---------------------------------------
+
+
+@pytest.fixture
+def linked(tmp_path: Any) -> Any:
+    """A real worker Channel connected to a pyzmq ROUTER (the supervisor's side), and that ROUTER."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/s.sock"
+    router.bind(endpoint)
+    channel = Channel(endpoint, "w")
+    try:
+        yield channel, router
+    finally:
+        channel.close()
+        router.close()
+        ctx.term()
+
+
+def test_posting_threads_send_themselves_in_order_and_the_main_thread_sends_the_rest(linked) -> None:
+    """Four threads post while a main thread polls the pipe and flushes: every message reaches the other end
+    once, each thread's in its order, and most of them without a wake-up of the main thread."""
+    channel, router = linked
+    outbox = Outbox(channel)
+    threads_n, each = 4, 2000
+    start = threading.Barrier(threads_n + 1)
+    done = threading.Event()
+    woken = [0]
+
+    def poster(t: int) -> None:
+        start.wait()
+        for i in range(each):
+            outbox.post_encoded(b"%d:%d" % (t, i))
+
+    def main_thread() -> None:  # as message_loop's _recv_streaming: poll the pipe, flush
+        while not done.is_set():
+            if select.select([outbox.fileno()], [], [], 0.05)[0]:
+                woken[0] += 1
+                outbox.flush(channel)
+
+    threads = [threading.Thread(target=poster, args=(t,)) for t in range(threads_n)]
+    flusher = threading.Thread(target=main_thread)
+    flusher.start()
+    for th in threads:
+        th.start()
+    start.wait()
+    seen: dict[int, int] = {}
+    try:
+        for _ in range(threads_n * each):
+            assert router.poll(10_000), f"stranded: {threads_n * each - sum(v + 1 for v in seen.values())} lost"
+            identity, header = router.recv_multipart()
+            t, i = (int(x) for x in header.split(b":"))
+            assert i == seen.get(t, -1) + 1, f"thread {t}: message {i} after {seen.get(t)}"
+            seen[t] = i
+    finally:
+        done.set()
+        flusher.join()
+        for th in threads:
+            th.join()
+    assert seen == {t: each - 1 for t in range(threads_n)}
+    assert woken[0] < threads_n * each // 2
+
+
+def test_a_post_waits_behind_the_queue_and_after_stop_direct(linked) -> None:
+    channel, router = linked
+    outbox = Outbox(channel)
+    outbox.post_encoded(b"direct")
+    assert router.recv_multipart() == [b"w", b"direct"] and _pipe_bytes(outbox) == 0
+    held, release = threading.Event(), threading.Event()
+
+    def main_thread_writing() -> None:
+        with channel.send_lock:
+            held.set()
+            release.wait(10)
+
+    writer = threading.Thread(target=main_thread_writing)
+    writer.start()
+    held.wait(10)
+    outbox.post_encoded(b"q1")  # the main thread is writing: queued (and it is woken once)
+    release.set()
+    writer.join()
+    outbox.post_encoded(b"q2")  # something is queued before it: it queues too
+    assert _pipe_bytes(outbox) == 1
+    outbox.flush(channel)
+    assert [router.recv_multipart()[1] for _ in range(2)] == [b"q1", b"q2"]
+    outbox.stop_direct()
+    outbox.post_encoded(b"last")
+    assert _pipe_bytes(outbox) == 1 and not router.poll(50)
+    outbox.flush(channel)
+    assert router.recv_multipart()[1] == b"last"
+
+
+def test_try_send_sends_nothing_into_a_full_buffer() -> None:
+    """DealerSocket.try_send_multipart: False, nothing written, while the peer reads nothing; True again once
+    it has read (the stream stays whole: the peer then reads whole frames)."""
+    a, b = socket.socketpair()
+    sock = DealerSocket.__new__(DealerSocket)  # (no handshake: only the sending half is used)
+    sock._sock = a
+    try:
+        sent = 0
+        while sock.try_send_multipart([b"x" * 1000]):
+            sent += 1
+            assert sent < 100_000, "the buffer never filled"
+        b.setblocking(False)
+        got = b""
+        try:
+            while True:
+                got += b.recv(1 << 20)
+        except BlockingIOError:
+            pass
+        assert got == zmtp.encode([b"x" * 1000])[0] * sent
+        assert sock.try_send_multipart([b"y"])
+        assert sock.try_send_multipart([b"z" * (1 << 17)]) is False  # a large frame: sent by send_multipart
+    finally:
+        a.close()
+        b.close()
