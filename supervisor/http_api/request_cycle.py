@@ -90,10 +90,9 @@ class RequestCycle:
     def __call__(self, future: asyncio.Future[Any]) -> None:
         """The Deferred's future is done: build the response and write it."""
         conn = self.conn
-        if conn._cycle is not self or conn.closed:
-            return  # abandoned (the connection failed or closed)
         deferred = self.deferred
-        assert deferred is not None
+        if deferred is None or conn._cycle is not self or conn.closed:
+            return  # abandoned (the connection failed or closed), or already answered
         self.deferred = None
         if future.cancelled():
             res = _CANCELLED
