@@ -16,16 +16,18 @@ model sees nothing it did not ask for; a model without `text_input` cannot serve
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from inferd.supervisor.core.model_handle import ModelHandle
-from inferd.supervisor.inference.tensors import json_to_raw
+from inferd.supervisor.inference.tensors import ARRAY_CODES, json_to_raw, pack_plain
 from inferd.supervisor.inference.types import InferRequest, Tensor
 
-from .errors import bad_request
+from .errors import OpenAIError, bad_request
 
+_LEN = struct.Struct("<I")  # a BYTES element's length prefix
 VLLM = "vllm"
 TRTLLM = "tensorrtllm"
 ECHO_INPUTS = ("exclude_input_in_output", "sampling_param_exclude_input_from_output")
@@ -67,6 +69,9 @@ class ModelInputs:
     convention: str
     echo_input: str | None = None
     text_outputs: tuple[str, ...] = field(default=())
+    # name -> (datatype, shape) of that input holding one value, when it packs by `_pack_one` (None: it does
+    # not); filled as inputs are first built: a request's few scalar tensors then cost a dict look-up each
+    _one: dict[str, tuple[str, list[int]] | None] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(cls, config: dict[str, Any], forced: str = "") -> ModelInputs:
@@ -81,11 +86,50 @@ class ModelInputs:
     def tensor(self, name: str, values: list[Any]) -> Tensor:
         """Input `name` holding `values`, shaped by the config's dims (a batch of 1 for a batching model,
         the variable dims sized to fit) and packed in its declared datatype."""
-        spec = self.specs[name]
-        datatype = str(spec.get("data_type", "")).removeprefix("TYPE_")
-        datatype = "BYTES" if datatype == "STRING" else datatype
-        shape = _shape(name, [int(d) for d in spec.get("dims") or []], self.batched, len(values))
+        if len(values) == 1:  # the usual case (a prompt, a flag, a number): the same tensor, packed directly
+            one = self._one.get(name, _UNSET)
+            if one is _UNSET:
+                one = self._one[name] = self._single(name)
+            if one is not None:
+                raw = _pack_one(one[0], values[0])
+                if raw is not None:
+                    return Tensor(name, one[0], list(one[1]), raw)
+        datatype = self._datatype(name)
+        shape = _shape(name, [int(d) for d in self.specs[name].get("dims") or []], self.batched, len(values))
         return Tensor(name, datatype, shape, json_to_raw(datatype, shape, values, name))
+
+    def _datatype(self, name: str) -> str:
+        datatype = str(self.specs[name].get("data_type", "")).removeprefix("TYPE_")
+        return "BYTES" if datatype == "STRING" else datatype
+
+    def _single(self, name: str) -> tuple[str, list[int]] | None:
+        datatype = self._datatype(name)
+        if datatype not in _ONE_PACKED:
+            return None
+        try:
+            return datatype, _shape(name, [int(d) for d in self.specs[name].get("dims") or []], self.batched, 1)
+        except (OpenAIError, TypeError, ValueError):
+            return None  # the general path raises it, as before
+
+
+_UNSET: Any = object()
+_ONE_PACKED = frozenset(("BYTES", "BOOL", *ARRAY_CODES))
+
+
+def _pack_one(datatype: str, value: Any) -> bytes | None:
+    """One value in `json_to_raw`'s bytes, for the plain cases (a str, a bool, an in-range number); None for
+    anything else, which json_to_raw then packs or refuses as before."""
+    if datatype == "BYTES":
+        if type(value) is not str:
+            return None
+        try:
+            data = value.encode("utf-8")
+        except UnicodeError:
+            return None
+        return _LEN.pack(len(data)) + data
+    if datatype == "BOOL":
+        return (b"\x01" if value else b"\x00") if type(value) is bool else None
+    return pack_plain(ARRAY_CODES[datatype], [value])
 
 
 def _shape(name: str, dims: list[int], batched: bool, count: int) -> list[int]:
