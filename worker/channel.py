@@ -90,7 +90,7 @@ class Channel:
 
     def _recv(self, block: bool = True) -> Optional[tuple[Any, list[Any]]]:
         """One message: the header parsed, data frames as views of what was read (no copy)."""
-        parts = self._sock.recv_multipart(block)
+        parts = self._sock.recv_multipart(block) if block else self._sock.recv_ready()
         if parts is None:
             return None
         return decode_header(bytes(parts[0]), header_loads), parts[1:]

@@ -18,13 +18,12 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import select
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
-
-import zmq
 
 from . import backends, columns, log_levels, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext, requests_by_columns
@@ -110,7 +109,7 @@ class Runtime:
         # decoupled models only (set at load): see the module docstring
         self._outbox: Optional[Outbox] = None
         self._execute_thread: Optional[ThreadPoolExecutor] = None
-        self._poller: Optional[zmq.Poller] = None
+        self._poller: Optional[Any] = None  # select.poll of the socket and the Outbox's pipe
         self._open: set[int] = set()  # decoupled requests that have not ended
         self._open_lock = threading.Lock()
         self._open_readiness = readiness
@@ -146,15 +145,19 @@ class Runtime:
                 self._channel.poll_next(poll_us)  # answered: the next request is expected soon
 
     def _recv_streaming(self) -> tuple[Any, Sequence[Any]]:
-        """Next message, sending what the Outbox holds meanwhile (decoupled models)."""
+        """Next message, sending what the Outbox holds meanwhile (decoupled models). The Outbox is flushed
+        when its pipe says something was queued (a message queued while one waits has its wake-up byte
+        pending: channel.py), so a wake-up for a message from the supervisor goes straight to reading it."""
         outbox, channel, poller = self._outbox, self._channel, self._poller
         assert outbox is not None and poller is not None
+        pipe = outbox.fileno()
         while True:
-            outbox.flush(channel)
             got = channel.recv_nowait()
             if got is not None:
                 return got
-            poller.poll()  # the socket, or a wake-up from a thread that posted
+            for fd, _ in poller.poll():  # the socket, or a wake-up from a thread that posted
+                if fd == pipe:
+                    outbox.flush(channel)
 
     def is_cancelled(self, request_id: int) -> bool:
         """Cancellation probe for backends; on the main thread it first reads pending Cancels."""
@@ -238,9 +241,9 @@ class Runtime:
             self._outbox = Outbox(self._channel if isinstance(self._channel, Channel) else None)
             self._execute_thread = ThreadPoolExecutor(1, thread_name_prefix="inferd-execute",
                                                       initializer=self._execute_thread_start)
-            self._poller = zmq.Poller()
-            self._poller.register(self._channel.fileno(), zmq.POLLIN)
-            self._poller.register(self._outbox.fileno(), zmq.POLLIN)
+            self._poller = select.poll()  # (POLLHUP and POLLERR end a wait too: the read then tells)
+            self._poller.register(self._channel.fileno(), select.POLLIN)
+            self._poller.register(self._outbox.fileno(), select.POLLIN)
         if self._owns_process:
             settle_heap()
         # is_ready() defined: its socket opens before the load is answered (the supervisor may probe at once)

@@ -131,6 +131,38 @@ class DealerSocket:
             self._read(True)
         return messages.popleft()
 
+    def recv_ready(self) -> Optional[list[memoryview]]:
+        """`recv_multipart(False)` with recv_one's one-pass split of a read that holds whole messages (a
+        decoupled model's main thread reads this way after each wake-up); None when nothing whole waits."""
+        messages = self._messages
+        if messages:
+            return messages.popleft()
+        if not self._steady:
+            return self.recv_multipart(False)
+        buf = self._spare
+        if buf is None:
+            buf = self._spare = bytearray(_READ_SIZE)
+        try:
+            n = self._sock.recv_into(buf, 0, _DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise LinkClosed("reading from the supervisor failed: %s" % (exc or type(exc).__name__)) from None
+        if not n:
+            raise LinkClosed("the supervisor closed the connection")
+        if n <= _COPY_MAX:
+            view = memoryview(buf[:n])  # bytearray slice: a copy of its own (see _read)
+            got = _whole_messages(view, n, self._max_frame)
+            if got is not None:
+                if len(got) > 1:
+                    messages.extend(got[1:])
+                return got[0]
+            self._feed(view)
+        else:
+            view, self._spare = memoryview(buf)[:n], None
+            self._feed(view)
+        return messages.popleft() if messages else self.recv_multipart(False)  # (the rest may be waiting)
+
     def poll_next(self, us: int) -> None:
         """The next `recv_one` tries to read for up to `us` µs, yielding the CPU between tries, before it
         sleeps (the supervisor asked: it polls too, and the next request is expected within that time)."""

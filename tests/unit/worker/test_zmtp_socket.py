@@ -241,6 +241,61 @@ def test_recv_one_splits_whole_reads_and_leaves_the_rest_to_the_reader(tmp_path)
     listener.close()
 
 
+def test_recv_ready_takes_whole_messages_without_waiting(tmp_path):
+    """A decoupled model's main loop reads with recv_ready after each wake-up: None while nothing whole has
+    come (a message cut by a read's end waits in the reader), whole reads split in one pass, several
+    messages of one read handed out one by one."""
+    from inferd.worker.wire import zmtp
+
+    path = str(tmp_path / "peer.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    accepted: list = []
+
+    def accept() -> None:
+        conn, _ = listener.accept()
+        conn.sendall(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+        accepted.append(conn)
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    dealer = DealerSocket("ipc://" + path, b"w", 1 << 16)
+    thread.join(10)
+    (peer,) = accepted
+    peer.settimeout(10)
+    peer.recv(4096)
+
+    def message(*frames: bytes) -> bytes:
+        return zmtp.encode(list(frames))[0]
+
+    def ready() -> list | None:
+        select.select([dealer.fileno()], [], [], 10)
+        got = dealer.recv_ready()
+        return None if got is None else [bytes(f) for f in got]
+
+    assert dealer.recv_ready() is None  # nothing sent
+    one = message(b"h" * 300, b"d" * 7)
+    peer.sendall(one)
+    assert ready() == [b"h" * 300, b"d" * 7] and dealer._steady
+    peer.sendall(one[:9])
+    assert ready() is None  # a part: kept by the reader
+    peer.sendall(one[9:])
+    assert ready() == [b"h" * 300, b"d" * 7] and dealer._steady
+    peer.sendall(message(b"a") + message(b"b", b"c"))
+    assert ready() == [b"a"]
+    assert dealer.recv_ready() is not None and dealer.recv_ready() is None
+    peer.sendall(zmtp.command(b"PING", b"\x00\x01ctx") + message(b"after ping"))
+    assert ready() == [b"after ping"]
+    assert b"PONG" in peer.recv(4096)
+    peer.close()
+    with pytest.raises(LinkClosed):
+        while ready() is None:
+            pass
+    dealer.close()
+    listener.close()
+
+
 def _voluntary_switches(tid: int) -> int:
     with open("/proc/self/task/%d/status" % tid) as status:
         for line in status:
