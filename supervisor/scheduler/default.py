@@ -21,12 +21,11 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..inference.types import InferRequest, InferResponse
-from . import dispatch, outcomes
+from . import outcomes, shared
 from .base import Executor
-from .lifecycle import QueueLifecycle
-from .pending import QueuedRequest, queued
 from .queue import WorkQueue
 from .rate_gate import RateGate
+from .shared import QueuedRequest, QueueLifecycle, queued
 
 log = logging.getLogger("inferd.scheduler")
 
@@ -96,7 +95,7 @@ class DefaultScheduler(QueueLifecycle):
         item = queued(self, request, loop)
         # idle is set only while nothing is queued or running (_check_idle): with either, it is clear already
         idle = not waiting and not self._running
-        executor = (dispatch.least_busy(self._free, self._held, self.depth, self._next)
+        executor = (shared.least_busy(self._free, self._held, self.depth, self._next)
                     if not waiting and self._started else None)
         if executor is None:
             if 0 < self._max_queue <= len(waiting):  # (WorkQueue.full, inline)
@@ -149,7 +148,7 @@ class DefaultScheduler(QueueLifecycle):
         while waiting:
             executor = gate.take() if gate is not None else None
             if executor is None:
-                executor = dispatch.least_busy(self._free, self._held, self.depth, self._next)
+                executor = shared.least_busy(self._free, self._held, self.depth, self._next)
             if executor is None:
                 if gate is not None:
                     gate.stage(self._held)
@@ -191,7 +190,7 @@ class DefaultScheduler(QueueLifecycle):
             self._next = (executors.index(executor) + 1) % len(executors)
         done = functools.partial(self._finished, executor, batch, time.monotonic_ns())
         requests = [batch[0].request] if len(batch) == 1 else [p.request for p in batch]
-        self._running.add(dispatch.launch(executor, requests, done, eager=True))
+        self._running.add(shared.launch(executor, requests, done, eager=True))
 
     def _items(self, request: InferRequest) -> int:
         if self.batched and request.inputs and request.inputs[0].shape:

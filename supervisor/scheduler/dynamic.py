@@ -25,16 +25,15 @@ from typing import Any
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from ..inference.types import InferRequest, InferResponse
-from . import dispatch, outcomes
+from . import outcomes, shared
 from .base import Executor
 from .batching import BatchRules, form_batch
 from .default import StatsSink
-from .lifecycle import QueueLifecycle
 from .outcomes import settle
-from .pending import QueuedRequest
 from .policy import REJECT, PriorityPolicy
 from .queue import PriorityQueue
 from .rate_gate import RateGate
+from .shared import QueuedRequest, QueueLifecycle
 
 log = logging.getLogger("inferd.scheduler")
 
@@ -235,7 +234,7 @@ class DynamicBatcher(QueueLifecycle):
         while len(queue) and self._started:
             executor = gate.take() if gate is not None else None
             if executor is None:
-                executor = dispatch.least_busy(self._free, self._held, self.depth, self._next)
+                executor = shared.least_busy(self._free, self._held, self.depth, self._next)
             if executor is None:
                 if gate is not None:
                     self._stage(gate)
@@ -276,7 +275,7 @@ class DynamicBatcher(QueueLifecycle):
             self._order.extend(batch)
         launched = _Launched(self, executor)
         done = functools.partial(self._finished, launched, batch, time.monotonic_ns())
-        self._running.add(dispatch.launch(executor, [p.request for p in batch], done, launched.free,
+        self._running.add(shared.launch(executor, [p.request for p in batch], done, launched.free,
                                           eager=True))  # _finished runs as the answer is read
 
     def _freed(self, launched: _Launched) -> None:

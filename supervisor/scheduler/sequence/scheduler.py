@@ -33,8 +33,8 @@ from inferd.worker.wire.errors import ErrorCode, InferdError, invalid_arg
 
 from ...inference.types import SEQUENCE_END, SEQUENCE_START, InferRequest, InferResponse
 from ..base import Executor
-from ..lifecycle import QueueLifecycle
 from ..rate_gate import RateGate
+from ..shared import QueueLifecycle
 from . import state
 from .lanes import Lane, SeqItem, Sequence, parse_policy
 from .requests import WorkerRequests
