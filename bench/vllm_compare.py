@@ -311,6 +311,14 @@ def table(summary: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------- main
 
+def cpu_pressure() -> str:
+    """/proc/pressure/cpu's first line: the share of time some task waited for a CPU (a saturated host)."""
+    try:
+        return Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 async def measure(args: argparse.Namespace, vllm_port: int, vllm: Proc, inferd: Inferd) -> list[dict]:
     points = []
     for rnd in range(args.rounds):
@@ -341,6 +349,7 @@ def main() -> int:
     ap.add_argument("--requests-c1", type=int, default=8, help="requests at c = 1")
     ap.add_argument("--json", type=Path, help="also write the points and summary here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (model, logs)")
+    ap.add_argument("--commit", help="the commit to record (run from a copy of the tree without .git)")
     args = ap.parse_args()
     try:
         import uvloop
@@ -353,7 +362,7 @@ def main() -> int:
     model = work / "tiny"
     vllm_support.make_tiny_llama(python, model)
     (vllm_port,) = free_ports(1)
-    load0 = loadavg()
+    load0, psi0 = loadavg(), cpu_pressure()
     servers: list[Proc] = []
     try:  # one engine starts at a time (each takes the CPUs for ~30 s)
         vllm = start_vllm(python, model, vllm_port, work)
@@ -370,7 +379,9 @@ def main() -> int:
             server.stop()
     summary = summarize(points, args.conc, args.targets)
     print(table(summary))
-    result = {"commit": git_commit(), "machine": machine(), "load_before": load0, "load_after": loadavg(),
+    print(f"load average {load0} -> {loadavg()}; cpu pressure {psi0} -> {cpu_pressure()}")
+    result = {"commit": args.commit or git_commit(), "machine": machine(), "load_before": load0,
+              "load_after": loadavg(), "cpu_pressure_before": psi0, "cpu_pressure_after": cpu_pressure(),
               "args": {k: v for k, v in vars(args).items() if k != "json"}, "points": points, "summary": summary}
     result["args"]["env"] = str(args.env)
     if args.json:

@@ -52,6 +52,7 @@ def llm(env, module_server_factory, tmp_path_factory, harness) -> dict:
     vllm_support.make_tiny_llama(python, folder / "tiny")  # beside the version: model.json names it relatively
     (folder / "1" / "model.json").write_text(json.dumps({"model": "tiny", **vllm_support.ENGINE_ARGS}))
     params = ('parameters { key: "REPORT_CUSTOM_METRICS" value: { string_value: "true" } }\n'
+              'parameters { key: "ENABLE_VLLM_HEALTH_CHECK" value: { string_value: "true" } }\n'
               'parameters { key: "tokenizer" value: { string_value: "tiny" } }\n')  # (the OpenAI frontend's)
     if env_path:
         params += 'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "%s" } }\n' % env_path
@@ -96,6 +97,18 @@ def test_openai_completions_stream_the_same_text(llm) -> None:
     assert whole.choices[0].text == llm["expected"][2] and 0 < whole.usage.completion_tokens <= 16
     chunks = client.completions.create(model="llm", prompt=PROMPTS[2], temperature=0, max_tokens=16, stream=True)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == llm["expected"][2]
+
+
+def test_generate_stream_streams_the_offline_text(llm) -> None:
+    status, raw = llm["server"].post("/v2/models/llm/generate_stream", json.dumps(
+        {"text_input": PROMPTS[0], "stream": True, "exclude_input_in_output": True,
+         "sampling_parameters": json.dumps(GREEDY), "return_num_output_tokens": True}).encode(), timeout=120)
+    assert status == 200, raw[:500]
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+    assert all("error" not in e for e in events), events
+    assert "".join(e.get("text_output", "") for e in events) == llm["expected"][0]
+    counts = [e.get("num_output_tokens", 0) for e in events]
+    assert sum(sum(c) if isinstance(c, list) else c for c in counts) == GREEDY["max_tokens"] and len(events) > 2
 
 
 def _stream(server, prompt: str, sampling: dict, n: int = 1) -> list[list]:
@@ -211,6 +224,11 @@ def test_engine_death_makes_the_model_not_ready_and_the_instance_restarts(llm) -
     assert cores, "vLLM's engine core runs as a child of the worker"
     for core in cores:
         core.kill()
+    psutil.wait_procs(cores, timeout=30)
+    # a request now fails cleanly (ENABLE_VLLM_HEALTH_CHECK: the engine's check, or the dead engine, or a model
+    # already not ready), it does not hang
+    status, out = _generate(server, {"text_input": PROMPTS[0], "sampling_parameters": json.dumps(GREEDY)})
+    assert status != 200 and any(w in out["error"].lower() for w in ("engine", "not ready", "unavailable")), out
     server.wait_until(lambda: not server.model_ready("llm"), 60, "the model not ready after its engine died")
     server.wait_until(lambda: server.worker_pids("llm") and server.worker_pids("llm") != [worker], 120,
                       "the instance restarted")
