@@ -4,9 +4,10 @@
   spoken by the main thread itself, no libzmq I/O thread in between). Messages read ahead of time
   (while a model polls for cancellation) are queued and handed out first by `recv()`.
 - `Outbox`: messages produced on other threads (responses of decoupled requests). The posting thread
-  sends one itself when nothing waits before it and the socket is free (no hop to the main thread: one
-  wake-up less per response); otherwise it is queued and the main thread, woken through a pipe it polls
-  beside the socket, sends the queue in order.
+  sends one itself when nothing waits before it, the socket is free and the previous post was a while
+  ago (a response that would wait for the main thread's wake-up: one hop less); otherwise (a burst of
+  tokens) it is queued and the main thread, woken through a pipe it polls beside the socket, sends the
+  queue in order.
 - `HeartbeatThread`: its own DealerSocket (`identity + "/hb"`); answers each Heartbeat(seq) of the
   supervisor with the same seq, sleeps in between (the supervisor sets the pace), and calls `on_lost` when
   the supervisor has been silent for `timeout_s` (0 disables that check). With a `metrics` sender
@@ -144,19 +145,29 @@ class Channel:
         self._sock.close()  # sends block until written: nothing is left to linger for
 
 
+# A post this soon after the previous one is queued even when it could go at once: in a burst (a model
+# streaming tokens at no cost, many streams at once) the main thread's flush sends the queue with one wake-up,
+# which costs less CPU per response than a send from each posting thread; a lone response goes at once.
+DIRECT_GAP_NS = 200_000
+_monotonic_ns = time.monotonic_ns
+
+
 class Outbox:
     """Messages for the main socket from any thread. `post` encodes the message and, with a `direct`
-    channel, sends it from the posting thread when the queue is empty and no other thread is writing;
-    otherwise it queues it and writes a wake-up byte to a pipe; the main thread polls `fileno()` beside its
-    socket and calls `flush(channel)`. Order is kept per posting thread (one FIFO: a message is sent
-    directly only when nothing is queued before it, and the flush holds the channel's send lock from
-    taking the queue to its last send). The pipe lives as long as the process (a thread may still post
-    while the worker exits); `stop_direct()` sends everything through the main thread from then on."""
+    channel, sends it from the posting thread when the queue is empty, no other thread is writing and the
+    previous post is `direct_gap_ns` old or more; otherwise it queues it and writes a wake-up byte to a
+    pipe; the main thread polls `fileno()` beside its socket and calls `flush(channel)`. Order is kept per
+    posting thread (one FIFO: a message is sent directly only when nothing is queued before it, and the
+    flush holds the channel's send lock from taking the queue to its last send). The pipe lives as long as
+    the process (a thread may still post while the worker exits); `stop_direct()` sends everything through
+    the main thread from then on."""
 
-    def __init__(self, direct: Optional[Channel] = None) -> None:
+    def __init__(self, direct: Optional[Channel] = None, direct_gap_ns: int = DIRECT_GAP_NS) -> None:
         self._queue: collections.deque[tuple[bytes, Sequence[Any]]] = collections.deque()
         self._lock = threading.Lock()  # keeps encode+append atomic so the FIFO order is the post order
         self._direct = direct
+        self._direct_gap_ns = direct_gap_ns
+        self._last_post_ns = 0
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
@@ -174,10 +185,13 @@ class Outbox:
 
     def post_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """`post` for a header already encoded."""
+        now = _monotonic_ns()
         with self._lock:
             queue = self._queue
             direct = self._direct
-            if not queue and direct is not None:
+            spaced = now - self._last_post_ns >= self._direct_gap_ns
+            self._last_post_ns = now
+            if not queue and direct is not None and spaced:
                 try:
                     if direct.try_send_encoded(header, frames):
                         return

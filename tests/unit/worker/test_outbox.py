@@ -85,6 +85,7 @@ def test_concurrent_posters_lose_nothing_and_keep_their_order() -> None:
 
 
 # ---- posting threads that send themselves (Outbox(direct=channel)) ---------------------------------------
+# (direct_gap_ns=0: every post may go directly; the default gap is tested last)
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def test_posting_threads_send_themselves_in_order_and_the_main_thread_sends_the_
     """Four threads post while a main thread polls the pipe and flushes: every message reaches the other end
     once, each thread's in its order, and most of them without a wake-up of the main thread."""
     channel, router = linked
-    outbox = Outbox(channel)
+    outbox = Outbox(channel, direct_gap_ns=0)
     threads_n, each = 4, 2000
     start = threading.Barrier(threads_n + 1)
     done = threading.Event()
@@ -150,7 +151,7 @@ def test_posting_threads_send_themselves_in_order_and_the_main_thread_sends_the_
 
 def test_a_post_waits_behind_the_queue_and_after_stop_direct(linked) -> None:
     channel, router = linked
-    outbox = Outbox(channel)
+    outbox = Outbox(channel, direct_gap_ns=0)
     outbox.post_encoded(b"direct")
     assert router.recv_multipart() == [b"w", b"direct"] and _pipe_bytes(outbox) == 0
     held, release = threading.Event(), threading.Event()
@@ -201,3 +202,21 @@ def test_try_send_sends_nothing_into_a_full_buffer() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_post_soon_after_the_previous_one_is_queued(linked) -> None:
+    """A burst (posts within direct_gap_ns of each other) goes through the main thread's flush; a post after
+    a pause goes at once."""
+    channel, router = linked
+    outbox = Outbox(channel, direct_gap_ns=10**9)  # (a second: no post of this test is spaced by chance)
+    outbox._last_post_ns = 0  # the first post follows a long pause
+    outbox.post_encoded(b"first")
+    assert router.recv_multipart()[1] == b"first" and _pipe_bytes(outbox) == 0
+    outbox.post_encoded(b"burst 1")
+    outbox.post_encoded(b"burst 2")
+    assert _pipe_bytes(outbox) == 1 and not router.poll(50)
+    outbox.flush(channel)
+    assert [router.recv_multipart()[1] for _ in range(2)] == [b"burst 1", b"burst 2"]
+    outbox._last_post_ns -= 10**9  # a pause
+    outbox.post_encoded(b"after a pause")
+    assert router.recv_multipart()[1] == b"after a pause" and _pipe_bytes(outbox) == 0
