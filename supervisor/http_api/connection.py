@@ -151,9 +151,8 @@ class HttpConnection(RequestReader):
         """Run `item` in a cycle of its own; then, while answers are written at once, the requests queued
         behind it (a loop: a long pipeline does not recurse)."""
         while True:
-            cycle = _new_cycle(RequestCycle)  # (its fields set here: a frame less per request)
+            cycle = _new_cycle(RequestCycle)  # (its fields set here and in start: a frame less per request)
             cycle.conn = self
-            cycle.deferred = cycle.task = None
             self._cycle = cycle
             if type(item) is Refused:
                 cycle.req = item.req

@@ -54,9 +54,10 @@ class Connection(Protocol):
 
 
 class RequestCycle:
-    """One request run and answered. Made by HttpConnection._dispatch, which sets every field (no __init__:
-    a frame less per request); the connection holds the running one as `_cycle`, and a cycle whose
-    connection no longer holds it was abandoned (a protocol error, or the client went away)."""
+    """One request run and answered. Made by HttpConnection._dispatch, which sets `conn` and `req` (no
+    __init__: a frame less per request; `start` sets the rest); the connection holds the running one as
+    `_cycle`, and a cycle whose connection no longer holds it was abandoned (a protocol error, or the
+    client went away)."""
 
     __slots__ = ("conn", "req", "deferred", "task")
 
@@ -77,13 +78,17 @@ class RequestCycle:
             result = _INTERNAL
         if isinstance(result, Response):
             return self.respond(result)
+        # what the cycle waits on, set once the answer is not at hand: until then nothing can cancel it (the
+        # handler ran synchronously), and an answer at hand sets neither
         if isinstance(result, Deferred):
             self.deferred = result
+            self.task = None
             future = result.future
             future.add_done_callback(self)  # (the cycle is the callback: `__call__`)
             if hasattr(future, "eager"):  # a scheduler's request: answered, it runs the callback at once
                 future.eager = self
         else:
+            self.deferred = None
             self.task = conn._loop.create_task(self._run(result))
         return False
 
