@@ -99,7 +99,7 @@ def decode_header(raw: Any, loads: Optional[Callable[[Any], Any]] = None) -> Any
             message = fast(header)
             if message is not None:
                 return message
-            if cls is ExecuteResult or cls is Execute:  # their fast decoders may have changed `header`
+            if cls is ExecuteResult or cls is Execute or cls is StreamResponse:  # `header` may have changed
                 header = (loads or _loads)(raw)
                 del header["t"]
         return _build(cls, header)
@@ -210,6 +210,7 @@ _RESPONSE_KEYS = frozenset(_field_names(ResponseItem))
 _PLAIN_ITEM_KEYS = frozenset(("request_id", "outputs"))  # a ResponseItem without error and parameters
 _FRAME_REF_KEYS = frozenset(("name", "datatype", "shape", "frame", "offset", "nbytes"))  # an output in a frame
 _ERROR_KEYS = frozenset(_field_names(WireError))
+_STREAM_KEYS = frozenset(_field_names(StreamResponse))
 _COLUMNS_RESULT_KEYS = frozenset(_field_names(ExecuteResultColumns))
 _COLUMNS_RESULT_REQUIRED = _required(ExecuteResultColumns)
 _COLUMN_KEYS = frozenset(_field_names(TensorColumn))
@@ -304,6 +305,34 @@ def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
     return message
 
 
+def _stream_response_fast(header: dict[str, Any]) -> Optional[StreamResponse]:
+    """A StreamResponse as the worker writes one (`stream_response_header`: every field), built in one pass as
+    `_execute_result_fast` builds its items (the supervisor reads one per streamed response): None may leave
+    `header` half changed, and `decode_header` parses the frame again for `_build`."""
+    if header.keys() != _STREAM_KEYS:
+        return None
+    item = header["response"]
+    if item is not None:
+        if type(item) is not dict:
+            return None
+        if item.keys() == _PLAIN_ITEM_KEYS:  # no error, no parameters: a token
+            refs = item["outputs"]
+            if type(refs) is not list:
+                return None
+            item["parameters"] = {}
+        elif not _response_fields(item):
+            return None
+        else:
+            refs = item["outputs"]
+        if not _tensor_refs(refs):
+            return None
+        response = header["response"] = _new(ResponseItem)
+        response.__dict__ = item
+    message = _new(StreamResponse)
+    message.__dict__ = header
+    return message
+
+
 def _response_fields(item: dict[str, Any]) -> bool:
     """An ExecuteResult's item other than request_id + outputs checked, its error built and its defaults
     filled in (outputs [], parameters {}); False for anything `_build` should judge."""
@@ -390,4 +419,5 @@ _FAST_DECODERS: dict[type[Any], Callable[[dict[str, Any]], Any]] = {
     ExecuteColumns: _execute_columns_fast,
     ExecuteResult: _execute_result_fast,
     ExecuteResultColumns: _execute_result_columns_fast,
+    StreamResponse: _stream_response_fast,
 }

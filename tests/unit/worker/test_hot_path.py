@@ -13,6 +13,7 @@ import json
 import time
 
 import numpy as np
+import orjson
 import pytest
 import zmq
 from inferd.worker.channel import Channel, header_loads
@@ -238,6 +239,46 @@ def test_execute_result_unusual_headers_match_generic(path, value):
         assert got_message == expected and repr(got_message) == repr(expected)
         assert all(type(item) is m.ResponseItem and all(type(ref) is m.TensorRef for ref in item.outputs)
                    for item in got_message.responses)
+
+
+def stream_response_json() -> dict:
+    """A StreamResponse as the worker writes one for a token: an item of request_id + outputs, frame outputs."""
+    return json.loads(m.stream_response_header(3, False, m.response_item_json(
+        3, [m.output_ref_json("text_output", "BYTES", (1, 1), 0, 0, 9)])))
+
+
+@pytest.mark.parametrize("path,value", [
+    ((), None),  # as written
+    (("final",), True),
+    (("final",), KeyError),  # a field left out: not the fast decoder's shape
+    (("response",), None),  # a flag-only final
+    (("response",), 5),
+    (("response",), [1]),
+    (("response", "outputs"), KeyError),
+    (("response", "outputs"), "nope"),
+    (("response", "request_id"), KeyError),
+    (("response", "parameters"), {"k": 1}),
+    (("response", "error"), {"code": 3, "message": "x"}),
+    (("response", "error"), {"code": 3}),
+    (("response", "extra"), 1),
+    (("response", "outputs"), [{**FRAME_REF, "loc": "shm", "region": "r"}]),
+    (("response", "outputs"), [{"name": "X", "datatype": "FP32", "shape": [1]}]),
+    (("response", "outputs"), [{k: v for k, v in FRAME_REF.items() if k != "name"}]),
+    (("response", "outputs"), [["not", "an", "object"]]),
+    (("request_id",), KeyError),
+    (("extra",), 1),
+])
+def test_stream_response_headers_match_generic(path, value):
+    doc = stream_response_json()
+    raw = broken(doc, path, value) if path else json.dumps(doc).encode()
+    expected = generic_or_refused(raw)
+    if expected is not None:
+        for loads in (None, orjson.loads):  # the worker's json reading, the supervisor's orjson
+            got_message = m.decode([raw], loads)[0]
+            assert got_message == expected and repr(got_message) == repr(expected)
+            item = got_message.response
+            assert item is None or (type(item) is m.ResponseItem and all(type(ref) is m.TensorRef
+                                                                         for ref in item.outputs))
 
 
 @pytest.mark.parametrize("raw", [
