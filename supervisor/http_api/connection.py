@@ -19,14 +19,12 @@ from collections import deque
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .messages import Request, Response
+from .messages import CONTINUE, Request, Response, error_bytes
 from .request_cycle import RequestCycle
 from .request_reader import BODY, DRAIN, HEADERS, IDLE, RequestReader
-from .response_bytes import CONTINUE, error_bytes
 
 if TYPE_CHECKING:
-    from .coalesce import Coalescer
-    from .messages import Handler
+    from .messages import Coalescer, Handler
 
 __all__ = ["ConnectionHost", "HttpConnection", "KeepCaseConnection"]
 

@@ -5,7 +5,7 @@ for, the response written, and its cancellation when the connection fails or goe
 The handler returns a Response (written at once: health, metadata), a Deferred (the usual inference: its
 future's done-callback is the cycle itself, no task per request), or an awaitable (run in a task). A
 Response whose `chunks` is set (generate_stream, OpenAI streams) is written chunked as it is produced, in
-that task. A small answer goes through the coalescer (coalesce.py); a large one is written buffer by
+that task. A small answer goes through the coalescer (messages.py); a large one is written buffer by
 buffer; an answer waits while the client does not read (back-pressure). The connection (connection.py)
 starts one cycle at a time and the next once this one's answer is written (`respond` -> `_next`).
 """
@@ -17,14 +17,12 @@ import logging
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .messages import Deferred, Request, Response
-from .response_bytes import chunked_head, json_ok, response_head
+from .messages import Deferred, Request, Response, chunked_head, json_ok, response_head
 
 if TYPE_CHECKING:
     from collections import deque
 
-    from .coalesce import Coalescer
-    from .messages import Handler
+    from .messages import Coalescer, Handler
 
 log = logging.getLogger("inferd.http")
 

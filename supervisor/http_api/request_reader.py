@@ -36,7 +36,7 @@ from .messages import Request
 if TYPE_CHECKING:
     from collections import deque
 
-    from .coalesce import Coalescer
+    from .messages import Coalescer
 
 log = logging.getLogger("inferd.http")
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from .coalesce import Coalescer
 from .connection import HttpConnection, KeepCaseConnection
-from .messages import Handler, HandlerResult, Request, Response
+from .messages import Coalescer, Handler, HandlerResult, Request, Response
 
 __all__ = ["Handler", "HandlerResult", "HttpServer", "Request", "Response", "start_http_server"]
 
