@@ -120,8 +120,8 @@ class RequestCycle:
                     conn._dispatch(conn._queue.popleft())
                 return
         except asyncio.CancelledError:
-            if conn.closed:
-                return
+            if conn.closed or conn._cycle is not self:
+                return  # the connection failed (its error answer is written) or went away: nothing to answer
             res = _CANCELLED
         except Exception:
             log.exception("HTTP handler failed")
