@@ -13,6 +13,8 @@ fills them (auto-complete) is checked again after that (normalize runs before an
 
 from __future__ import annotations
 
+from typing import Any
+
 from inferd.supervisor._gen import model_config_pb2 as mc
 from inferd.worker.wire.errors import invalid_arg
 
@@ -25,14 +27,14 @@ def validate_batch_io(config: mc.ModelConfig) -> None:
     inputs = {io.name for io in config.input}
     outputs = {io.name for io in config.output}
     for bi in config.batch_input:
-        kind = mc.BatchInput.Kind.Name(bi.kind)
+        kind = _kind_name(mc.BatchInput.Kind, bi.kind, "batch input", m)
         if len(bi.source_input) != 1:
             raise invalid_arg(f"batch input kind '{kind}' expects 1 source input, got {len(bi.source_input)} for {m}")
         if bi.data_type not in _BATCH_INPUT_TYPES:
             raise invalid_arg(f"batch input data type must be TYPE_INT32 or TYPE_FP32 for {m}")
         _check_source(bi.source_input[0], inputs, m)
     for bo in config.batch_output:
-        kind = mc.BatchOutput.Kind.Name(bo.kind)
+        kind = _kind_name(mc.BatchOutput.Kind, bo.kind, "batch output", m)
         if len(bo.source_input) != 1:
             raise invalid_arg(f"batch output kind '{kind}' expects 1 source input, got {len(bo.source_input)} for {m}")
         _check_source(bo.source_input[0], inputs, m)
@@ -45,6 +47,14 @@ def validate_batch_io(config: mc.ModelConfig) -> None:
             if target in seen:
                 raise invalid_arg(f"target output name '{target}' can only be specified once for {m}")
             seen.add(target)
+
+
+def _kind_name(enum: Any, value: int, what: str, model: str) -> str:
+    """The kind's name; a number the enum does not define (config.pbtxt may give `kind: 99`) is refused."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        raise invalid_arg(f"unknown {what} kind {value} for {model}") from None
 
 
 def _check_source(name: str, inputs: set[str], model: str) -> None:

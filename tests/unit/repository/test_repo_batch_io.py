@@ -72,3 +72,17 @@ def test_names_wait_for_auto_complete_when_the_config_has_no_io(repo):
                            'target_name: "X" data_type: TYPE_FP32 source_input: "LATER" } ]\n')
     src = layout.read_model(str(repo), "m")
     assert C.normalize(C.load_config(src), src).batch_input[0].source_input == ["LATER"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    ('batch_input [ { kind: 99 target_name: "X" data_type: TYPE_FP32 source_input: "R" } ]',
+     "unknown batch input kind 99 for m"),
+    ('batch_output [ { target_name: "O" kind: 99 source_input: "R" } ]',
+     "unknown batch output kind 99 for m"),
+])
+def test_a_kind_given_by_an_undefined_number_is_a_load_error(tmp_path: Path, extra: str, message: str) -> None:
+    """config.pbtxt may give an enum by number; one the enum does not define raised protobuf's ValueError out
+    of the load (found by the fuzz campaign: fuzz/corpus/model_config/f7d388b67e69a878)."""
+    with pytest.raises(InferdError) as e:
+        load(tmp_path, extra)
+    assert e.value.code is ErrorCode.INVALID_ARG and e.value.message == message
