@@ -13,7 +13,9 @@ from typing import Any, Optional
 
 
 class ModelLoop:
-    def __init__(self) -> None:
+    def __init__(self, new_loop: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop) -> None:
+        """`new_loop`: makes the loop on first use (the vllm backend runs vLLM on uvloop, as vLLM's server)."""
+        self._new_loop = new_loop
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
@@ -22,7 +24,7 @@ class ModelLoop:
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None:
-                loop = asyncio.new_event_loop()
+                loop = self._new_loop()
                 thread = threading.Thread(target=loop.run_forever, name="inferd-model-loop", daemon=True)
                 thread.start()
                 self._loop, self._thread = loop, thread

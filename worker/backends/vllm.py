@@ -129,7 +129,9 @@ class VllmBackend:
     owns_device = True  # KIND_GPU: the engine's processes take the instance's GPU; the worker makes no CUDA context
 
     def __init__(self) -> None:
-        self._loop = ModelLoop()
+        # vLLM on uvloop, as vLLM's own server runs it (vLLM depends on uvloop): in an A/B on the busy 2-vCPU host the
+        # worker spent ~15% less CPU per streamed token and streamed more tokens/s than on asyncio's own loop
+        self._loop = ModelLoop(_new_event_loop)
         self._engine: Any = None
         self._emit: Any = None
         self._spec: Optional[ModelSpec] = None
@@ -348,6 +350,16 @@ class VllmBackend:
                 error = InferdError(ErrorCode.INTERNAL, "vLLM engine shutdown failed: %s" % exc)
         self._loop.stop()
         return error
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where the environment has it (a vLLM environment does), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def _visible_device(device_id: int) -> str:
