@@ -39,7 +39,7 @@ from typing import Any
 
 import uvloop
 from _http1 import Transport, h11_reading, httptools_reading, responses
-from inferd.supervisor.http_api.messages import Deferred, Request, Response
+from inferd.supervisor.http_api.request_cycle import Deferred, Request, Response
 from inferd.supervisor.http_api.server import HttpServer
 
 INSTRUMENT = ("inferd.supervisor.http_api",)

@@ -37,7 +37,7 @@ from inferd.supervisor.core import loader
 from inferd.supervisor.core.dataplane_impl import ServerDataPlane
 from inferd.supervisor.core.load_settings import LoaderSettings
 from inferd.supervisor.core.runtime import Runtime
-from inferd.supervisor.http_api.messages import Request
+from inferd.supervisor.http_api.request_cycle import Request
 from inferd.supervisor.http_api.routes import Router
 from inferd.worker.wire.errors import ErrorCode, InferdError
 

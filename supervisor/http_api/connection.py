@@ -19,12 +19,11 @@ from collections import deque
 from time import monotonic
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from .messages import CONTINUE, Request, Response, error_bytes
-from .request_cycle import RequestCycle
+from .request_cycle import CONTINUE, Request, RequestCycle, Response, error_bytes
 from .request_reader import BODY, DRAIN, HEADERS, IDLE, RequestReader
 
 if TYPE_CHECKING:
-    from .messages import Coalescer, Handler
+    from .request_cycle import Coalescer, Handler
 
 __all__ = ["ConnectionHost", "HttpConnection", "KeepCaseConnection"]
 

@@ -47,7 +47,7 @@ from inferd.worker.wire.errors import InferdError, invalid_arg
 
 from . import errors
 from .compression import decode_content
-from .messages import Response
+from .request_cycle import Response
 
 FINAL = "triton_final_response"
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"

@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import httptools
 
-from .messages import Request
+from .request_cycle import Request
 
 if TYPE_CHECKING:
     from collections import deque
 
-    from .messages import Coalescer
+    from .request_cycle import Coalescer
 
 log = logging.getLogger("inferd.http")
 

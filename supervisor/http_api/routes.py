@@ -29,7 +29,7 @@ from . import errors
 from .codec import InferCodec, Limits, ParsedInfer
 from .compression import decode_content, encode_content, pick_encoding
 from .generate import Generate
-from .messages import Deferred
+from .request_cycle import Deferred
 from .server import HandlerResult, Request, Response
 
 CUDA_IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)

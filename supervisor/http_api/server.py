@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from .connection import HttpConnection, KeepCaseConnection
-from .messages import Coalescer, Handler, HandlerResult, Request, Response
+from .request_cycle import Coalescer, Handler, HandlerResult, Request, Response
 
 __all__ = ["Handler", "HandlerResult", "HttpServer", "Request", "Response", "start_http_server"]
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 from inferd.supervisor.http_api.generate import StreamingResponse
-from inferd.supervisor.http_api.messages import Response
+from inferd.supervisor.http_api.request_cycle import Response
 
 from . import chat_request, outputs, schema
 from . import logprobs as lp

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 from inferd.supervisor.http_api.generate import StreamingResponse
-from inferd.supervisor.http_api.messages import Response
+from inferd.supervisor.http_api.request_cycle import Response
 
 from . import logprobs as lp
 from . import outputs, schema

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 import orjson
 from inferd.supervisor.core.model_handle import ModelHandle
-from inferd.supervisor.http_api.messages import Response
+from inferd.supervisor.http_api.request_cycle import Response
 from inferd.supervisor.inference.types import InferRequest
 
 from . import outputs, schema

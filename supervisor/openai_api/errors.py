@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 import orjson
-from inferd.supervisor.http_api.messages import Response
+from inferd.supervisor.http_api.request_cycle import Response
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 log = logging.getLogger("inferd.openai")

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import orjson
 from inferd.supervisor import header_rules as access
-from inferd.supervisor.http_api.messages import HandlerResult, Request, Response
+from inferd.supervisor.http_api.request_cycle import HandlerResult, Request, Response
 from inferd.supervisor.metrics.text_format import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from inferd.worker.wire.errors import InferdError
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import uvloop
 from inferd.supervisor.http_api.connection import HttpConnection
-from inferd.supervisor.http_api.messages import Response
+from inferd.supervisor.http_api.request_cycle import Response
 from inferd.supervisor.http_api.server import HttpServer
 
 from .test_head_reuse import Transport

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import uvloop
-from inferd.supervisor.http_api.messages import Coalescer
+from inferd.supervisor.http_api.request_cycle import Coalescer
 
 LOOPS = pytest.mark.parametrize("new_loop", [uvloop.new_event_loop, asyncio.new_event_loop], ids=["uvloop", "asyncio"])
 

@@ -139,7 +139,7 @@ def test_the_one_pass_parser_takes_the_benchmark_request() -> None:
 
 @pytest.mark.parametrize("body", [b"{}", b'{"model_name":"m","outputs":[]}', b"x" * 65536, "é".encode()])
 def test_the_templated_answer_is_the_general_answer(body: bytes) -> None:
-    from inferd.supervisor.http_api.messages import Response, json_ok, response_head
+    from inferd.supervisor.http_api.request_cycle import Response, json_ok, response_head
 
     assert json_ok(body) == b"".join([*response_head(Response(200, body), len(body), True, None), body])
 

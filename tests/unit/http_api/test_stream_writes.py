@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from inferd.supervisor.http_api.connection import HttpConnection
 from inferd.supervisor.http_api.generate import StreamingResponse
-from inferd.supervisor.http_api.messages import Request
+from inferd.supervisor.http_api.request_cycle import Request
 from inferd.supervisor.http_api.server import HttpServer
 
 from .conftest import LoopThread

@@ -18,7 +18,7 @@ import orjson
 import pytest
 from inferd.supervisor.config import OpenAIOptions
 from inferd.supervisor.core.model_handle import GivenModel
-from inferd.supervisor.http_api.messages import Request
+from inferd.supervisor.http_api.request_cycle import Request
 from inferd.supervisor.inference.types import InferResponse, Tensor
 from inferd.supervisor.openai_api import embeddings
 from inferd.supervisor.openai_api.catalog import Catalog
