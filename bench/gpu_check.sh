@@ -35,11 +35,11 @@ else
   note "no wheels in $WHEELS (run bench/gpu_wheels.sh first, where an index is reachable); using what the host has"
 fi
 if ! "$VENV/bin/python" -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>"$OUT_DIR/pip-e.log"; then
-  # no setuptools on the host: the same package mapping by hand (inferd.{supervisor,worker,envs} -> the folders)
+  # no setuptools on the host: the same package mapping by hand (inferd.{supervisor,worker,envs,pytriton} -> the folders)
   note "editable install unavailable (see pip-e.log): source tree on the path instead"
   SHIM=$ROOT/.gpu-shim
   mkdir -p "$SHIM/inferd"
-  for pkg in supervisor worker envs; do ln -sfn "$ROOT/$pkg" "$SHIM/inferd/$pkg"; done
+  for pkg in supervisor worker envs pytriton; do ln -sfn "$ROOT/$pkg" "$SHIM/inferd/$pkg"; done
   SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   echo "$SHIM" > "$SITE/inferd-gpu-shim.pth"
   for script in "inferd:inferd.supervisor.main" "infer-ctl:inferd.supervisor.ctl.main"; do
