@@ -70,8 +70,32 @@ def reference(raw: bytes) -> mc.ModelConfig | None:
 
 
 def same(a: mc.ModelConfig, b: mc.ModelConfig) -> bool:
-    """Equal field for field (by bytes: NaN is equal to itself there)."""
-    return a.SerializeToString(deterministic=True) == b.SerializeToString(deterministic=True)
+    """Equal field for field (by bytes: NaN is equal to itself there), a NaN's sign aside: it means nothing, and
+    the config's JSON ("NaN") does not carry it (found by the campaign: a `-nan` bucket read back as `nan`)."""
+    return _canonical(a) == _canonical(b)
+
+
+def _canonical(msg: Any) -> bytes:
+    copy = type(msg)()
+    copy.CopyFrom(msg)
+    _positive_nans(copy)
+    return copy.SerializeToString(deterministic=True)
+
+
+def _positive_nans(msg: Any) -> None:
+    for field, value in msg.ListFields():
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                items = value.values() if field.message_type.fields_by_name["value"].message_type else []
+            else:
+                items = value if field.label == field.LABEL_REPEATED else [value]
+            for item in items:
+                _positive_nans(item)
+        elif field.cpp_type in (field.CPPTYPE_FLOAT, field.CPPTYPE_DOUBLE):
+            if field.label == field.LABEL_REPEATED:
+                value[:] = [math.nan if math.isnan(x) else x for x in value]
+            elif math.isnan(value):
+                setattr(msg, field.name, math.nan)
 
 
 def check_file(raw: bytes) -> None:
