@@ -283,26 +283,35 @@ def _execute_result_fast(header: dict[str, Any]) -> Optional[ExecuteResult]:
     items = header["responses"]
     if type(items) is not list:
         return None
-    plain_item, new = _PLAIN_ITEM_KEYS, _new
     for i, item in enumerate(items):
-        if type(item) is not dict:
+        response = _response_item_fast(item)
+        if response is None:
             return None
-        if item.keys() == plain_item:  # no error, no parameters: the common answer
-            refs = item["outputs"]
-            if type(refs) is not list:
-                return None
-            item["parameters"] = {}
-        elif not _response_fields(item):
-            return None
-        else:
-            refs = item["outputs"]
-        if not _tensor_refs(refs):
-            return None
-        response = items[i] = new(ResponseItem)
-        response.__dict__ = item
-    message = new(ExecuteResult)
+        items[i] = response
+    message = _new(ExecuteResult)
     message.__dict__ = header
     return message
+
+
+def _response_item_fast(item: Any) -> Optional[ResponseItem]:
+    """One response of an ExecuteResult or a StreamResponse, built on the decoded dict itself; None when it is
+    not what the worker's writers write (the caller then goes to the generic decoder)."""
+    if type(item) is not dict:
+        return None
+    if item.keys() == _PLAIN_ITEM_KEYS:  # no error, no parameters: the common answer (a token, a result)
+        refs = item["outputs"]
+        if type(refs) is not list:
+            return None
+        item["parameters"] = {}
+    elif not _response_fields(item):
+        return None
+    else:
+        refs = item["outputs"]
+    if not _tensor_refs(refs):
+        return None
+    response = _new(ResponseItem)
+    response.__dict__ = item
+    return response
 
 
 def _stream_response_fast(header: dict[str, Any]) -> Optional[StreamResponse]:
@@ -313,21 +322,10 @@ def _stream_response_fast(header: dict[str, Any]) -> Optional[StreamResponse]:
         return None
     item = header["response"]
     if item is not None:
-        if type(item) is not dict:
+        response = _response_item_fast(item)
+        if response is None:
             return None
-        if item.keys() == _PLAIN_ITEM_KEYS:  # no error, no parameters: a token
-            refs = item["outputs"]
-            if type(refs) is not list:
-                return None
-            item["parameters"] = {}
-        elif not _response_fields(item):
-            return None
-        else:
-            refs = item["outputs"]
-        if not _tensor_refs(refs):
-            return None
-        response = header["response"] = _new(ResponseItem)
-        response.__dict__ = item
+        header["response"] = response
     message = _new(StreamResponse)
     message.__dict__ = header
     return message
