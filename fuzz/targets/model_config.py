@@ -88,11 +88,11 @@ def _positive_nans(msg: Any) -> None:
             if field.message_type.GetOptions().map_entry:
                 items = value.values() if field.message_type.fields_by_name["value"].message_type else []
             else:
-                items = value if field.label == field.LABEL_REPEATED else [value]
+                items = [value] if hasattr(value, "ListFields") else value  # one message, or a repeated field
             for item in items:
                 _positive_nans(item)
         elif field.cpp_type in (field.CPPTYPE_FLOAT, field.CPPTYPE_DOUBLE):
-            if field.label == field.LABEL_REPEATED:
+            if not isinstance(value, float):  # a repeated field
                 value[:] = [math.nan if math.isnan(x) else x for x in value]
             elif math.isnan(value):
                 setattr(msg, field.name, math.nan)
