@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scaleout.py                          # N = 1, 2 and Triton; 3 rounds of 10 s
     .venv/bin/python bench/scaleout.py --frontends 1,2,4 --servers inferd -d 5 --rounds 1
+    .venv/bin/python bench/scaleout.py --servers inferd-N1,inferd-N2,triton -d 3 --rounds 1 --no-record
 
 Scenarios (closed loop, concurrency --conc, default 64): add_sub over HTTP (wrk, JSON body) and gRPC
 (h2load, pre-serialized request; replies checked by bytes as bench/run.py does), and a model whose
@@ -9,11 +10,16 @@ execute() costs a fixed 5 ms whatever the batch (bench/models/fixed_cost with `d
 max_batch_size 32) over HTTP. Every server runs at once on its own ports; each round measures every
 scenario on every server back to back (A B C A B C), so other load on the host falls on all alike.
 Server CPU per request is split into the supervisor's main process ("core"; for Triton, all of
-tritonserver), the frontend processes, and the rest (the model workers; Triton's Python stubs). The
-core's µs per request bound what one core can carry whatever N: 1e6 / core µs requests per second.
+tritonserver), the frontend processes, and the rest (the model workers; Triton's Python stubs), each
+read as the process's whole CPU clock (every thread, the exited ones included; children not counted).
+The core's µs per request bound what one core can carry whatever N: 1e6 / core µs requests per second.
 
-Prints a table (medians over rounds, per-round values in brackets) and writes
-bench/results/scaleout-<date>-<commit>.json. Not part of the test suite.
+Prints the measured table (medians over rounds, per-round values in brackets), then the scaling model
+(issue 42): from the median µs per request of each class, the requests/s predicted at 4, 16 and 64 cores,
+min(C * 1e6 / total µs, 1e6 / core µs), assuming frontends and model instances are added with cores while
+the core stays one process (Triton: no serial owner by this measure, so cores are the only bound).
+Writes bench/results/scaleout-<date>-<commit>.json (`--no-record` not to) and `--json PATH`, both with
+the predictions. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,6 +42,82 @@ BATCHED = "fixed_cost_batched"
 MODELS = ("add_sub", "identity_4mib", BATCHED)
 SCENARIOS = [("http_add_sub", "http", "add_sub"), ("grpc_add_sub", "grpc", "add_sub"),
              ("http_fixed_5ms_batched", "http", BATCHED)]
+CLASSES = ("core", "frontends", "workers")
+CORES = (4, 16, 64)
+MODEL_HEADER = ("Scaling model: frontend processes and model instances are added with cores, the core stays one "
+                "process, so req/s at C cores = min(C * 1e6 / total µs, core ceiling = 1e6 / core µs). "
+                "Triton: nothing is serial by this measure (its main process is multi-threaded), so its only "
+                "bound is cores. A worker ceiling (1e6 / worker µs) holds per model instance and grows with "
+                "the instance count. CPU is what this host's run measured, contention included.")
+
+
+def serial_class(server: str) -> str | None:
+    """The process class owned by one non-replicated process: inferd's core; none for Triton."""
+    return "core" if server.startswith("inferd") else None
+
+
+def predict(cpu_us: dict[str, float], serial: str | None, cores: tuple[int, ...] = CORES) -> dict:
+    """Requests/s at each core count from the CPU µs per request of each process class (pure).
+
+    Every class's CPU spreads over the cores (total µs per request); the serial class, one process,
+    also caps the rate at 1e6 / its µs whatever the cores. Returns the ceilings and, per core count,
+    the rate and its bound ("cores" or the serial class)."""
+    total = sum(cpu_us.values())
+    ceiling = 1e6 / cpu_us[serial] if serial is not None and cpu_us.get(serial, 0.0) > 0 else None
+    workers = cpu_us.get("workers", 0.0)
+    out: dict = {"total_us": round(total, 1), "serial_class": serial,
+                 "serial_ceiling_per_s": None if ceiling is None else round(ceiling),
+                 "worker_ceiling_per_instance_per_s": round(1e6 / workers) if workers > 0 else None,
+                 "predicted_per_s": {}, "bound_by": {}}
+    for c in cores:
+        by_cores = c * 1e6 / total if total > 0 else float("inf")
+        capped = ceiling is not None and ceiling < by_cores
+        rate = ceiling if capped else by_cores
+        out["predicted_per_s"][str(c)] = None if rate == float("inf") else round(rate)
+        out["bound_by"][str(c)] = serial if capped else "cores"
+    return out
+
+
+def median_split(points: list[dict]) -> dict[str, float] | None:
+    """Median over rounds of each class's µs per request (None when no round measured CPU)."""
+    splits = [p["cpu_us_per_request"] for p in points if "cpu_us_per_request" in p and "invalid" not in p]
+    if not splits:
+        return None
+    return {k: statistics.median(sp[k] for sp in splits) for k in CLASSES}
+
+
+def model_table(points: list[dict], servers: list[str], conc: int, cores: tuple[int, ...] = CORES) -> tuple[str, dict]:
+    """The scaling model as a markdown table, and the same figures by scenario and server (for the JSON)."""
+    lines = [MODEL_HEADER, "",
+             f"| scenario (c={conc}) | server | µs/req core | frontends | workers | total | core ceiling req/s | "
+             + " | ".join(f"{c} cores req/s" for c in cores) + " |",
+             "|---" * (7 + len(cores)) + "|"]
+    out: dict = {}
+    for name, _, _ in SCENARIOS:
+        for srv in servers:
+            split = median_split([p for p in points if p["scenario"] == name and p["server"] == srv])
+            if split is None:
+                continue
+            pred = {"cpu_us_per_request": {k: round(v, 1) for k, v in split.items()},
+                    **predict(split, serial_class(srv), cores)}
+            out.setdefault(name, {})[srv] = pred
+            ceiling = pred["serial_ceiling_per_s"]
+            cells = [f"{pred['predicted_per_s'][str(c)] or 0:,}" + (" (core)" if pred["bound_by"][str(c)] == "core"
+                                                                    else "") for c in cores]
+            lines.append(f"| {name} | {srv} | {split['core']:.1f} | {split['frontends']:.1f} | "
+                         f"{split['workers']:.1f} | {pred['total_us']:.1f} | "
+                         f"{'none (not serial)' if ceiling is None else f'{ceiling:,}'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), out
+
+
+def process_cpu_s(proc: rb.psutil.Process) -> float:
+    """CPU seconds of one process, all its threads (exited ones too) and none of its children: the kernel's
+    per-process CPU clock (nanoseconds), or /proc's user+sys (10 ms ticks) where that clock is refused."""
+    try:
+        return time.clock_gettime((~proc.pid << 3) | 2)  # Linux CPUCLOCK_SCHED of the whole thread group
+    except OSError:
+        t = proc.cpu_times()
+        return t.user + t.system
 
 
 def prepare_repo(repo: Path) -> None:
@@ -64,15 +147,13 @@ class Server(rb.Server):
         return f"unknown server {self.name}"
 
     def cpu_split(self) -> dict[str, float]:
-        """user+sys CPU seconds of the main process ("core"), the frontend processes and the rest (workers)."""
+        """CPU seconds of the main process ("core"), the frontend processes and the rest (workers)."""
         main = self.ps()
-        t = main.cpu_times()
-        out = {"core": t.user + t.system, "frontends": 0.0, "workers": 0.0}
+        out = {"core": process_cpu_s(main), "frontends": 0.0, "workers": 0.0}
         for c in main.children(recursive=True):
             try:
-                ct = c.cpu_times()
                 kind = "frontends" if "frontend_processes.frontend_main" in " ".join(c.cmdline()) else "workers"
-                out[kind] += ct.user + ct.system
+                out[kind] += process_cpu_s(c)
             except rb.psutil.Error:
                 pass
         return out
@@ -92,21 +173,26 @@ def http_bodies(work: Path) -> dict[str, Path]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frontends", default="1,2", help="values of --frontend-processes to run (comma list)")
-    ap.add_argument("--servers", default="inferd,triton", help="inferd and/or triton")
+    ap.add_argument("--servers", default="inferd,triton",
+                    help="comma list of inferd (one per --frontends value), inferd-N<n> and triton")
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port-base", type=int, default=19710)
     ap.add_argument("--no-record", action="store_true", help="do not write bench/results/*.json")
+    ap.add_argument("--json", default="", help="also write the results (points, summary, scaling model) here")
     args = ap.parse_args()
 
-    names = []
-    wanted = args.servers.split(",")
-    if "inferd" in wanted:
-        names += [f"inferd-N{int(n)}" for n in args.frontends.split(",")]
-    if "triton" in wanted:
-        names.append("triton")
+    names: list[str] = []
+    for want in args.servers.split(","):
+        if want == "inferd":
+            names += [f"inferd-N{int(n)}" for n in args.frontends.split(",")]
+        elif want == "triton" or (want.startswith("inferd-N") and want[len("inferd-N"):].isdigit()):
+            names.append(want)
+        else:
+            ap.error(f"unknown server {want!r}: use inferd, inferd-N<n> or triton")
+    names = list(dict.fromkeys(names))
     stamp = datetime.now(timezone.utc)
     work = rb.BENCH / "out" / ("scaleout-" + stamp.strftime("%Y%m%d-%H%M%S"))
     work.mkdir(parents=True, exist_ok=True)
@@ -192,6 +278,12 @@ def main() -> int:
             cells.append(f"{med:.0f}/s [{', '.join(f'{v:.0f}' for v in vals)}]")
         print(f"| {name} | " + " | ".join(cells) + " |")
     res["summary"] = summary
+    text, res["scaling_model"] = model_table(res["points"], [s.name for s in servers], args.conc)
+    res["scaling_model_assumption"] = MODEL_HEADER
+    print()
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
     if not args.no_record:
         out = rb.BENCH / "results" / f"scaleout-{stamp.strftime('%Y%m%d-%H%M')}-{res['commit']}.json"
         out.write_text(json.dumps(res, indent=1))
