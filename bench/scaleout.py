@@ -46,9 +46,10 @@ CLASSES = ("core", "frontends", "workers")
 CORES = (4, 16, 64)
 MODEL_HEADER = ("Scaling model: frontend processes and model instances are added with cores, the core stays one "
                 "process, so req/s at C cores = min(C * 1e6 / total µs, core ceiling = 1e6 / core µs). "
-                "Triton: nothing is serial by this measure (its main process is multi-threaded), so its only "
-                "bound is cores. A worker ceiling (1e6 / worker µs) holds per model instance and grows with "
-                "the instance count. CPU is what this host's run measured, contention included.")
+                "With N=1 the core also parses and encodes (frontends 0). Triton: nothing is serial by this "
+                "measure (its main process is multi-threaded), so its only bound is cores. The worker ceiling "
+                "(1e6 / worker µs) holds per model instance and grows with the instance count (one instance "
+                "here). CPU is what this host's run measured, contention included.")
 
 
 def serial_class(server: str) -> str | None:
@@ -90,8 +91,8 @@ def model_table(points: list[dict], servers: list[str], conc: int, cores: tuple[
     """The scaling model as a markdown table, and the same figures by scenario and server (for the JSON)."""
     lines = [MODEL_HEADER, "",
              f"| scenario (c={conc}) | server | µs/req core | frontends | workers | total | core ceiling req/s | "
-             + " | ".join(f"{c} cores req/s" for c in cores) + " |",
-             "|---" * (7 + len(cores)) + "|"]
+             "worker ceiling req/s per instance | " + " | ".join(f"{c} cores req/s" for c in cores) + " |",
+             "|---" * (8 + len(cores)) + "|"]
     out: dict = {}
     for name, _, _ in SCENARIOS:
         for srv in servers:
@@ -101,12 +102,15 @@ def model_table(points: list[dict], servers: list[str], conc: int, cores: tuple[
             pred = {"cpu_us_per_request": {k: round(v, 1) for k, v in split.items()},
                     **predict(split, serial_class(srv), cores)}
             out.setdefault(name, {})[srv] = pred
-            ceiling = pred["serial_ceiling_per_s"]
-            cells = [f"{pred['predicted_per_s'][str(c)] or 0:,}" + (" (core)" if pred["bound_by"][str(c)] == "core"
-                                                                    else "") for c in cores]
+            ceiling, per_instance = pred["serial_ceiling_per_s"], pred["worker_ceiling_per_instance_per_s"]
+            cells = []
+            for c in cores:  # the rate, and the serial class's name where it, not the cores, is the bound
+                rate, bound = pred["predicted_per_s"][str(c)], pred["bound_by"][str(c)]
+                cells.append(("—" if rate is None else f"{rate:,}") + ("" if bound == "cores" else f" ({bound})"))
             lines.append(f"| {name} | {srv} | {split['core']:.1f} | {split['frontends']:.1f} | "
                          f"{split['workers']:.1f} | {pred['total_us']:.1f} | "
-                         f"{'none (not serial)' if ceiling is None else f'{ceiling:,}'} | " + " | ".join(cells) + " |")
+                         f"{'none (not serial)' if ceiling is None else f'{ceiling:,}'} | "
+                         f"{'—' if per_instance is None else f'{per_instance:,}'} | " + " | ".join(cells) + " |")
     return "\n".join(lines), out
 
 

@@ -53,9 +53,9 @@ def test_the_table_takes_the_median_of_the_rounds_and_names_the_bound():
     assert by["http_add_sub"]["inferd-N2"]["cpu_us_per_request"]["core"] == 66.0
     assert "inferd-N1" not in by["http_add_sub"]  # no measured round, no prediction
     rows = [line for line in text.splitlines() if line.startswith("| http_add_sub |")]
-    assert rows[0] == ("| http_add_sub | inferd-N2 | 66.0 | 100.0 | 34.0 | 200.0 | 15,152 | "
+    assert rows[0] == ("| http_add_sub | inferd-N2 | 66.0 | 100.0 | 34.0 | 200.0 | 15,152 | 29,412 | "
                        "15,152 (core) | 15,152 (core) | 15,152 (core) |")
-    assert rows[1] == ("| http_add_sub | triton | 80.0 | 100.0 | 34.0 | 214.0 | none (not serial) | "
+    assert rows[1] == ("| http_add_sub | triton | 80.0 | 100.0 | 34.0 | 214.0 | none (not serial) | 29,412 | "
                        "18,692 | 74,766 | 299,065 |")
     assert "the core stays one process" in text
 
