@@ -37,10 +37,14 @@ class ChannelError(InferdError):
 
 
 class Channel:
-    """Listens at `ipc://<run_dir>/workers.sock`; `open()` must run on the event-loop thread."""
+    """Listens at `ipc://<run_dir>/<name>` (the core's `workers.sock`; a frontend process listens at a name of
+    its own for workers' direct links, docs/worker-protocol.md "Direct peers"); `open()` must run on the
+    event-loop thread."""
 
-    def __init__(self, run_dir: str) -> None:
-        self.path = os.path.join(os.path.abspath(run_dir), "workers.sock")
+    def __init__(self, run_dir: str, name: str = "workers.sock") -> None:
+        if not name or "/" in name:
+            raise ValueError(f"a socket file name, not a path: {name!r}")
+        self.path = os.path.join(os.path.abspath(run_dir), name)
         if len(self.path.encode()) > _MAX_SUN_PATH:
             raise ValueError(f"run dir path too long for an ipc socket: {self.path}")
         self.endpoint = "ipc://" + self.path
@@ -51,6 +55,8 @@ class Channel:
         self._connections: set[_Peer] = set()
         self._handlers: dict[str, Handler] = {}
         self._on_broken: dict[str, Callable[[str], None]] = {}  # worker identity -> told of protocol violations
+        self._on_lost: dict[str, Callable[[str], None]] = {}  # worker identity -> told its main connection is gone
+        self._on_ready: dict[str, Callable[[str], None]] = {}  # worker identity -> told its main socket connected
         # extra per-worker sockets (e.g. "/bls"): suffix -> (handler(identity, frames), on_gone(worker identity))
         self._suffix_routes: dict[str, tuple[Callable[[str, list[Any]], None], Callable[[str], None]]] = {}
         self.dropped = 0  # messages from unknown identities (late replies of dead workers)
@@ -94,6 +100,8 @@ class Channel:
         self._connections.clear()
         self._handlers.clear()
         self._on_broken.clear()
+        self._on_lost.clear()
+        self._on_ready.clear()
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -105,18 +113,29 @@ class Channel:
 
     # ---- routing ----
     def register(self, identity: str, handler: Handler, heartbeat_handler: Handler,
-                 on_broken: Callable[[str], None] | None = None) -> None:
+                 on_broken: Callable[[str], None] | None = None,
+                 on_lost: Callable[[str], None] | None = None,
+                 on_ready: Callable[[str], None] | None = None) -> None:
         """Route a worker's messages; `on_broken(reason)` runs when one of its sockets breaks the
-        protocol (its connection is dropped, so whatever it was answering is lost)."""
+        protocol (its connection is dropped, so whatever it was answering is lost); `on_lost(identity)`
+        when the connection of `identity` itself (its main socket) is lost, unless a newer connection of
+        that identity had already taken its place (a reconnect), and never after `close()`; `on_ready(identity)`
+        each time a connection of `identity` finishes its handshake (messages can be sent to it from then on)."""
         self._handlers[identity] = handler
         self._handlers[identity + HB_SUFFIX] = heartbeat_handler
         if on_broken is not None:
             self._on_broken[identity] = on_broken
+        if on_lost is not None:
+            self._on_lost[identity] = on_lost
+        if on_ready is not None:
+            self._on_ready[identity] = on_ready
 
     def unregister(self, identity: str) -> None:
         self._handlers.pop(identity, None)
         self._handlers.pop(identity + HB_SUFFIX, None)
         self._on_broken.pop(identity, None)
+        self._on_lost.pop(identity, None)
+        self._on_ready.pop(identity, None)
         for _, on_gone in self._suffix_routes.values():
             try:
                 on_gone(identity)
@@ -160,6 +179,16 @@ class Channel:
     def _peer_ready(self, peer: _Peer) -> None:
         # a reconnecting worker's new connection takes over its identity (ZeroMQ's ROUTER handover)
         self._peers[peer.identity] = peer
+        on_ready = self._on_ready.get(peer.identity)
+        if on_ready is not None:
+            try:
+                on_ready(peer.identity)
+            except Exception:
+                log.exception("worker connection-ready handler failed")
+
+    def is_connected(self, identity: str) -> bool:
+        """A connection of `identity` has finished its handshake and is open."""
+        return identity in self._peers
 
     def _peer_broken(self, peer: _Peer, reason: str) -> None:
         log.warning("dropping a worker connection (%s): %s", peer.identity or "before handshake", reason)
@@ -174,6 +203,12 @@ class Channel:
         self._connections.discard(peer)
         if self._peers.get(peer.identity) is peer:
             del self._peers[peer.identity]
+            on_lost = self._on_lost.get(peer.identity)
+            if on_lost is not None:
+                try:
+                    on_lost(peer.identity)
+                except Exception:
+                    log.exception("worker connection-lost handler failed")
 
     # ---- sending ----
     def send(self, identity: str, frames: Sequence[Any], hold: bool = False) -> None:

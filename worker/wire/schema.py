@@ -12,7 +12,8 @@ from typing import Any, Optional
 WIRE_VERSION = 8  # 2: MetricsReport (custom metrics of Python models); 3: ExecuteColumns, ExecuteResultColumns;
 # 4: TensorRef loc "cuda" (device, owner), RequestItem/BlsRequest.device_outputs, ReleaseOutputs.device;
 # 5: LogSettings; 6: Execute/ExecuteColumns.poll_us; 7: MetricsReport.ack, MetricsAck;
-# 8: LoadResult.readiness, ReadinessProbe / ReadinessResult, LoadModel/AutoComplete.backend_dir
+# 8: LoadResult.readiness, ReadinessProbe / ReadinessResult, LoadModel/AutoComplete.backend_dir; Attach (added
+# without a bump: the core and its workers come from one install, and no existing message changed)
 
 # Tensors at or below this many bytes ride as ZeroMQ frames; larger ones go through shared memory.
 INLINE_MAX_BYTES = 64 * 1024
@@ -245,6 +246,15 @@ class LogSettings:
     errors: bool = True  # log_error ("error" names a WireError field in every message)
 
 
+@dataclass
+class Attach:
+    """Connect one more DEALER, with the main socket's identity, to `endpoint` ("ipc://<path>": a frontend
+    process's ROUTER) and accept Execute / ExecuteColumns / Cancel / ReleaseOutputs from it as well,
+    answering there (docs/worker-protocol.md, "Direct peers"). Nothing is sent back on the main socket."""
+
+    endpoint: str
+
+
 # ---- BLS (worker <-> supervisor on the worker's "<identity>/bls" socket) ---------------------------
 
 
@@ -401,5 +411,6 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "metrics_ack": MetricsAck,
     "readiness_probe": ReadinessProbe,
     "readiness_result": ReadinessResult,
+    "attach": Attach,  # (last: the fuzz targets pick classes by their position in this table)
 }
 TAGS: dict[type[Any], str] = {cls: tag for tag, cls in MESSAGE_TYPES.items()}
