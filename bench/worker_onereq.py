@@ -72,7 +72,8 @@ class Supervisor:
         self._thread = threading.Thread(target=self._accept)
         self._thread.start()
         self._buf = bytearray()
-        self._reader = zmtp.Reader(lambda g: None, zmtp.Messages(lambda c: None, self._got).on_frame, 1 << 30)
+        messages = zmtp.Messages(lambda c: setattr(messages, "handshaken", True), self._got)  # (the worker's READY)
+        self._reader = zmtp.Reader(lambda g: None, messages.on_frame, 1 << 30)
         self._got_messages: list[list[memoryview]] = []
 
     def _accept(self) -> None:
