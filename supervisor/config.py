@@ -153,6 +153,7 @@ class ServerConfig:
     busy_poll_us: int = 0  # the most the event loop polls after a request instead of sleeping, µs (0: off)
     # processes serving HTTP and gRPC (frontend_processes/); 1: the supervisor itself, as always. Default from the CPUs
     frontend_processes: int = 1
+    frontend_direct: bool = True  # frontends send simple models' requests straight to the workers (direct_core.py)
     frontend_processes_given: bool = False  # by the flag; else the default, which CUDA shared memory makes 1 (app.py)
     argv: tuple[str, ...] = ()  # the command line this config was parsed from (frontend processes parse it too)
     env_cache_dir: str = ""  # unpacked EXECUTION_ENV_PATH tarballs; default ~/.cache/inferd/envs

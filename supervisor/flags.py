@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frontend-processes", type=int, default=None,
                    help="processes that accept HTTP and gRPC (SO_REUSEPORT) and hand requests to the supervisor "
                         "(default: 1 below 8 CPUs, else CPUs/4 up to 8; 1: the supervisor serves them itself)")
+    p.add_argument("--frontend-direct", type=_bool, default=True,
+                   help="with frontend processes, they send the requests of simple models straight to the model's "
+                        "workers (default true; false: every request passes through the supervisor)")
     p.add_argument("--env-cache-dir", default="",
                    help="where EXECUTION_ENV_PATH tarballs are unpacked (default: ~/.cache/inferd/envs)")
     p.add_argument("--env-cache-max-gb", type=float, default=20.0,
@@ -608,6 +611,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] | None 
         frontend_processes=(args.frontend_processes if args.frontend_processes is not None else 1
                             if args.model_namespacing else default_frontend_processes(len(os.sched_getaffinity(0)))),
         frontend_processes_given=args.frontend_processes is not None,
+        frontend_direct=args.frontend_direct,
         argv=tuple(sys.argv[1:] if argv is None else argv),
         env_cache_dir=os.path.abspath(os.path.expanduser(args.env_cache_dir)) if args.env_cache_dir
         else os.path.join(os.path.expanduser("~"), ".cache", "inferd", "envs"),

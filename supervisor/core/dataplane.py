@@ -99,6 +99,9 @@ class DataPlane(abc.ABC):
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
         """{"model_stats": [...]} (reference/triton.md §7.2); "" name = every model."""
 
+    async def metrics_text_async(self) -> bytes:
+        return self.metrics_text()
+
     async def load_report_async(self, fmt: str, model: str = "") -> str | None:
         """The `endpoint-load-metrics` header for a request to `model` that asked for one in `fmt` ("text" or
         "json"; orca.py), or None when there is nothing to report. Default: nothing."""
@@ -215,6 +218,9 @@ class InProcessDataPlane(DataPlane):
     # the DataPlane control calls, over the forms above
     async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
         return self.model_statistics(name, version)
+
+    async def metrics_text_async(self) -> bytes:
+        return self.metrics_text()
 
     async def load_report_async(self, fmt: str, model: str = "") -> str | None:
         return self.load_report(fmt, model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from inferd.worker.wire import messages as m
@@ -67,6 +67,10 @@ class ServerDataPlane(Resolution, ShmEndpoints, InProcessDataPlane):
         self.strict_readiness = strict_readiness
         self.stats_registry = stats_registry
         self.metrics_renderer = metrics_renderer
+        # set by the frontend processes: awaited before statistics are read (they relay the direct path's figures)
+        self.stats_pull: Callable[[], Awaitable[None]] | None = None
+        # and their requests in flight on an instance, by (version serial, instance name), as last pulled
+        self.direct_inflight: Callable[[int, str], int] | None = None
         self.shm = shm
         # the one capability behind the cuda_shared_memory extension: by default client shm allowed and
         # memory.cuda_device.probe's start-up answer (a GPU device node, a CUDA binding installed)
@@ -291,6 +295,16 @@ class ServerDataPlane(Resolution, ShmEndpoints, InProcessDataPlane):
     def metrics_text(self) -> bytes:
         return self.metrics_renderer()
 
+    async def model_statistics_async(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if self.stats_pull is not None:  # frontend processes hold figures of requests they sent straight
+            await self.stats_pull()
+        return self.model_statistics(name, version)
+
+    async def metrics_text_async(self) -> bytes:
+        if self.stats_pull is not None:
+            await self.stats_pull()
+        return self.metrics_text()
+
     def load_report(self, fmt: str, model: str = "") -> str | None:
         return self.load_reporter(fmt, model) if self.load_reporter is not None else None
 
@@ -332,7 +346,12 @@ class ServerDataPlane(Resolution, ShmEndpoints, InProcessDataPlane):
     def status(self, name: str = "") -> dict[str, Any]:
         if name:
             self.resolve(name)  # NOT_FOUND for an unknown model
-        return status_json(self.manager, name)
+        return status_json(self.manager, name, self.direct_inflight)
+
+    async def status_async(self, name: str = "") -> dict[str, Any]:
+        if self.stats_pull is not None:  # (the pull brings the frontends' in-flight counts too)
+            await self.stats_pull()
+        return self.status(name)
 
     # ---- settings ----
     def log_settings(self, update: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -43,6 +43,9 @@ LOADING = "LOADING"
 UNLOADING = "UNLOADING"
 
 
+_serials = itertools.count(1)
+
+
 @dataclass(eq=False)
 class ModelVersion:
     name: str
@@ -62,6 +65,7 @@ class ModelVersion:
     cache_generation: int = 0  # > 0: responses are cached, keyed with this number (unique per load)
     labels: dict[str, tuple[bytes, ...]] = field(default_factory=dict)  # classification labels per output
     rate_gate: RateGate | None = None  # its instances that the rate limiter limits (unregistered on stop)
+    serial: int = field(default_factory=lambda: next(_serials))  # unique per load (frontends key direct versions)
 
     @property
     def ready(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +29,7 @@ from ..core.dataplane import ResponseError
 from ..core.dataplane_impl import ServerDataPlane
 from ..inference.types import InferResponse
 from ..tracing import live
-from . import frames, snapshot
+from . import direct_core, frames, snapshot
 from .frames import Kind, Op
 from .link import Link
 
@@ -37,6 +38,7 @@ log = logging.getLogger("inferd.scaleout")
 MAX_INFLIGHT = 65536  # calls one frontend may have open at once; beyond: UNAVAILABLE
 MAX_HELD = 4096  # responses one frontend may hold by handle at once; beyond, outputs are copied inline
 MAX_REGIONS = 256  # mappings of one frontend's regions kept here (least recently used dropped)
+PULL_TIMEOUT_S = 2.0  # a frontend that does not send its statistics by then is left out of that answer (logged)
 SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then is left behind (and logged)
 
 CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-processes greater than 1"
@@ -92,6 +94,8 @@ class Session:
         self.inflight: dict[int, asyncio.Future[Any]] = {}
         # responses whose large outputs went by their worker region's handle, until the frontend's RELEASE
         self.held: dict[int, InferResponse] = {}
+        self.direct_endpoint = ""  # its listener for the workers of direct versions (direct_core.py), if any
+        self.direct_inflight: dict[tuple[int, str], int] = {}  # its direct requests in flight, as last pulled
 
     # ---------------------------------------------------------------- frames
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
@@ -117,8 +121,18 @@ class Session:
             elif kind == Kind.SERVING:
                 self.serving = True
                 self.publisher.acked()  # wakes serving() too
+            elif kind == Kind.STATS:
+                doc = frames.loads(header)
+                direct_core.replay(self.dp, doc.get("rows") or [])
+                if "inflight" in doc:
+                    self.direct_inflight = direct_core.inflight_table(doc["inflight"])
+                if call:
+                    self.publisher.pulled(self, call)
             elif kind == Kind.HELLO:
-                self.regions.pid = int(frames.loads(header)["pid"])
+                hello = frames.loads(header)
+                self.regions.pid = int(hello["pid"])
+                endpoint = hello.get("direct")
+                self.direct_endpoint = endpoint if isinstance(endpoint, str) and endpoint.startswith("ipc://") else ""
                 self.publisher.add(self)
             else:
                 log.error("frontend link: unexpected frame kind %d", kind)
@@ -226,9 +240,9 @@ class Session:
     async def _run(self, op: Op, args: list[Any]) -> Any:
         dp = self.dp
         if op == Op.STATISTICS:
-            return dp.model_statistics(*args)
+            return await dp.model_statistics_async(*args)
         if op == Op.STATUS:
-            return dp.status(*args)
+            return await dp.status_async(*args)
         if op == Op.REPOSITORY_INDEX:
             return dp.repository_index(*args)
         if op == Op.LOAD:
@@ -255,7 +269,7 @@ class Session:
         if op == Op.READY:
             return await dp.ready_async()
         if op == Op.LOAD_REPORT:
-            return dp.load_report(*args)
+            return await dp.load_report_async(*args)
         raise InferdError(ErrorCode.INTERNAL, "unknown control op %d" % op)
 
     def _on_lost(self, exc: Exception | None) -> None:
@@ -278,15 +292,59 @@ class Publisher:
         self._dirty = True
         self._scheduled = False
         self._acked: asyncio.Event = asyncio.Event()
+        self.attacher = direct_core.Attacher()
+        self._pulls: dict[int, tuple[set[Session], asyncio.Future[None]]] = {}
+        self._pull_ids = itertools.count(1)
 
     def add(self, session: Session) -> None:
         self.sessions.add(session)
         self._flush()
         session.link.send(Kind.SNAPSHOT, 0, self._doc)
+        self._attach()
 
     def remove(self, session: Session) -> None:
         self.sessions.discard(session)
         self._acked.set()
+        for pull in list(self._pulls):
+            self.pulled(session, pull)
+        self._attach()
+
+    def _attach(self) -> None:
+        """Every ready worker of a direct version connects to every frontend's listener (once per pair)."""
+        self.attacher.sync(self.dp, [s.direct_endpoint for s in self.sessions])
+
+    async def pull_stats(self) -> None:
+        """Return once every frontend has sent the statistics of its direct requests (bounded: PULL_TIMEOUT_S)."""
+        sessions = {s for s in self.sessions if s.direct_endpoint}
+        if not sessions:
+            return
+        call = next(self._pull_ids)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pulls[call] = (sessions, done)
+        for session in sessions:
+            session.link.send(Kind.STATS_PULL, call, b"")
+        try:
+            await asyncio.wait_for(asyncio.shield(done), PULL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("a frontend process did not send its statistics in %.0fs", PULL_TIMEOUT_S)
+        finally:
+            self._pulls.pop(call, None)
+
+    def direct_inflight(self, serial: int, instance: str) -> int:
+        return sum(s.direct_inflight.get((serial, instance), 0) for s in self.sessions)
+
+    def pulled(self, session: Session, call: int) -> None:
+        pull = self._pulls.get(call)
+        if pull is not None:
+            pull[0].discard(session)
+            if not pull[0] and not pull[1].done():
+                pull[1].set_result(None)
+
+    async def detach(self, identity: str) -> None:
+        """Before a worker stops: every frontend has a snapshot that no longer names it and has had its
+        batches there answered (direct_models.DirectModels.apply)."""
+        if any(s.direct_endpoint for s in self.sessions):
+            await self.sync()
 
     def changed(self, *_: Any) -> None:
         """Something the snapshot shows may have changed: push a new one soon (once per loop turn)."""
@@ -304,6 +362,7 @@ class Publisher:
         self._doc = frames.dumps(snapshot.build(self.dp, self.version, live.armed))
         for session in self.sessions:
             session.link.send(Kind.SNAPSHOT, 0, self._doc)
+        self._attach()
 
     def acked(self) -> None:
         self._acked.set()

@@ -40,6 +40,7 @@ class Kind(enum.IntEnum):
     RELEASE = 7  # the outputs a RESULT of call id sent by handle are no longer read
     PONG = 8  # the answer to a PING
     SERVING = 9  # the frontend's HTTP and gRPC servers listen
+    STATS = 10  # header [rows]: statistics of direct requests (stats_relay.py); call id: the STATS_PULL answered, or 0
     # core -> frontend
     SNAPSHOT = 20  # header: snapshot.Snapshot document
     RESULT = 21  # an InferResponse (large outputs by their worker region's handle: RELEASE them)
@@ -47,6 +48,7 @@ class Kind(enum.IntEnum):
     CONTROL_RESULT = 23  # header {"value"}
     ERROR = 24  # header {"code", "message"}
     PING = 25  # liveness (watchdog.py): answered by PONG
+    STATS_PULL = 26  # send what statistics you hold now: answered by STATS with the same call id
 
 
 class Op(enum.IntEnum):

@@ -63,6 +63,8 @@ async def serve(config: ServerConfig, link_path: str) -> int:
     dp = RemoteDataPlane(pool)
     servers: list[Any] = []
     try:
+        if config.frontend_direct:
+            dp.enable_direct(config.run_dir)
         await dp.connect(link_path, max_frame(config))
         await asyncio.wait_for(dp.first_snapshot.wait(), FIRST_SNAPSHOT_TIMEOUT_S)
         if config.allow_http:
@@ -92,6 +94,9 @@ async def serve(config: ServerConfig, link_path: str) -> int:
             dp.link.close()
         if dp.outputs is not None:
             dp.outputs.close()
+        if dp.direct is not None:
+            await dp.direct.close()
+            dp.direct.peers.close()
         pool.close()
 
 

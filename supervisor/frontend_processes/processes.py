@@ -19,6 +19,7 @@ import sys
 
 from ..config import ServerConfig
 from ..core.dataplane_impl import ServerDataPlane
+from ..instances import worker as worker_process
 from . import core_link, watchdog
 from .frontend_main import max_frame
 
@@ -91,6 +92,11 @@ class FrontendProcesses:
                                                      self.link_path)
         os.chmod(self.link_path, 0o600)
         self.dp.manager.watch(self.publisher.changed)
+        # the direct path (direct_core.py): statistics pulled from the frontends before they are read, and
+        # a worker stopped only once the frontends have let go of it
+        self.dp.stats_pull = self.publisher.pull_stats
+        self.dp.direct_inflight = self.publisher.direct_inflight
+        worker_process.BEFORE_STOP = self.publisher.detach
         self._tasks = [asyncio.ensure_future(self._keep(i)) for i in range(self.count)]
         beat = cfg.worker  # the workers' heartbeat settings pace the frontends' too
         self._tasks.append(asyncio.ensure_future(watchdog.watch(
@@ -138,6 +144,10 @@ class FrontendProcesses:
 
     async def stop(self, grace: float | None = None) -> None:
         self._stopping = True
+        if self.publisher.detach == worker_process.BEFORE_STOP:
+            worker_process.BEFORE_STOP = None
+        self.dp.stats_pull = None
+        self.dp.direct_inflight = None
         procs = list(self._children.values())
         for proc in procs:
             if proc.returncode is None:

@@ -32,6 +32,7 @@ from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
+from ..core import classification
 from ..core.dataplane import DataPlane, ResponseError
 from ..core.model_handle import ModelHandle
 from ..inference.types import InferRequest, InferResponse
@@ -39,10 +40,13 @@ from ..memory.client_shm import ClientShm
 from ..memory.shm_pool import ShmPool
 from ..tracing import live
 from . import frames
+from .direct_instances import DirectPeers
+from .direct_models import DirectModels
 from .frames import Kind, Op
 from .link import Link
 from .output_regions import OutputRegions
 from .snapshot import View
+from .stats_relay import StatsRelay
 
 log = logging.getLogger("inferd.scaleout")
 
@@ -76,6 +80,21 @@ class RemoteDataPlane(DataPlane):
         self._wakers: dict[int, asyncio.Event] = {}
         self._log_settings: dict[str, Any] | None = None  # as the core last pushed them
         self._loop: asyncio.AbstractEventLoop | None = None  # set on connect: get_running_loop costs a getpid
+        # the direct path (direct_models.py), when enabled before connect: simple models' requests go to their
+        # workers over this process's own connections, not through the core
+        self.direct: DirectModels | None = None
+        self._acking: asyncio.Future[Any] | None = None  # a snapshot acknowledgement waiting for drains
+
+    def enable_direct(self, run_dir: str) -> None:
+        peers = DirectPeers(run_dir)
+        peers.open()
+        relay = StatsRelay(self._send_stats)
+        self.direct = direct = DirectModels(peers, self.pool, relay)
+        relay.inflight = direct.inflight
+
+    def _send_stats(self, doc: dict[str, Any], pull: int) -> None:
+        if self.link is not None:
+            self.link.send(Kind.STATS, pull, frames.dumps(doc))
 
     async def connect(self, path: str, max_frame: int) -> None:
         loop = self._loop = asyncio.get_running_loop()
@@ -83,7 +102,10 @@ class RemoteDataPlane(DataPlane):
             lambda: Link(self._on_frame, self._on_lost, max_frame), path)
         self.link = link
         self.outputs = OutputRegions(self._release)
-        link.send(Kind.HELLO, 0, frames.dumps({"pid": os.getpid()}))
+        hello: dict[str, Any] = {"pid": os.getpid()}
+        if self.direct is not None:
+            hello["direct"] = self.direct.peers.endpoint
+        link.send(Kind.HELLO, 0, frames.dumps(hello))
 
     def _release(self, call: int) -> None:
         """The outputs of `call` that came by handle are no longer read: the worker may reuse their region."""
@@ -152,6 +174,11 @@ class RemoteDataPlane(DataPlane):
         elif kind == Kind.PING:
             if self.link is not None:
                 self.link.send(Kind.PONG, call, b"")
+        elif kind == Kind.STATS_PULL:
+            if self.direct is not None:
+                self.direct.relay.flush(call)
+            else:
+                self._send_stats({"rows": []}, call)
         else:
             log.error("frontend link: unexpected frame kind %d", kind)
 
@@ -202,9 +229,24 @@ class RemoteDataPlane(DataPlane):
             logs.apply(log_settings["log_verbose_level"], log_settings["log_format"], log_settings["log_info"],
                        log_settings["log_warning"], log_settings["log_error"])
         self._mirror_shm(doc.get("shm") or [])
-        if self.link is not None:
-            self.link.send(Kind.SNAPSHOT_ACK, 0, frames.dumps({"version": self.view.version}))
+        waits = self.direct.apply(doc.get("direct") or {}) if self.direct is not None else []
+        if waits or self._acking is not None:  # acknowledged in order, once what the core waits for is done
+            self._acking = asyncio.ensure_future(self._ack_later(self._acking, waits, self.view.version))
+        else:
+            self._ack(self.view.version)
         self.first_snapshot.set()
+
+    def _ack(self, version: int) -> None:
+        if self.link is not None:
+            self.link.send(Kind.SNAPSHOT_ACK, 0, frames.dumps({"version": version}))
+
+    async def _ack_later(self, before: asyncio.Future[Any] | None, waits: list[Any], version: int) -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        await asyncio.gather(*waits, return_exceptions=True)
+        self._ack(version)
+        if self._acking is asyncio.current_task():
+            self._acking = None
 
     def _mirror_shm(self, regions: list[Any]) -> None:
         """Open the client regions the core registered, close the ones it dropped (by this process's fds)."""
@@ -257,6 +299,13 @@ class RemoteDataPlane(DataPlane):
         return call
 
     def infer_nowait(self, request: InferRequest) -> asyncio.Future[InferResponse]:
+        direct = self.direct
+        if direct is not None and not live.armed:  # (tracing: every request through the core, which traces)
+            serial = getattr(request.model, "direct", None)
+            if serial is not None and not request.shm_hold and not _classifies(request):
+                model = direct.get(serial)
+                if model is not None and model.ready:  # (none connected yet, or all gone: the core answers)
+                    return model.submit(request)
         future: asyncio.Future[InferResponse] = (self._loop or asyncio.get_running_loop()).create_future()
         call = self._start(Kind.INFER, request, future)
         c = self._calls[call]
@@ -389,6 +438,11 @@ class RemoteDataPlane(DataPlane):
         if not self.view.doc.get("shm_allowed"):
             raise _no_region(region)
         self.client_shm.write(region, offset, data)
+
+
+def _classifies(request: InferRequest) -> bool:
+    """Whether an output asks for classification (the core has the labels)."""
+    return bool(request.outputs) and classification.requested(request.outputs) is not None
 
 
 def _no_region(region: str) -> InferdError:

@@ -19,6 +19,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from ..core import readiness
 from ..core.dataplane_impl import ServerDataPlane
 from ..core.model_handle import ModelHandle
+from . import direct_core
 
 MAX_HANDLES = 1024  # handles a View remembers (cleared when full: a client may spell one version many ways)
 
@@ -40,6 +41,9 @@ def _model(dp: ServerDataPlane, name: str, version: str) -> dict[str, Any]:
         doc = {"meta": _answer(handle.metadata), "config": _answer(handle.config),
                "decoupled": {"ok": handle.decoupled}}
     doc["ready"] = dp.model_ready(name, version)
+    serial = direct_core.serial_of(dp, name, version)
+    if serial is not None:
+        doc["direct"] = serial  # served straight to its workers (the doc's "direct" section)
     if _asks(dp, name, version):
         doc["asks"] = True  # its readiness comes from its is_ready(): the frontend asks the core
     return doc
@@ -64,7 +68,7 @@ def build(dp: ServerDataPlane, version: int, trace_armed: bool) -> dict[str, Any
     ready_asks = dp.strict_readiness and any(readiness.asks_model(mv) for mv in dp.manager.loaded_versions())
     return {"version": version, "live": dp.live(), "ready": dp.ready(), "ready_asks": ready_asks,
             "server": dp.server_metadata(), "models": models, "shm_allowed": shm is not None, "shm": regions,
-            "trace_armed": trace_armed, "log": dp.log_settings()}
+            "trace_armed": trace_armed, "log": dp.log_settings(), "direct": direct_core.section(dp)}
 
 
 def _raise(err: list[Any]) -> Any:
@@ -138,11 +142,12 @@ class SnapshotModel(ModelHandle):
     """A frontend process's handle: its model's answers in the snapshot it was resolved from. Inference goes
     to the core by name (which resolves it there, as the snapshot showed it or as it has changed since)."""
 
-    __slots__ = ("_entry",)
+    __slots__ = ("_entry", "direct")
 
     def __init__(self, name: str, version: str, decoupled: bool, entry: dict[str, Any]) -> None:
         super().__init__(name, version, decoupled)
         self._entry = entry
+        self.direct: int | None = entry.get("direct")  # the serial of its direct version (direct_core.py)
 
     def metadata(self) -> dict[str, Any]:
         return _ok(self._entry["meta"])  # type: ignore[no-any-return]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 from inferd.supervisor.core.dataplane import DataPlane
 from inferd.supervisor.metrics.text_format import CONTENT_TYPE
 
@@ -13,13 +15,16 @@ class MetricsHandler:
     def __init__(self, dataplane: DataPlane) -> None:
         self.dp = dataplane
 
-    def __call__(self, req: Request) -> Response:
+    def __call__(self, req: Request) -> Response | Awaitable[Response]:
         if req.path != "/metrics":
             return errors.NOT_FOUND
         if req.method != "GET":
             return errors.METHOD_NOT_ALLOWED
-        try:
-            return Response(200, self.dp.metrics_text(), CONTENT_TYPE)
+        return self._render()
+
+    async def _render(self) -> Response:
+        try:  # awaited: with frontend processes, their latest figures are asked for first
+            return Response(200, await self.dp.metrics_text_async(), CONTENT_TYPE)
         except Exception as exc:
             return errors.from_exception(exc)
 

@@ -138,6 +138,11 @@ class Instance:
         return w is not None and w.busy
 
     @property
+    def recycles_by_count(self) -> bool:
+        """Whether its worker is replaced after so many requests (counted here: the core must see each)."""
+        return bool(self._timings.max_requests)
+
+    @property
     def worker(self) -> WorkerProcess | None:
         return self._worker
 

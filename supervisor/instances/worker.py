@@ -19,7 +19,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from inferd.supervisor import logs
@@ -41,6 +41,9 @@ from .results import BatchResult
 log = logging.getLogger("inferd.instances.worker")
 
 _identities = itertools.count(1)
+# set by the frontend processes (frontend_processes/): awaited with a worker's identity before its Shutdown, so
+# that requests the frontends sent it straight are answered first
+BEFORE_STOP: Callable[[str], Awaitable[None]] | None = None
 STARTING_SILENCE_S = 15.0  # heartbeat silence tolerated while a worker starts and loads its model
 _LOG_LEVELS = {
     "ERROR": logging.ERROR, "WARNING": logging.WARNING, "INFO": logging.INFO, "VERBOSE": logging.DEBUG,
@@ -347,6 +350,11 @@ class WorkerProcess:
             return InferdError(ErrorCode.UNAVAILABLE, self.error.message)
         return InferdError(ErrorCode.UNAVAILABLE, f"{self._who()} is {self.state.value}")
 
+    def attach(self, endpoint: str) -> None:
+        """Tell the worker to connect to a frontend process's listener (the direct path, issue 42)."""
+        if self.state is WorkerState.READY:
+            self._send_quiet(m.Attach(endpoint))
+
     # ---- messages ----
     def _send(self, msg: Any, frames: Sequence[Any] = ()) -> None:
         self._channel.send(self.identity, m.encode(msg, frames))
@@ -470,6 +478,11 @@ class WorkerProcess:
         if self.hello is None:
             self._kill("stopped before start-up completed")
         else:
+            if BEFORE_STOP is not None:  # frontends answer what they sent it straight first (direct path)
+                try:
+                    await BEFORE_STOP(self.identity)
+                except Exception:
+                    log.exception("waiting for the frontend processes before stopping %s failed", self._who())
             try:
                 self._send(m.Shutdown())
             except InferdError:
