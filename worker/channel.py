@@ -60,8 +60,10 @@ def header_loads(raw: bytes) -> Any:
 
 
 class Channel:
-    def __init__(self, endpoint: str, identity: str) -> None:
-        self._sock = DealerSocket(endpoint, identity.encode("utf-8"))  # LinkClosed is a ProtocolError
+    def __init__(self, endpoint: str, identity: str, connect_timeout_s: float = 10.0) -> None:
+        # LinkClosed is a ProtocolError
+        self._sock = DealerSocket(endpoint, identity.encode("utf-8"), connect_timeout_s=connect_timeout_s)
+        self.identity = identity  # (a direct peer's socket is opened with the same: direct_peers.py)
         self._pending: collections.deque[tuple[Any, Sequence[Any]]] = collections.deque()
         self._error: Optional[ProtocolError] = None  # met while reading ahead; raised by recv()
         # one writer at a time: the main thread, or a thread sending its Outbox message itself (reads stay
@@ -116,6 +118,11 @@ class Channel:
         if self._error is not None:
             raise self._error
         return self._recv(False)
+
+    def buffered(self) -> bool:
+        """Something for `recv_nowait` without reading the socket: a message read ahead or in the socket's
+        buffer, or an error met while reading ahead (poll() would not wake for those)."""
+        return bool(self._pending) or self._error is not None or self._sock.buffered()
 
     def fileno(self) -> int:
         """The main socket's descriptor, for polling after `recv_nowait` returned None (main thread only):

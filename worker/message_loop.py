@@ -11,6 +11,10 @@ and sends what other threads posted to the Outbox (StreamResponses, then each ba
 in the order they were posted) when they could not send it themselves (channel.py: a posting thread
 writes its message while nothing is queued before it and the socket is free). A request stays open from
 its Execute until its final response.
+
+Direct peers (frontend processes, after an Attach: direct_peers.py): while none is attached the loop reads
+the main socket alone, exactly as before; with peers it serves every socket, and a peer's message is handled
+with that peer as the origin (its Cancels, its reply socket, the output regions handed to it).
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from typing import Any, Optional
 from . import backends, columns, log_levels, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext, requests_by_columns
 from .channel import Channel, Outbox
+from .direct_peers import PEER_MESSAGES, DirectPeer, DirectPeers, valid_ids
 from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
+    Attach,
     AutoComplete,
     AutoCompleteResult,
     Bye,
@@ -101,7 +107,12 @@ class Runtime:
         self._backend: Optional[Backend] = None
         self._spec: Optional[ModelSpec] = None
         self._reshapes: dict[str, tuple[bool, list[int]]] = {}  # inputs the config reshapes
+        # Cancels of the origin whose message is being handled (the main socket's set, or a direct peer's
+        # while its message is: request ids are chosen per sender); changed in place, never rebound
         self._cancelled: set[int] = set()
+        self._main_cancelled = self._cancelled
+        self._reply: Any = channel  # where the batch being handled is answered (the origin's socket)
+        self._peers: Optional[DirectPeers] = None  # made by the first Attach
         self._main_thread = threading.current_thread()
         self._is_cancelled = self.is_cancelled  # one bound method, handed to every Request
         self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled,
@@ -115,6 +126,7 @@ class Runtime:
         self._open_readiness = readiness
         self._readiness: Any = None  # the model's is_ready() responder, while the model is loaded
         self._running = True
+        self._single = True  # running, with no direct peer: the main socket's loop (run)
         self.bye_error: Optional[WireError] = None
         self._handlers: dict[type[Any], Callable[[Any, Sequence[Any]], None]] = {
             AutoComplete: self._on_auto_complete,
@@ -126,13 +138,28 @@ class Runtime:
             Shutdown: self._on_shutdown,
             Heartbeat: self._on_heartbeat,
             LogSettings: self._on_log_settings,
+            Attach: self._on_attach,
         }
 
     # ---- loop -----------------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until Shutdown. Raises ProtocolError on a malformed or unexpected message."""
-        while self._running:
+        """Serve until Shutdown. Raises ProtocolError on a malformed or unexpected message (from the main
+        socket: a direct peer's only drops that peer)."""
+        try:
+            while self._running:
+                if self._peers is not None and len(self._peers):
+                    self._run_direct(self._peers)
+                else:
+                    self._single = True
+                    self._run_single()
+        finally:
+            if self._peers is not None:
+                self._peers.close()
+
+    def _run_single(self) -> None:
+        """The main socket alone (no direct peer): until Shutdown or an Attach."""
+        while self._single:
             message, frames = self._channel.recv() if self._outbox is None else self._recv_streaming()
             handler = self._handlers.get(type(message))
             if handler is None:
@@ -143,6 +170,66 @@ class Runtime:
                 if type(poll_us) is not int:
                     raise ProtocolError("malformed poll_us %r in an Execute" % (poll_us,))
                 self._channel.poll_next(poll_us)  # answered: the next request is expected soon
+
+    def _run_direct(self, peers: DirectPeers) -> None:
+        """The main socket and every direct peer's (no busy polling): until Shutdown or no peer is left."""
+        handlers = self._handlers
+        while self._running and len(peers):
+            got = peers.next_message()
+            if got is None:
+                continue
+            peer, message, frames = got
+            if peer is not None:
+                self._on_peer_message(peers, peer, message, frames)
+                continue
+            handler = handlers.get(type(message))
+            if handler is None:
+                raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
+            handler(message, frames)
+
+    def _on_peer_message(self, peers: DirectPeers, peer: DirectPeer, message: Any, frames: Sequence[Any]) -> None:
+        """A direct peer's message, handled with that peer as the origin; whatever goes wrong drops the peer."""
+        kind = type(message)
+        if kind not in PEER_MESSAGES:
+            peers.drop(peer, "a direct peer may not send %s" % kind.__name__, True)
+            return
+        try:
+            if kind is ReleaseOutputs:
+                peers.release(peer, message.regions)
+            elif kind is Cancel and not valid_ids(message.request_ids):
+                raise ProtocolError("malformed cancel message")
+            elif self._outbox is not None:  # decoupled: its streams go to the supervisor only
+                if kind is not Cancel:  # (a Cancel names nothing of this peer's: none of its requests runs)
+                    self._refuse_decoupled(peer, message)
+            else:
+                self._handle_as(peer, message, frames)
+        except Exception as exc:  # a malformed message (a bug of ours too): that peer goes, the worker stays
+            peers.drop(peer, "%s: %s" % (type(exc).__name__, exc), True)
+            return
+        if peer.lost is not None:
+            peers.drop(peer, "its reply could not be sent: %s" % peer.lost, False)
+
+    def _handle_as(self, peer: DirectPeer, message: Any, frames: Sequence[Any]) -> None:
+        """Run the handler with `peer` as the origin: its Cancels, its socket for the reply, and the output
+        regions the reply hands out noted as the peer's. Device outputs are not offered to a peer."""
+        if type(message) is Execute:
+            for item in message.requests:
+                item.device_outputs = False
+        results = self._results
+        handed: list[str] = []
+        self._cancelled, self._reply, results.handed = peer.cancelled, peer, handed
+        try:
+            self._handlers[type(message)](message, frames)
+        finally:
+            self._cancelled, self._reply, results.handed = self._main_cancelled, self._channel, None
+            peer.regions.update(handed)
+
+    def _refuse_decoupled(self, peer: DirectPeer, message: Any) -> None:
+        requests = message.requests if type(message) is Execute else None
+        ids = [item.request_id for item in requests] if requests is not None else list(message.request_ids)
+        error = WireError(int(ErrorCode.UNAVAILABLE), "model '%s' is decoupled: decoupled models are not served "
+                          "over a direct link" % (self._spec.model_name if self._spec else ""))
+        peer.send_encoded(self._results.failed_batch(message.batch_id, ids, error))
 
     def _recv_streaming(self) -> tuple[Any, Sequence[Any]]:
         """Next message, sending what the Outbox holds meanwhile (decoupled models). The Outbox is flushed
@@ -174,8 +261,10 @@ class Runtime:
         if any(isinstance(message, Cancel) for message, _ in got):
             for message, _ in got:
                 if isinstance(message, Cancel):
-                    self._cancelled.update(message.request_ids)
+                    self._main_cancelled.update(message.request_ids)
             self._channel.take_pending(lambda msg: not isinstance(msg, Cancel))
+        if self._peers is not None and len(self._peers):
+            self._peers.read_cancels()
 
     # ---- handlers -------------------------------------------------------------------------------
 
@@ -197,7 +286,30 @@ class Runtime:
             self._cancelled.update(rid for rid in message.request_ids if rid in self._open)
 
     def _on_release_outputs(self, message: ReleaseOutputs, frames: Sequence[Any]) -> None:
-        self._results.release(message.regions, message.device)
+        regions = message.regions
+        if self._peers is not None and len(self._peers):  # regions a direct peer holds are that peer's to give
+            regions = self._peers.not_held(regions)
+        self._results.release(regions, message.device)
+
+    def _on_attach(self, message: Attach, frames: Sequence[Any]) -> None:
+        """Connect to a frontend's socket as a direct peer (direct_peers.py); a failure is only logged."""
+        if type(message.endpoint) is not str:
+            raise ProtocolError("malformed attach message")
+        if self._peers is None:
+            if not isinstance(getattr(self._channel, "identity", None), str):
+                self._log("direct peer %s refused: this worker's channel cannot open more sockets"
+                          % message.endpoint)
+                return
+            self._peers = DirectPeers(self._channel, self._log, lambda regions: self._results.release(regions, []))
+            if self._outbox is not None:
+                self._peers.watch(self._outbox.fileno(), self._flush_outbox)
+        self._peers.attach(message.endpoint)
+        if len(self._peers):
+            self._single = False  # run() switches to the loop over every socket
+
+    def _flush_outbox(self) -> None:
+        if self._outbox is not None:
+            self._outbox.flush(self._channel)
 
     def _on_auto_complete(self, message: AutoComplete, frames: Sequence[Any]) -> None:
         try:
@@ -244,6 +356,8 @@ class Runtime:
             self._poller = select.poll()  # (POLLHUP and POLLERR end a wait too: the read then tells)
             self._poller.register(self._channel.fileno(), select.POLLIN)
             self._poller.register(self._outbox.fileno(), select.POLLIN)
+            if self._peers is not None:
+                self._peers.watch(self._outbox.fileno(), self._flush_outbox)
         if self._owns_process:
             settle_heap()
         # is_ready() defined: its socket opens before the load is answered (the supervisor may probe at once)
@@ -291,7 +405,7 @@ class Runtime:
         self.release()
         self.bye_error = error
         self._channel.send(Bye(error=error))
-        self._running = False
+        self._running = self._single = False
 
     def _on_execute(self, message: Execute, frames: Sequence[Any]) -> None:
         t0 = _now_ns()
@@ -407,10 +521,12 @@ class Runtime:
             results = self._run_backend(runnable)
         header, out_frames = self._results.batch(batch_id, entries, runnable, results, (t0, t1, _now_ns()))
         self._flush_metrics()
-        self._channel.send_encoded(header, out_frames)
-        if self._cancelled and last_request_id is not None:
-            # ids grow per worker: later batches' Cancels (read ahead while this one ran) are kept
-            self._cancelled = {rid for rid in self._cancelled if rid > last_request_id}
+        self._reply.send_encoded(header, out_frames)  # (the main socket, or the direct peer that sent it)
+        cancelled = self._cancelled
+        if cancelled and last_request_id is not None:
+            # ids grow per sender (each origin has its own set): later batches' Cancels (read ahead while
+            # this one ran) are kept; in place, the set is the origin's
+            cancelled.difference_update([rid for rid in cancelled if rid <= last_request_id])
 
     def _execute(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int, t1: int,
                  failed: Optional[list[int]] = None) -> tuple[bytes, list[Any]]:

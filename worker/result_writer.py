@@ -66,6 +66,9 @@ class ResultWriter:
         # (name, datatype, shape) of outputs `_check_output` passed as they were (a model's outputs come in
         # few shapes): the same again needs no check
         self._passed: set[tuple[str, str, Any]] = set()
+        # a list while a direct peer's batch is answered: the output regions taken for it are noted here (the
+        # message loop then counts them as that peer's, given back if it goes away: direct_peers.py)
+        self.handed: Optional[list[str]] = None
 
     def configure(self, spec: ModelSpec, checks_outputs: bool = True) -> None:
         """The loaded model's outputs; `checks_outputs` False: a backend whose outputs go as returned."""
@@ -199,6 +202,8 @@ class ResultWriter:
             frame, offset = add(data, nbytes)
             return _ref_json(name, datatype, shape, frame, offset, nbytes)
         bulk_copy.copy_into(region.buf, data)
+        if self.handed is not None:
+            self.handed.append(region.name)
         return output_shm_ref_json(name, datatype, shape, region.name, nbytes)
 
     def _device_output(self, request: Request, name: str, datatype: str, array: Any) -> tuple[Any, ...]:

@@ -69,6 +69,10 @@ class DealerSocket:
     def fileno(self) -> int:
         return self._sock.fileno()
 
+    def buffered(self) -> bool:
+        """A whole message is waiting in this object (read with an earlier one): no poll() would say so."""
+        return bool(self._messages)
+
     def poll(self, timeout_ms: int = -1) -> bool:
         """True when a whole message is waiting or the socket turned readable within `timeout_ms`
         (-1: no limit); a readable socket may hold only part of a message (recv_multipart(False) tells)."""
