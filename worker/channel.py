@@ -119,6 +119,10 @@ class Channel:
             raise self._error
         return self._recv(False)
 
+    def set_send_timeout(self, seconds: float) -> None:
+        """Sends that cannot write for `seconds` fail (DealerSocket.set_send_timeout)."""
+        self._sock.set_send_timeout(seconds)
+
     def buffered(self) -> bool:
         """Something for `recv_nowait` without reading the socket: a message read ahead or in the socket's
         buffer, or an error met while reading ahead (poll() would not wake for those)."""

@@ -25,6 +25,9 @@ MAX_PEERS = 64
 # the most an Attach may hold the worker (the main socket waits meanwhile): the peer listens before the
 # supervisor sends it, so the connection and handshake take microseconds unless that frontend is stuck
 ATTACH_TIMEOUT_S = 2.0
+# a peer that takes none of a reply for this long is dropped: the worker (and the core's requests) must not wait
+# on a frontend that stopped reading
+SEND_TIMEOUT_S = 10.0
 PEER_MESSAGES = frozenset((Execute, ExecuteColumns, Cancel, ReleaseOutputs))
 
 
@@ -89,6 +92,7 @@ class DirectPeers:
             return
         try:
             channel = Channel(endpoint, self._main.identity, ATTACH_TIMEOUT_S)
+            channel.set_send_timeout(SEND_TIMEOUT_S)
         except (ProtocolError, ValueError, OSError) as exc:
             self._log("cannot attach to direct peer %s: %s" % (endpoint, exc))
             return

@@ -16,6 +16,7 @@ import collections
 import os
 import select
 import socket
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -68,6 +69,14 @@ class DealerSocket:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    def set_send_timeout(self, seconds: float) -> None:
+        """A send that cannot write for `seconds` fails (LinkClosed) instead of waiting on: for a socket whose
+        peer may stop reading without the worker having to wait for it (a direct peer: direct_peers.py).
+        SO_SNDTIMEO, so reads stay as they are."""
+        whole = int(seconds)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                              struct.pack("ll", whole, int((seconds - whole) * 1e6)))
 
     def buffered(self) -> bool:
         """A whole message is waiting in this object (read with an earlier one): no poll() would say so."""

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 from inferd.supervisor.instances.channel import Channel
+from inferd.worker.direct_peers import SEND_TIMEOUT_S
 from inferd.worker.wire import messages as m
+from inferd.worker.wire import zmtp
 from inferd.worker.wire.errors import ErrorCode
 from integration.worker.workerharness import make_pypath, worker_env
 
@@ -52,6 +55,8 @@ class TritonPythonModel:
                 y = x + 1
             if params.get("big"):  # 400 kB: an output region of the worker
                 y = np.full(100_000, y[0], np.float32)
+            elif params.get("n"):  # n floats (below 256 KiB: inline, in the reply's frames)
+                y = np.full(params["n"], y[0], np.float32)
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", y)]))
         return out
 """
@@ -366,3 +371,35 @@ async def test_decoupled_model_is_not_served_directly(run_dir, tmp_path):
         assert result.responses[0].error is not None
     finally:
         await stop(core, worker, fe)
+
+
+async def test_peer_that_stops_reading_is_dropped(run_dir, tmp_path):
+    """A peer that takes none of a reply for SEND_TIMEOUT_S is dropped; the worker then serves the core."""
+    core, worker = await start(run_dir, tmp_path)
+    path = os.path.join(run_dir, "deaf.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    conn = None
+    try:
+        core.send(m.Attach("ipc://" + path))
+        conn, _ = await asyncio.to_thread(listener.accept)
+        conn.sendall(zmtp.GREETING + zmtp.ready(b"ROUTER"))
+        await asyncio.to_thread(conn.recv, 4096)  # the worker's greeting and READY (not checked)
+        # 40 replies of 240 kB in one batch: far more than the socket buffers hold, and never read
+        data = np.array([1.0], np.float32).tobytes()
+        items = [m.RequestItem(rid, "", [m.TensorRef("IN", "FP32", [1], "frame", 0, "", 0, 4)], ["OUT"],
+                               json.dumps({"n": 60_000})) for rid in range(40)]
+        whole, pieces = zmtp.encode(m.encode(m.Execute(1, items), [data]))
+        conn.sendall(whole if not pieces else b"".join(bytes(p) for p in pieces))
+        mark = len(worker.lines)
+        core.execute(2, [2], 1.0)  # waits behind the stuck reply, then is answered
+        await worker.logged("dropped", mark)
+        result, frames = await asyncio.wait_for(core.recv(m.ExecuteResult), SEND_TIMEOUT_S + WAIT_S)
+        assert value(result, frames)[0] == 2.0
+        await round_trip(core, 3)
+    finally:
+        if conn is not None:
+            conn.close()
+        listener.close()
+        await stop(core, worker)
