@@ -2,9 +2,10 @@
 straight to the models' workers, so those requests cost the core's event loop nothing.
 
 - `eligible(mv)`: which loaded versions go direct. Everything the core must see per request keeps the
-  core's path: ensembles, decoupled models, dynamic and sequence batching (one batcher per model sees
-  every frontend's requests, as Triton's does), the response cache, the rate limiter, instance recycling
-  by request count, GPU instances (device outputs live in the core's device table).
+  core's path: ensembles, decoupled models, sequence batching (a sequence's requests must meet in one
+  place), the response cache, the rate limiter, instance recycling by request count, GPU instances
+  (device outputs live in the core's device table). Dynamic batching goes direct: each frontend forms
+  batches of its own requests (direct_models.py) and the worker merges the batches queued for it.
 - `section(dp)`: what the snapshot tells the frontends about them (snapshot.build adds it): per version
   (by its `serial`, unique per load) its config, the server-wide queue bound and pipeline depth, and per
   scheduled instance the identity of its worker while that worker is ready.
@@ -32,7 +33,7 @@ METHODS = ("record_success", "record_successes", "record_failure", "record_execu
 def eligible(mv: ModelVersion) -> bool:
     cfg = mv.config
     if (mv.state != READY or mv.ensemble is not None or mv.decoupled or mv.cache_generation or mv.rate_gate is not None
-            or "sequence_batching" in cfg or "dynamic_batching" in cfg):
+            or "sequence_batching" in cfg):
         return False
     if any(g.get("kind") == "KIND_GPU" for g in cfg.get("instance_group") or ()):
         return False

@@ -2,9 +2,11 @@
 
 The snapshot's "direct" section (direct_core.section) lists the versions whose requests this process may
 send straight to their workers. Each gets its own scheduler here, made by the core's factory from the
-same config (scheduler/factory.py: the default scheduler; direct_core.eligible keeps batching models on the
-core's path), over `DirectInstance`s, recording into a `stats_relay.Recorder`. So the queue bound holds per
-frontend process; what the core would refuse, this refuses the same way.
+same config (scheduler/factory.py: the default scheduler, or the dynamic batcher with its priorities, queue
+policies and delays), over `DirectInstance`s, recording into a `stats_relay.Recorder`. So batches form, and
+queue bounds and timeouts hold, per frontend process (the worker merges batches that wait for it, which
+brings back the batches a single batcher would form when it is busy); what the core would refuse, this
+refuses the same way.
 
 `apply(section)` brings the set up to date and returns what must finish before the snapshot is acknowledged
 (the core stops a worker, or unloads a version, only after every frontend has acknowledged that it no
