@@ -403,3 +403,29 @@ async def test_peer_that_stops_reading_is_dropped(run_dir, tmp_path):
             conn.close()
         listener.close()
         await stop(core, worker)
+
+
+async def test_at_most_max_peers_are_attached(run_dir):
+    """DirectPeers in this process over real sockets: the 65th endpoint is refused with a log line."""
+    from inferd.worker.channel import Channel as WorkerChannel
+    from inferd.worker.direct_peers import MAX_PEERS, DirectPeers
+
+    core = Side(run_dir, "workers.sock").open()
+    sides = [Side(run_dir, "fe-%d.sock" % i).open() for i in range(MAX_PEERS + 1)]
+    logged: list[str] = []
+    main = await asyncio.to_thread(WorkerChannel, core.channel.endpoint, IDENT)
+    peers = DirectPeers(main, logged.append, lambda regions: None)
+    try:
+        for side in sides:
+            await asyncio.to_thread(peers.attach, side.channel.endpoint)
+        assert len(peers) == MAX_PEERS
+        assert "refused" in logged[-1] and sides[-1].channel.endpoint in logged[-1]
+        await asyncio.wait_for(sides[MAX_PEERS - 1].ready.wait(), WAIT_S)
+        assert not sides[-1].ready.is_set() and not sides[-1].channel.is_connected(IDENT)
+        await asyncio.to_thread(peers.attach, sides[0].channel.endpoint)  # a known endpoint: replaced, not refused
+        assert len(peers) == MAX_PEERS and "attached" in logged[-1]
+    finally:
+        peers.close()
+        main.close()
+        for side in (core, *sides):
+            side.channel.close()
