@@ -96,6 +96,7 @@ class Session:
         self.held: dict[int, InferResponse] = {}
         self.direct_endpoint = ""  # its listener for the workers of direct versions (direct_core.py), if any
         self.direct_inflight: dict[tuple[int, str], int] = {}  # its direct requests in flight, as last pulled
+        self.direct_pending: dict[int, int] = {}  # and queued, per version serial
 
     # ---------------------------------------------------------------- frames
     def _on_frame(self, kind: int, call: int, header: memoryview, data: memoryview) -> None:
@@ -126,6 +127,7 @@ class Session:
                 direct_core.replay(self.dp, doc.get("rows") or [])
                 if "inflight" in doc:
                     self.direct_inflight = direct_core.inflight_table(doc["inflight"])
+                    self.direct_pending = direct_core.pending_table(doc.get("pending"))
                 if call:
                     self.publisher.pulled(self, call)
             elif kind == Kind.HELLO:
@@ -332,6 +334,9 @@ class Publisher:
 
     def direct_inflight(self, serial: int, instance: str) -> int:
         return sum(s.direct_inflight.get((serial, instance), 0) for s in self.sessions)
+
+    def direct_pending(self, serial: int) -> int:
+        return sum(s.direct_pending.get(serial, 0) for s in self.sessions)
 
     def pulled(self, session: Session, call: int) -> None:
         pull = self._pulls.get(call)

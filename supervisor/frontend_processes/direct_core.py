@@ -104,6 +104,13 @@ def inflight_table(doc: Any) -> dict[tuple[int, str], int]:
     return table
 
 
+def pending_table(doc: Any) -> dict[int, int]:
+    """A frontend's queued counts {serial: n} with int keys."""
+    if not isinstance(doc, dict):
+        return {}
+    return {int(serial): n for serial, n in doc.items() if isinstance(n, int) and n > 0}
+
+
 def replay(dp: ServerDataPlane, rows: list[Any]) -> None:
     """Apply a frontend's relayed statistics rows: [serial, method index, args...]."""
     by_serial = {mv.serial: mv for mv in dp.manager.loaded_versions()}

@@ -122,13 +122,18 @@ class DirectModels:
         return waits
 
     def inflight(self) -> dict[str, Any]:
-        """{serial: {instance: requests in flight}} (the core adds them to its status view)."""
-        out: dict[str, Any] = {}
+        """{"inflight": {serial: {instance: requests in flight}}, "pending": {serial: requests queued}} (the core
+        adds them to its status view and metrics)."""
+        inflight: dict[str, Any] = {}
+        pending: dict[str, int] = {}
         for serial, model in self._models.items():
             counts = {name: inst.inflight for name, inst in model.instances.items() if inst.inflight}
             if counts:
-                out[str(serial)] = counts
-        return out
+                inflight[str(serial)] = counts
+            queued = model.scheduler.pending_count
+            if queued:
+                pending[str(serial)] = queued
+        return {"inflight": inflight, "pending": pending}
 
     async def _until_settled(self, timeout: float) -> None:
         loop = asyncio.get_running_loop()

@@ -20,6 +20,7 @@ import sys
 from ..config import ServerConfig
 from ..core.dataplane_impl import ServerDataPlane
 from ..instances import worker as worker_process
+from ..metrics.endpoint import MetricsEndpoint
 from . import core_link, watchdog
 from .frontend_main import max_frame
 
@@ -96,6 +97,10 @@ class FrontendProcesses:
         # a worker stopped only once the frontends have let go of it
         self.dp.stats_pull = self.publisher.pull_stats
         self.dp.direct_inflight = self.publisher.direct_inflight
+        renderer = getattr(self.dp.metrics_renderer, "__self__", None)  # (a bound MetricsEndpoint.render)
+        if isinstance(renderer, MetricsEndpoint):
+            renderer.direct_pending = self.publisher.direct_pending
+            renderer.direct_inflight = self.publisher.direct_inflight
         worker_process.BEFORE_STOP = self.publisher.detach
         self._tasks = [asyncio.ensure_future(self._keep(i)) for i in range(self.count)]
         beat = cfg.worker  # the workers' heartbeat settings pace the frontends' too
@@ -148,6 +153,9 @@ class FrontendProcesses:
             worker_process.BEFORE_STOP = None
         self.dp.stats_pull = None
         self.dp.direct_inflight = None
+        renderer = getattr(self.dp.metrics_renderer, "__self__", None)
+        if isinstance(renderer, MetricsEndpoint):
+            renderer.direct_pending = renderer.direct_inflight = None
         procs = list(self._children.values())
         for proc in procs:
             if proc.returncode is None:

@@ -26,7 +26,7 @@ class StatsRelay:
     def __init__(self, send: Callable[[dict[str, Any], int], None],
                  inflight: Callable[[], dict[str, Any]] | None = None) -> None:
         self._send = send  # (document, pull call id or 0): one STATS frame
-        self.inflight = inflight  # what a pull also answers: requests in flight per version and instance
+        self.inflight = inflight  # what a pull also answers: {"inflight": per version and instance, "pending": ...}
         self.rows: list[Any] = []
         self._timer: asyncio.TimerHandle | None = None
 
@@ -45,7 +45,9 @@ class StatsRelay:
             self._timer = None
         rows, self.rows = self.rows, []
         if pull:
-            self._send({"rows": rows, "inflight": self.inflight() if self.inflight is not None else {}}, pull)
+            counts = self.inflight() if self.inflight is not None else {}
+            self._send({"rows": rows, "inflight": counts.get("inflight", {}), "pending": counts.get("pending", {})},
+                       pull)
         elif rows:
             self._send({"rows": rows}, 0)
 

@@ -100,6 +100,10 @@ class MetricsEndpoint:
         self.cache = cache
         self.gpu = gpu
         self.custom = custom
+        # with frontend processes on the direct path: their requests queued per version (by serial) and in flight
+        # per instance (serial, instance name), as last pulled (frontend_processes/core_link.Publisher)
+        self.direct_pending: Callable[[int], int] | None = None
+        self.direct_inflight: Callable[[int, str], int] | None = None
 
     def render(self) -> bytes:
         body = render_metrics(self.registry, extra=self.extra, system=self.cpu_metrics)
@@ -117,13 +121,16 @@ class MetricsEndpoint:
         """The scrape-time snapshot of what the statistics do not hold."""
         pending: dict[tuple[str, str], int] = {}
         instances: list[InstanceMetrics] = []
+        more_pending, more_inflight = self.direct_pending, self.direct_inflight
         for mv in self.manager.loaded_versions():
-            pending[(mv.name, str(mv.version))] = mv.scheduler.pending_count
+            pending[(mv.name, str(mv.version))] = mv.scheduler.pending_count + (
+                more_pending(mv.serial) if more_pending is not None else 0)
             for inst in mv.instances:
                 state = inst.state.value
+                inflight = inst.inflight + (more_inflight(mv.serial, inst.name) if more_inflight is not None else 0)
                 instances.append(InstanceMetrics(
                     mv.name, str(mv.version), inst.name, state if state in INSTANCE_STATES else "starting",
-                    restarts=inst.restarts, restart_reasons=dict(inst.restart_reasons), inflight=inst.inflight))
+                    restarts=inst.restarts, restart_reasons=dict(inst.restart_reasons), inflight=inflight))
         pool = self.runtime.pool
         return ExtraMetrics(pending=pending, instances=instances, shm_bytes_in_use=pool.in_use_bytes,
                             shm_bytes_reserved=pool.total_bytes, pinned_pool_bytes=self.pinned_pool_bytes)
