@@ -369,7 +369,8 @@ def extract_safely(tarball: str, dest: str, limits: Limits | None = None, fileob
             _Writer(tarball, dest, limits).run(f)
     except EnvError:
         raise
-    except (tarfile.TarError, EOFError, zlib.error) as exc:
+    # (OverflowError: tarfile's PAX parser on a record length beyond any index, found by fuzzing)
+    except (tarfile.TarError, EOFError, zlib.error, OverflowError) as exc:
         raise EnvError("environment tarball %s is corrupt or truncated: %s: %s"
                        % (tarball, type(exc).__name__, exc)) from None
     except OSError as exc:
