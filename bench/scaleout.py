@@ -133,15 +133,18 @@ def prepare_repo(repo: Path) -> None:
 
 
 class Server(rb.Server):
-    """bench/run.py's server, as inferd with N frontend processes ("inferd-N<n>") or Triton."""
+    """bench/run.py's server, as inferd with N frontend processes ("inferd-N<n>"; "inferd-N<n>-core": with
+    --frontend-direct false, every request through the core as before issue 42) or Triton."""
 
     def command(self, repo: Path) -> tuple[list[str], dict, Path] | str:
         h, g, m = (str(p) for p in self.ports)
         loads = [a for name in MODELS for a in ("--load-model", name)]
         if self.name.startswith("inferd-N"):
-            n = self.name[len("inferd-N"):]
+            n, _, mode = self.name[len("inferd-N"):].partition("-")
+            extra = ["--frontend-direct", "false"] if mode == "core" else []
             return ([str(rb.INFERD), "--model-repository", str(repo), "--model-control-mode", "explicit", *loads,
-                     "--http-port", h, "--grpc-port", g, "--metrics-port", m, "--frontend-processes", n], {}, rb.ROOT)
+                     "--http-port", h, "--grpc-port", g, "--metrics-port", m, "--frontend-processes", n, *extra],
+                    {}, rb.ROOT)
         if self.name == "triton":
             if not rb.TRITON_SH.exists() or not (rb.TRITON_DIR / "venv" / "bin" / "python").exists():
                 return "Triton reference not set up (triton_reference.sh setup)"
@@ -178,7 +181,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frontends", default="1,2", help="values of --frontend-processes to run (comma list)")
     ap.add_argument("--servers", default="inferd,triton",
-                    help="comma list of inferd (one per --frontends value), inferd-N<n> and triton")
+                    help="comma list of inferd (one per --frontends value), inferd-N<n>, inferd-N<n>-core "
+                         "(--frontend-direct false) and triton")
     ap.add_argument("--conc", type=int, default=64)
     ap.add_argument("-d", "--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
@@ -192,10 +196,11 @@ def main() -> int:
     for want in args.servers.split(","):
         if want == "inferd":
             names += [f"inferd-N{int(n)}" for n in args.frontends.split(",")]
-        elif want == "triton" or (want.startswith("inferd-N") and want[len("inferd-N"):].isdigit()):
+        elif want == "triton" or (want.startswith("inferd-N")
+                                   and want[len("inferd-N"):].removesuffix("-core").isdigit()):
             names.append(want)
         else:
-            ap.error(f"unknown server {want!r}: use inferd, inferd-N<n> or triton")
+            ap.error(f"unknown server {want!r}: use inferd, inferd-N<n>, inferd-N<n>-core or triton")
     names = list(dict.fromkeys(names))
     stamp = datetime.now(timezone.utc)
     work = rb.BENCH / "out" / ("scaleout-" + stamp.strftime("%Y%m%d-%H%M%S"))
