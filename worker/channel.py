@@ -148,6 +148,14 @@ class Channel:
             self._pending.append(item)
         return got
 
+    def unread(self, item: tuple[Any, Sequence[Any]]) -> None:
+        """Put a message taken by `recv_nowait` back in front: the next `recv` / `recv_nowait` returns it."""
+        self._pending.appendleft(item)
+
+    def unread_error(self, exc: ProtocolError) -> None:
+        """An error `recv_nowait` raised, raised again by the next `recv` / `recv_nowait` (after what is queued)."""
+        self._error = exc
+
     def take_pending(self, keep: Callable[[Any], bool]) -> None:
         """Drop queued messages for which keep(message) is False (already handled)."""
         self._pending = collections.deque(item for item in self._pending if keep(item[0]))

@@ -40,6 +40,7 @@ class DirectPeer:
         self.cancelled: set[int] = set()  # this peer's Cancels (its request ids)
         self.regions: set[str] = set()  # output regions handed to this peer and not given back
         self.lost: Optional[str] = None  # why a reply could not go: the peer is dropped after its message
+        self.probe: Optional[Callable[[int], bool]] = None  # is_cancelled for its requests in a merged batch
 
     def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """A reply to this peer (the message loop's reply target while it handles the peer's message): a
@@ -190,6 +191,42 @@ class DirectPeers:
                 self._turn = (i + 1) % count
                 return peer, got[0], got[1]
         return None
+
+    def attached(self, peer: DirectPeer) -> bool:
+        return self._peers.get(peer.endpoint) is peer
+
+    def take_queued(self, want: Callable[[Any], bool]) -> list[tuple[Optional[DirectPeer], Any, Sequence[Any]]]:
+        """Messages already waiting (read, or readable now: one poll without a wait) at the head of each source
+        while want(message) says yes, source after source from the next turn, each source's in order; the first
+        one refused is put back and ends that source. A peer's broken socket drops that peer; the main socket's
+        error is left for `next_message`."""
+        sources = self._sources
+        count = len(sources)
+        poller = self._poller or self._build()
+        readable = {fd for fd, _ in poller.poll(0)}
+        taken: list[tuple[Optional[DirectPeer], Any, Sequence[Any]]] = []
+        for k in range(count):
+            peer, channel = sources[(self._turn + k) % count]
+            if not channel.buffered() and channel.fileno() not in readable:
+                continue
+            while True:
+                try:
+                    got = channel.recv_nowait()
+                except ProtocolError as exc:
+                    if peer is None:
+                        channel.unread_error(exc)
+                    else:
+                        self.drop(peer, str(exc), not isinstance(exc, LinkClosed) or "broke" in str(exc))
+                    break
+                if got is None:
+                    break
+                if not want(got[0]):
+                    channel.unread(got)
+                    break
+                taken.append((peer, got[0], got[1]))
+        if self._sources is not sources:  # (a peer dropped: the turn restarts)
+            self._turn = 0
+        return taken
 
     def _build(self) -> Any:
         poller = select.poll()

@@ -71,6 +71,32 @@ _NO_IDS = itertools.repeat("")  # the client ids of a batch sent without any
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
 
 
+def _prune(cancelled: set[int], last_request_id: Optional[int]) -> None:
+    """After a batch is answered: ids grow per sender (each has its own set), so later batches' Cancels (read
+    ahead while this one ran) are kept; in place, the set is the sender's."""
+    if cancelled and last_request_id is not None:
+        cancelled.difference_update([rid for rid in cancelled if rid <= last_request_id])
+
+
+def _batch_size(message: Any) -> Optional[int]:
+    """The batch size an Execute / ExecuteColumns asks of a batching model (the first dimension of each
+    request's first input, summed), or None when that cannot be told (then it is not merged)."""
+    try:
+        if type(message) is Execute:
+            total = 0
+            for item in message.requests:
+                n = item.inputs[0].shape[0] if item.inputs and item.inputs[0].shape else 1
+                if type(n) is not int or n < 0:
+                    return None
+                total += n
+            return total
+        n = message.inputs[0].shape[0] if message.inputs and message.inputs[0].shape else 1
+        count = message.request_ids
+        return n * len(count) if type(n) is int and n >= 0 and type(count) is list else None
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
 def settle_heap() -> None:
     """After the model is loaded: what exists now (the interpreter, numpy, the model and its framework)
     lives as long as the worker, so keep it out of the collector's full passes, which scan every tracked
@@ -114,7 +140,7 @@ class Runtime:
         self._reply: Any = channel  # where the batch being handled is answered (the origin's socket)
         self._peers: Optional[DirectPeers] = None  # made by the first Attach
         self._main_thread = threading.current_thread()
-        self._is_cancelled = self.is_cancelled  # one bound method, handed to every Request
+        self._is_cancelled: Callable[[int], bool] = self.is_cancelled  # one bound method, handed to every Request
         self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled,
                                       poll=self.poll_cancellations, emit=self._emit)
         # decoupled models only (set at load): see the module docstring
@@ -125,6 +151,7 @@ class Runtime:
         self._open_lock = threading.Lock()
         self._open_readiness = readiness
         self._readiness: Any = None  # the model's is_ready() responder, while the model is loaded
+        self._merge_max = 0  # > 0: with peers, batches queued from several senders run as one, up to this size
         self._running = True
         self._single = True  # running, with no direct peer: the main socket's loop (run)
         self.bye_error: Optional[WireError] = None
@@ -179,6 +206,8 @@ class Runtime:
             if got is None:
                 continue
             peer, message, frames = got
+            if self._merge_max and type(message) in _EXECUTES and self._run_merged(peers, peer, message, frames):
+                continue
             if peer is not None:
                 self._on_peer_message(peers, peer, message, frames)
                 continue
@@ -223,6 +252,103 @@ class Runtime:
         finally:
             self._cancelled, self._reply, results.handed = self._main_cancelled, self._channel, None
             peer.regions.update(handed)
+
+    # ---- batches of several senders run as one (dynamic batching, with direct peers) ----------------
+
+    def _run_merged(self, peers: DirectPeers, peer: Optional[DirectPeer], message: Any, frames: Sequence[Any]) -> bool:
+        """Run `message` (an Execute of the main socket or of `peer`) together with the Executes already queued
+        behind it on every socket, as one execute() of at most max_batch_size; each sender gets its own reply.
+        Each frontend forms its batches from its own requests: this merges them where they meet. False when
+        nothing could be merged (the caller handles `message` alone)."""
+        limit = self._merge_max
+        size = _batch_size(message)
+        if size is None or size >= limit:
+            return False
+        total = [size]
+
+        def fits(queued: Any) -> bool:
+            n = _batch_size(queued) if type(queued) in _EXECUTES else None
+            if n is None or total[0] + n > limit:
+                return False
+            total[0] += n
+            return True
+
+        more = peers.take_queued(fits)
+        if not more:
+            return False
+        parts: list[tuple[Optional[DirectPeer], tuple[Any, ...]]] = []
+        for origin, queued, queued_frames in [(peer, message, frames), *more]:
+            if origin is None:
+                parts.append((None, self._collect(None, queued, queued_frames)))
+                continue
+            try:
+                parts.append((origin, self._collect(origin, queued, queued_frames)))
+            except Exception as exc:  # a malformed message: that peer goes (its other batches here are answered)
+                peers.drop(origin, "%s: %s" % (type(exc).__name__, exc), True)
+        runnable = [r for _, part in parts for r in part[2]]
+        t1 = _now_ns()
+        results = self._run_backend(runnable)
+        t2 = _now_ns()
+        self._flush_metrics()
+        start = 0
+        writer = self._results
+        for origin, (batch_id, entries, mine, t0, last) in parts:
+            answers = results[start:start + len(mine)]
+            start += len(mine)
+            if origin is None:
+                header, out_frames = writer.batch(batch_id, entries, mine, answers, (t0, t1, t2))
+                self._channel.send_encoded(header, out_frames)
+                _prune(self._main_cancelled, last)
+                continue
+            handed: list[str] = []
+            writer.handed = handed
+            try:
+                header, out_frames = writer.batch(batch_id, entries, mine, answers, (t0, t1, t2))
+            finally:
+                writer.handed = None
+            if not peers.attached(origin):  # dropped meanwhile: its reply goes nowhere, its regions come back
+                if handed:
+                    writer.release(handed, [])
+                continue
+            origin.regions.update(handed)
+            origin.send_encoded(header, out_frames)
+            _prune(origin.cancelled, last)
+            if origin.lost is not None:
+                peers.drop(origin, "its reply could not be sent: %s" % origin.lost, False)
+        return True
+
+    def _collect(self, peer: Optional[DirectPeer], message: Any, frames: Sequence[Any]) -> tuple[Any, ...]:
+        """(batch_id, entries, runnable, t0, last request id) of an Execute / ExecuteColumns, decoded by its
+        handler as if it were to run (cancelled requests left out, with `peer`'s Cancels and probe) but not run."""
+        got: list[tuple[Any, ...]] = []
+
+        def keep(batch_id: int, entries: list[Any], runnable: list[Request], t0: int, last: Optional[int]) -> None:
+            got.append((batch_id, entries, runnable, t0, last))
+
+        self._run_entries = keep  # type: ignore[method-assign,assignment]  # (shadows the method while the handler decodes)
+        if peer is not None:
+            if type(message) is Execute:
+                for item in message.requests:
+                    item.device_outputs = False
+            if peer.probe is None:
+                peer.probe = self._peer_probe(peer.cancelled)
+            self._cancelled, self._is_cancelled = peer.cancelled, peer.probe
+        try:
+            self._handlers[type(message)](message, frames)
+        finally:
+            del self._run_entries
+            self._cancelled, self._is_cancelled = self._main_cancelled, self.is_cancelled
+        return got[0]
+
+    def _peer_probe(self, cancelled: set[int]) -> Callable[[int], bool]:
+        """is_cancelled for one peer's requests (they may share a batch with other senders' requests)."""
+        main, poll = self._main_thread, self.poll_cancellations
+
+        def probe(request_id: int) -> bool:
+            if threading.current_thread() is main:
+                poll()
+            return request_id in cancelled
+        return probe
 
     def _refuse_decoupled(self, peer: DirectPeer, message: Any) -> None:
         requests = message.requests if type(message) is Execute else None
@@ -348,6 +474,9 @@ class Runtime:
         self._cache.device_inputs = bool(getattr(backend, "device_inputs", False))
         self._results.configure(spec, bool(getattr(backend, "checks_outputs", True)))
         self._reshapes = tensors.input_reshapes(spec.config)
+        max_batch = spec.config.get("max_batch_size")
+        if "dynamic_batching" in spec.config and type(max_batch) is int and max_batch > 1 and not spec.decoupled:
+            self._merge_max = max_batch
         if spec.decoupled:
             # model threads send their responses themselves while the socket is free (a Channel's send lock)
             self._outbox = Outbox(self._channel if isinstance(self._channel, Channel) else None)
@@ -522,11 +651,8 @@ class Runtime:
         header, out_frames = self._results.batch(batch_id, entries, runnable, results, (t0, t1, _now_ns()))
         self._flush_metrics()
         self._reply.send_encoded(header, out_frames)  # (the main socket, or the direct peer that sent it)
-        cancelled = self._cancelled
-        if cancelled and last_request_id is not None:
-            # ids grow per sender (each origin has its own set): later batches' Cancels (read ahead while
-            # this one ran) are kept; in place, the set is the origin's
-            cancelled.difference_update([rid for rid in cancelled if rid <= last_request_id])
+        if self._cancelled and last_request_id is not None:
+            _prune(self._cancelled, last_request_id)
 
     def _execute(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int, t1: int,
                  failed: Optional[list[int]] = None) -> tuple[bytes, list[Any]]:

@@ -34,6 +34,7 @@ IDENT = "w_0"
 
 MODEL = """
 import json
+import sys
 import time
 
 import numpy as np
@@ -46,7 +47,10 @@ class TritonPythonModel:
         for request in requests:
             params = json.loads(request.parameters())
             x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if params.get("count"):  # how many requests this execute() got
+                x = np.array([len(requests) - 1], np.float32)
             if params.get("block"):  # until cancelled or `block` seconds: OUT [1] if it was cancelled
+                print("model: blocking", file=sys.stderr, flush=True)
                 deadline = time.monotonic() + params["block"]
                 while not request.is_cancelled() and time.monotonic() < deadline:
                     time.sleep(0.002)
@@ -76,7 +80,7 @@ class TritonPythonModel:
 """
 
 
-def config(name: str, decoupled: bool = False) -> dict:
+def config(name: str, decoupled: bool = False, batching: bool = False) -> dict:
     doc: dict[str, Any] = {
         "name": name, "max_batch_size": 0, "backend": "python",
         "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
@@ -84,6 +88,8 @@ def config(name: str, decoupled: bool = False) -> dict:
     }
     if decoupled:
         doc["model_transaction_policy"] = {"decoupled": True}
+    if batching:
+        doc.update(max_batch_size=8, dynamic_batching={})
     return doc
 
 
@@ -182,14 +188,15 @@ def run_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-async def start(run_dir: str, tmp_path: Path, decoupled: bool = False) -> tuple[Side, Worker]:
+async def start(run_dir: str, tmp_path: Path, decoupled: bool = False, batching: bool = False) -> tuple[Side, Worker]:
     model_dir = tmp_path / "m"
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     (model_dir / "1" / "model.py").write_text(textwrap.dedent(DECOUPLED if decoupled else MODEL))
     core = Side(run_dir, "workers.sock").open()
     worker = Worker(run_dir, core.channel.endpoint)
     await core.recv(m.Hello)
-    core.send(m.LoadModel("m", str(model_dir), "1", json.dumps(config("m", decoupled)), "python", "m_0", "CPU"))
+    doc = json.dumps(config("m", decoupled, batching))
+    core.send(m.LoadModel("m", str(model_dir), "1", doc, "python", "m_0", "CPU"))
     loaded, _ = await core.recv(m.LoadResult)
     assert loaded.error is None
     return core, worker
@@ -429,3 +436,30 @@ async def test_at_most_max_peers_are_attached(run_dir):
         main.close()
         for side in (core, *sides):
             side.channel.close()
+
+
+async def test_batches_queued_by_several_senders_run_as_one(run_dir, tmp_path):
+    """A dynamic-batching model: the batches waiting for the worker (the core's and a peer's) run in one execute();
+    each sender gets its own answer, and a peer's Cancel still reaches only its own request 1."""
+    core, worker = await start(run_dir, tmp_path, batching=True)
+    fe = await attach(core, run_dir)
+    try:
+        mark = len(worker.lines)
+        core.execute(1, [100], block=1.0)  # keeps the worker busy while the next batches queue
+        await worker.logged("model: blocking", mark)
+        fe.execute(1, [1, 2], count=True)
+        fe.send(m.Cancel([1]))
+        core.execute(2, [1], count=True)
+        result, frames = await core.recv(m.ExecuteResult)
+        assert result.batch_id == 1 and value(result, frames)[0] == 0.0
+        mine, mine_frames = await fe.recv(m.ExecuteResult)
+        theirs, their_frames = await core.recv(m.ExecuteResult)
+        assert mine.batch_id == 1 and theirs.batch_id == 2
+        cancelled, ran = mine.responses
+        assert cancelled.request_id == 1 and cancelled.error is not None and cancelled.error.code == ErrorCode.CANCELLED
+        assert ran.request_id == 2 and value(mine, mine_frames, 1)[0] == 2.0  # one execute() of 2 requests
+        assert theirs.responses[0].request_id == 1 and value(theirs, their_frames)[0] == 2.0
+        await round_trip(fe, 3)
+        await round_trip(core, 4)
+    finally:
+        await stop(core, worker, fe)
