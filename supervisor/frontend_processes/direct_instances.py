@@ -67,6 +67,8 @@ def _no_heartbeat(frames: list[Any]) -> None:  # workers beat to the core alone
 class DirectInstance:
     """One instance of a direct version, for this frontend's local scheduler (an Executor)."""
 
+    merges_batches = True  # its worker merges the batches waiting for it (scheduler/dynamic.py sends them on)
+
     def __init__(self, peers: DirectPeers, model_name: str, name: str, model_version: str, depth: int,
                  pool: Any, on_change: Callable[[DirectInstance], None], on_settled: Callable[[], None]) -> None:
         self.name = name

@@ -76,6 +76,10 @@ class DynamicBatcher(QueueLifecycle):
         self.queue: PriorityQueue[Pending] = PriorityQueue([p.max_queue_size for p in policy.levels])
         self.running = 0  # requests handed to instances and not yet answered
         self._held = {id(e): 0 for e in self.executors}  # batches per instance
+        # instances whose worker merges the batches waiting for it (a frontend process's direct instances): a
+        # batch the rules would send to an idle instance goes to them busy or not, to be merged there with
+        # the other frontends' batches, instead of growing here while they run
+        self._merging = {id(e) for e in self.executors if getattr(e, "merges_batches", False)}
         self._next = 0  # round-robin start among equally loaded instances
         self._order: deque[Pending] = deque()  # preserve_ordering: dispatched, not yet released
         self._kicked = False
@@ -240,7 +244,8 @@ class DynamicBatcher(QueueLifecycle):
                     self._stage(gate)
                 return
             now = time.monotonic_ns()
-            decision = form_batch(self.rules, queue, now, busy=self._held[id(executor)] > 0)
+            decision = form_batch(self.rules, queue, now,
+                                  busy=self._held[id(executor)] > 0 and id(executor) not in self._merging)
             if not decision.count:
                 if decision.wait_until_ns and self._loop is not None:
                     self._timer = self._loop.call_later((decision.wait_until_ns - now) / 1e9, self._kick)

@@ -197,36 +197,49 @@ def test_statistics_and_metrics_count_both_frontends(server, harness):
     assert line and float(line[0].rsplit(" ", 1)[1]) == before + 6
 
 
-def test_dynamic_batch_takes_requests_from_both_frontends(server, harness):
+def test_dynamic_batch_takes_requests_from_both_frontends(server, harness, tmp_path):
+    """Each frontend forms batches of its own requests (the direct path); the worker merges the batches that
+    wait for it, so while the instance is busy, requests that came through both frontends run in one
+    execute(), as with one batcher. (An idle worker runs the first batch that reaches it.)"""
     conns = list(one_per_frontend(server, harness).values())
-    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+    started, release = tmp_path / "started", tmp_path / "release"
 
-    def together() -> list[dict[str, Any]]:
-        results: list[Any] = [None, None]
+    def body(params: dict[str, Any] | None = None) -> bytes:
+        doc: dict[str, Any] = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+        if params:
+            doc["parameters"] = params
+        return json.dumps(doc).encode()
 
-        def send(i: int) -> None:
-            results[i] = post(conns[i], "/v2/models/batch_probe_delay/infer", body)
+    blocker_conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=WAIT_S)
+    results: list[Any] = [None, None, None]
 
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S)
-        outs = []
-        for status, doc in results:
-            assert status == 200, doc
-            outs.append({o["name"]: o["data"] for o in doc["outputs"]})
-        return outs
+    def send(i: int, conn: http.client.HTTPConnection, payload: bytes) -> None:
+        results[i] = post(conn, "/v2/models/batch_probe_delay/infer", payload)
 
-    # the model's queue delay is 300 ms: two requests sent together meet in one batch whatever process took
-    # them (three tries: a host so loaded that two threads start 300 ms apart must not fail the test)
-    for _ in range(3):
-        outs = together()
-        if outs[0]["EXECUTION"] == outs[1]["EXECUTION"]:  # one execute() saw both
-            break
-    assert outs[0]["EXECUTION"] == outs[1]["EXECUTION"], outs
+    threads = [threading.Thread(target=send, args=(2, blocker_conn,
+                                                   body({"started_file": str(started), "wait_file": str(release)})))]
+    threads[0].start()
+    server.wait_until(started.exists, WAIT_S, "the blocking request running in the worker")
+    for i in range(2):
+        threads.append(threading.Thread(target=send, args=(i, conns[i], body())))
+        threads[-1].start()
+
+    def inflight() -> float:
+        return sum(float(x.rsplit(" ", 1)[1]) for x in server.metrics().splitlines()
+                   if x.startswith("inferd_instance_inflight_requests{") and 'model="batch_probe_delay"' in x)
+
+    # both requests have left their frontends' batchers (after the 300 ms delay) and wait at the worker
+    server.wait_until(lambda: inflight() >= 3, WAIT_S, "both requests sent to the busy worker")
+    release.touch()
+    for t in threads:
+        t.join(WAIT_S)
+    outs = []
+    for status, doc in results:
+        assert status == 200, doc
+        outs.append({o["name"]: o["data"] for o in doc["outputs"]})
+    assert outs[0]["EXECUTION"] == outs[1]["EXECUTION"] != outs[2]["EXECUTION"], outs
     assert outs[0]["BATCH_REQUESTS"] == [2]
-    for conn in conns:
+    for conn in (*conns, blocker_conn):
         conn.close()
 
 
