@@ -52,6 +52,15 @@ def batch_size(message: Any) -> Optional[int]:
         return None
 
 
+def _items(request: Request) -> int:
+    """A request's batch items: its first input's first dimension."""
+    try:
+        shape = request.inputs[0].array.shape
+    except (AttributeError, IndexError):
+        return 1
+    return int(shape[0]) if shape else 1
+
+
 class DirectServing:
     """Runtime's direct-peer half (see the module docstring)."""
 
@@ -180,11 +189,16 @@ class DirectServing:
         self._flush_metrics()
         start = 0
         writer = self._results
+        counted = False  # the first reply counts the execution (ExecuteResult.merged); the others say so
+        executed = sum(_items(r) for r in runnable)  # (the cancelled requests left out)
         for origin, (batch_id, entries, mine, t0, last) in parts:
             answers = results[start:start + len(mine)]
             start += len(mine)
+            mark = b',"merged":-1}' if counted else b',"merged":%d}' % executed
+            counted = True
             if origin is None:
                 header, out_frames = writer.batch(batch_id, entries, mine, answers, (t0, t1, t2))
+                header = header[:-1] + mark
                 self._channel.send_encoded(header, out_frames)
                 prune(self._main_cancelled, last)
                 continue
@@ -192,6 +206,7 @@ class DirectServing:
             writer.handed = handed
             try:
                 header, out_frames = writer.batch(batch_id, entries, mine, answers, (t0, t1, t2))
+                header = header[:-1] + mark  # (a JSON object's text: one member more before its end)
             finally:
                 writer.handed = None
             if not peers.attached(origin):  # dropped meanwhile: its reply goes nowhere, its regions come back

@@ -111,6 +111,9 @@ class BatchResult:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    # the worker merged this batch with others in one execute(): the batch items that execution counts, in the
+    # result that counts it, 0 in the others; None: this batch ran alone (scheduler/outcomes.executed_items)
+    execution_items: int | None = None
 
 
 def shm_output(name: str, datatype: str, shape: list[int], region: Any, offset: Any, nbytes: Any,
@@ -172,7 +175,12 @@ def batch_result(requests: Sequence[InferRequest], ids: Sequence[int],
         if item.request_id != rid:
             raise ValueError("responses out of order")
         out.append(_response(req, item, buffers, version, outputs_in_shm))
-    return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns))
+    return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns),
+                       _merged(msg.merged))
+
+
+def _merged(merged: int) -> int | None:
+    return None if not merged else max(0, int(merged))
 
 
 def _plain_result(requests: Sequence[InferRequest], ids: Sequence[int], header: dict[str, Any],
@@ -286,7 +294,8 @@ def _columns_result(requests: Sequence[InferRequest], ids: Sequence[int], msg: m
             outputs = [Tensor(name, datatype, list(shape), view[i * size:(i + 1) * size])
                        for name, datatype, shape, view, size in columns]
             out.append(InferResponse(req.model_name, version or req.model_version, req.id, outputs, {}))
-    return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns))
+    return BatchResult(out, int(msg.compute_input_ns), int(msg.compute_infer_ns), int(msg.compute_output_ns),
+                       _merged(msg.merged))
 
 
 def stream_response(req: InferRequest, msg: m.StreamResponse, data: Sequence[Any],

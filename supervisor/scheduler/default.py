@@ -249,8 +249,11 @@ class DefaultScheduler(QueueLifecycle):
                     except Exception:  # (as the loop logs a failed callback)
                         log.exception("a request's done-callback failed")
         if items_ok:  # (answers that are not errors come with a result)
-            stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns,
-                                   result.compute_output_ns)
+            merged = result.execution_items  # (outcomes.executed_items, inline)
+            executed = items_ok if merged is None else merged
+            if executed:
+                stats.record_execution(executed, result.compute_input_ns, result.compute_infer_ns,
+                                       result.compute_output_ns)
         if succeeded:
             stats.record_successes(succeeded, start, end, result.compute_input_ns, result.compute_infer_ns,
                                    result.compute_output_ns)

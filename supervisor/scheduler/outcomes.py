@@ -31,13 +31,21 @@ def answers_of(fut: asyncio.Future[Any], count: int, executor_name: str) -> tupl
     return None, [InferdError(ErrorCode.INTERNAL, "internal error: %s" % exc)] * count
 
 
+def executed_items(result: Any, items_ok: int) -> int:
+    """The batch items one batch's execution counts: its items that succeeded, unless the worker merged it with
+    other batches (instances.results.BatchResult.execution_items: the merged execution is counted once)."""
+    merged = result.execution_items
+    return items_ok if merged is None else merged
+
+
 def record(stats: Any, result: Any, answers: Sequence[Answer], arrivals: Sequence[int],
            futures: Sequence[asyncio.Future[Any]], items_ok: int, start_ns: int) -> None:
     """Triton's figures for one batch: its execution (inference_count counts the batch items that
     succeeded) and each request's outcome; a request the client cancelled meanwhile counts as CANCELED."""
     end = time.monotonic_ns()
-    if result is not None and items_ok:
-        stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns)
+    executed = executed_items(result, items_ok) if result is not None and items_ok else 0
+    if executed:
+        stats.record_execution(executed, result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns)
     succeeded = []
     for arrival, future, answer in zip(arrivals, futures, answers):
         if future.cancelled():  # the client gave up while it ran: its answer is dropped
@@ -81,8 +89,9 @@ def record_and_settle(stats: Any, result: Any, answers: Sequence[Answer], batch:
                     item.set_result(answer)
                 continue
         failed.append(("CANCELED", item.arrival_ns))  # the client gave up while it ran: its answer is dropped
-    if items_ok:
-        stats.record_execution(items_ok, result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns)
+    executed = executed_items(result, items_ok) if items_ok else 0
+    if executed:
+        stats.record_execution(executed, result.compute_input_ns, result.compute_infer_ns, result.compute_output_ns)
     for reason, arrival in failed:
         stats.record_failure(reason, end - arrival)
     if succeeded:

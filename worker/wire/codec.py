@@ -150,13 +150,19 @@ def _field_names(cls: type[Any]) -> tuple[str, ...]:
     return names
 
 
+_MERGED_AT_DEFAULT = (ExecuteResult, ExecuteResultColumns)
+
+
 def _plain(obj: Any) -> Any:
     """Like dataclasses.asdict (dataclasses -> dicts, lists/tuples -> lists), without deep copies."""
     names = _FIELDS.get(type(obj))
     if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         names = _field_names(type(obj))
     if names is not None:
-        return {name: _plain(getattr(obj, name)) for name in names}
+        plain = {name: _plain(getattr(obj, name)) for name in names}
+        if plain.get("merged", 1) == 0 and type(obj) in _MERGED_AT_DEFAULT:
+            del plain["merged"]  # (a field added later: left out at its default, so older encodings stay the same)
+        return plain
     if isinstance(obj, (list, tuple)):
         return [_plain(item) for item in obj]
     if isinstance(obj, dict):

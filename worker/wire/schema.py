@@ -108,6 +108,9 @@ class ExecuteResult:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    # set when the worker ran this batch merged with others in one execute() (direct peers): in the reply that
+    # counts the execution, its batch items in all; -1 in the others; 0 (left out): this batch alone
+    merged: int = 0
 
 
 @dataclass
@@ -133,6 +136,7 @@ class ExecuteResultColumns:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    merged: int = 0  # as ExecuteResult.merged
 
 
 @dataclass

@@ -18,6 +18,7 @@ class Result:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    execution_items: int | None = None  # (instances.results.BatchResult's: set when the worker merged batches)
 
 
 class HeldExecutor:

@@ -459,6 +459,8 @@ async def test_batches_queued_by_several_senders_run_as_one(run_dir, tmp_path):
         assert cancelled.request_id == 1 and cancelled.error is not None and cancelled.error.code == ErrorCode.CANCELLED
         assert ran.request_id == 2 and value(mine, mine_frames, 1)[0] == 2.0  # one execute() of 2 requests
         assert theirs.responses[0].request_id == 1 and value(theirs, their_frames)[0] == 2.0
+        # the execution is counted once (statistics): by the first reply, with its batch items in all
+        assert result.merged == 0 and mine.merged == 2 and theirs.merged == -1
         await round_trip(fe, 3)
         await round_trip(core, 4)
     finally:
