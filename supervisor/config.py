@@ -19,6 +19,10 @@ TEST_ONLY_FAKE_GPUS_ENV = "INFERD_TEST_ONLY_FAKE_GPUS"
 DEFAULT_PINNED_POOL_BYTES = 268435456  # tritonserver's --pinned-memory-pool-byte-size default
 
 
+# --max-queue-size's default: a memory guard, not a figure a client sees (with frontend processes on the direct
+# path it holds per frontend process; a bound the operator sets keeps the model on the core's one queue)
+DEFAULT_MAX_QUEUE_SIZE = 4096
+
 @dataclass(frozen=True)
 class WorkerTimings:
     heartbeat_interval_s: float = 0.5
@@ -149,7 +153,7 @@ class ServerConfig:
     # inferd-only
     run_dir: str = ""  # sockets live here; default: a fresh temp dir
     owns_run_dir: bool = False  # the run dir is our temp dir: removed at shutdown
-    max_queue_size: int = 4096  # default per-model queue bound when the config sets none
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE  # default per-model queue bound when the config sets none
     busy_poll_us: int = 0  # the most the event loop polls after a request instead of sleeping, µs (0: off)
     # processes serving HTTP and gRPC (frontend_processes/); 1: the supervisor itself, as always. Default from the CPUs
     frontend_processes: int = 1

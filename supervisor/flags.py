@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from . import header_rules, rundir, triton_flags
 from .config import (
+    DEFAULT_MAX_QUEUE_SIZE,
     DEFAULT_PINNED_POOL_BYTES,
     OPENAI_RESTRICTABLE,
     RESTRICTABLE,
@@ -186,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "takes the largest count given); default: the largest count any loaded instance asks")
     p.add_argument("--run-dir", default="",
                    help="directory for worker sockets (default: a temp dir of its own, removed at shutdown)")
-    p.add_argument("--max-queue-size", type=int, default=4096)
+    p.add_argument("--max-queue-size", type=int, default=DEFAULT_MAX_QUEUE_SIZE)
     p.add_argument("--busy-poll-us", type=int, default=None,
                    help="at concurrency 1 the event loop polls instead of sleeping for this many µs after each "
                         "request, while a CPU is free (default 1000 with 2 or more CPUs and no CPU quota, else "

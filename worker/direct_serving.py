@@ -52,6 +52,29 @@ def batch_size(message: Any) -> Optional[int]:
         return None
 
 
+def any_requests_batch(config: dict[str, Any]) -> bool:
+    """Whether any two requests of this batching model may share a batch: no shape tensor, no optional input and
+    no variable dimension outside ragged batching (the supervisor's scheduler/batching.BatchRules: nothing to
+    match). Only such a model's queued batches are merged (the frontends send only such models' directly)."""
+    for inp in config.get("input") or ():
+        if not isinstance(inp, dict):
+            return False
+        dims = inp.get("dims") or []
+        if inp.get("is_shape_tensor") or inp.get("optional"):
+            return False
+        if any(_dim(d) < 0 for d in dims) and not inp.get("allow_ragged_batch"):
+            return False
+    return True
+
+
+def _dim(value: Any) -> int:
+    """A config dim (Triton's JSON renders int64 as a string); -1 for anything that is not a number."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return -1
+
+
 def _items(request: Request) -> int:
     """A request's batch items: its first input's first dimension."""
     try:

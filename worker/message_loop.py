@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
-from . import backends, columns, log_levels, tensors
+from . import backends, columns, direct_serving, log_levels, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext, requests_by_columns
 from .channel import Channel, Outbox
 from .direct_peers import DirectPeers
@@ -271,7 +271,8 @@ class Runtime(DirectServing):
         self._results.configure(spec, bool(getattr(backend, "checks_outputs", True)))
         self._reshapes = tensors.input_reshapes(spec.config)
         max_batch = spec.config.get("max_batch_size")
-        if "dynamic_batching" in spec.config and type(max_batch) is int and max_batch > 1 and not spec.decoupled:
+        if ("dynamic_batching" in spec.config and type(max_batch) is int and max_batch > 1 and not spec.decoupled
+                and direct_serving.any_requests_batch(spec.config)):
             self._merge_max = max_batch
         if spec.decoupled:
             # model threads send their responses themselves while the socket is free (a Channel's send lock)

@@ -3,9 +3,12 @@ straight to the models' workers, so those requests cost the core's event loop no
 
 - `eligible(mv)`: which loaded versions go direct. Everything the core must see per request keeps the
   core's path: ensembles, decoupled models, sequence batching (a sequence's requests must meet in one
-  place), the response cache, the rate limiter, instance recycling by request count, GPU instances
-  (device outputs live in the core's device table). Dynamic batching goes direct: each frontend forms
-  batches of its own requests (direct_models.py) and the worker merges the batches queued for it.
+  place), a queue bound the operator set (--max-queue-size; its default holds per frontend) or a queue
+  policy (priorities, queue sizes, timeouts: one queue must see every request), the
+  response cache, the rate limiter, instance recycling by request count, GPU instances (device outputs
+  live in the core's device table). Dynamic batching goes direct when any requests may share a batch:
+  each frontend forms batches of its own requests (direct_models.py) and the worker merges the batches
+  queued for it.
 - `section(dp)`: what the snapshot tells the frontends about them (snapshot.build adds it): per version
   (by its `serial`, unique per load) its config, the server-wide queue bound and pipeline depth, and per
   scheduled instance the identity of its worker while that worker is ready.
@@ -21,8 +24,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from ..config import DEFAULT_MAX_QUEUE_SIZE
 from ..core.dataplane_impl import ServerDataPlane
 from ..core.models import READY, ModelVersion
+from ..scheduler.batching import BatchRules
+from ..scheduler.policy import PriorityPolicy
 
 log = logging.getLogger("inferd.scaleout")
 
@@ -30,14 +36,28 @@ log = logging.getLogger("inferd.scaleout")
 METHODS = ("record_success", "record_successes", "record_failure", "record_execution")
 
 
-def eligible(mv: ModelVersion) -> bool:
+def eligible(mv: ModelVersion, max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE) -> bool:
+    """`max_queue_size`: the server-wide bound (--max-queue-size): one the operator set must be one queue's (its
+    default, a memory guard, holds per frontend)."""
     cfg = mv.config
     if (mv.state != READY or mv.ensemble is not None or mv.decoupled or mv.cache_generation or mv.rate_gate is not None
-            or "sequence_batching" in cfg):
+            or "sequence_batching" in cfg or max_queue_size != DEFAULT_MAX_QUEUE_SIZE):
         return False
     if any(g.get("kind") == "KIND_GPU" for g in cfg.get("instance_group") or ()):
         return False
+    if "dynamic_batching" in cfg and not _merges_anywhere(cfg):
+        return False
     return not any(getattr(inst, "recycles_by_count", False) for inst in mv.instances)
+
+
+def _merges_anywhere(cfg: dict[str, Any]) -> bool:
+    """A dynamic batcher whose batches may form per frontend and merge in the worker: no priorities, queue sizes
+    or timeouts (they need the one queue) and any requests may share a batch (no input whose shape or presence
+    must agree; worker/message_loop.py merges under the same rule)."""
+    if PriorityPolicy.from_dynamic_batching(cfg.get("dynamic_batching") or {}).holds_requests:
+        return False
+    rules = BatchRules.from_config(cfg)
+    return not rules.must_match and not rules.has_optional
 
 
 def _identity(inst: Any) -> str | None:
@@ -50,7 +70,7 @@ def section(dp: ServerDataPlane) -> dict[str, Any]:
     settings = dp.manager.settings
     out: dict[str, Any] = {}
     for mv in dp.manager.loaded_versions():
-        if not eligible(mv):
+        if not eligible(mv, settings.max_queue_size):
             continue
         out[str(mv.serial)] = {
             "name": mv.name, "version": str(mv.version), "config": mv.config,
@@ -65,7 +85,7 @@ def serial_of(dp: ServerDataPlane, name: str, version: str) -> int | None:
         mv = dp.resolve(name, version)
     except Exception:  # noqa: BLE001 - unknown or not loaded: the snapshot's entry says so already
         return None
-    return mv.serial if eligible(mv) else None
+    return mv.serial if eligible(mv, dp.manager.settings.max_queue_size) else None
 
 
 class Attacher:
@@ -78,7 +98,7 @@ class Attacher:
         endpoints = [e for e in endpoints if e]
         live: set[tuple[str, str]] = set()
         for mv in dp.manager.loaded_versions():
-            if not eligible(mv):
+            if not eligible(mv, dp.manager.settings.max_queue_size):
                 continue
             for inst in mv.instances:
                 worker = inst.worker if inst.ready and not inst.passive else None

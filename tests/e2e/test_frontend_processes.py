@@ -33,7 +33,7 @@ from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.skipif(target_is_triton(), reason="inferd's --frontend-processes")
 
-MODELS = ["add_sub", "batch_probe_delay", "big_identity", "decoupled_repeat", "sleep"]
+MODELS = ["add_sub", "batch_probe_delay", "batch_probe_fixed", "big_identity", "decoupled_repeat", "sleep"]
 WAIT_S = 30.0
 
 
@@ -197,10 +197,45 @@ def test_statistics_and_metrics_count_both_frontends(server, harness):
     assert line and float(line[0].rsplit(" ", 1)[1]) == before + 6
 
 
-def test_dynamic_batch_takes_requests_from_both_frontends(server, harness, tmp_path):
-    """Each frontend forms batches of its own requests (the direct path); the worker merges the batches that
-    wait for it, so while the instance is busy, requests that came through both frontends run in one
-    execute(), as with one batcher. (An idle worker runs the first batch that reaches it.)"""
+def test_dynamic_batch_takes_requests_from_both_frontends(server, harness):
+    conns = list(one_per_frontend(server, harness).values())
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+
+    def together() -> list[dict[str, Any]]:
+        results: list[Any] = [None, None]
+
+        def send(i: int) -> None:
+            results[i] = post(conns[i], "/v2/models/batch_probe_delay/infer", body)
+
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        outs = []
+        for status, doc in results:
+            assert status == 200, doc
+            outs.append({o["name"]: o["data"] for o in doc["outputs"]})
+        return outs
+
+    # the model's queue delay is 300 ms and its input's dims are variable (requests must match to share a batch:
+    # it stays on the core's path, one batcher): two requests sent together meet in one batch whatever process took
+    # them (three tries: a host so loaded that two threads start 300 ms apart must not fail the test)
+    for _ in range(3):
+        outs = together()
+        if outs[0]["EXECUTION"] == outs[1]["EXECUTION"]:  # one execute() saw both
+            break
+    assert outs[0]["EXECUTION"] == outs[1]["EXECUTION"], outs
+    assert outs[0]["BATCH_REQUESTS"] == [2]
+    for conn in conns:
+        conn.close()
+
+
+def test_batches_of_both_frontends_merge_in_a_busy_worker(server, harness, tmp_path):
+    """A model any requests of which may share a batch goes straight to the worker (the direct path): each
+    frontend forms batches of its own requests and the worker merges the batches that wait for it, so while
+    the instance is busy, requests that came through both frontends run in one execute(), as with one
+    batcher. (An idle worker runs the first batch that reaches it.)"""
     conns = list(one_per_frontend(server, harness).values())
     started, release = tmp_path / "started", tmp_path / "release"
 
@@ -214,7 +249,7 @@ def test_dynamic_batch_takes_requests_from_both_frontends(server, harness, tmp_p
     results: list[Any] = [None, None, None]
 
     def send(i: int, conn: http.client.HTTPConnection, payload: bytes) -> None:
-        results[i] = post(conn, "/v2/models/batch_probe_delay/infer", payload)
+        results[i] = post(conn, "/v2/models/batch_probe_fixed/infer", payload)
 
     threads = [threading.Thread(target=send, args=(2, blocker_conn,
                                                    body({"started_file": str(started), "wait_file": str(release)})))]
@@ -226,7 +261,7 @@ def test_dynamic_batch_takes_requests_from_both_frontends(server, harness, tmp_p
 
     def inflight() -> float:
         return sum(float(x.rsplit(" ", 1)[1]) for x in server.metrics().splitlines()
-                   if x.startswith("inferd_instance_inflight_requests{") and 'model="batch_probe_delay"' in x)
+                   if x.startswith("inferd_instance_inflight_requests{") and 'model="batch_probe_fixed"' in x)
 
     # both requests have left their frontends' batchers (after the 300 ms delay) and wait at the worker
     server.wait_until(lambda: inflight() >= 3, WAIT_S, "both requests sent to the busy worker")
