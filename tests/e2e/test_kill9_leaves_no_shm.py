@@ -39,10 +39,11 @@ def test_kill_9_of_the_supervisor_leaves_no_shared_memory(server_factory, harnes
         np.testing.assert_array_equal(client.infer(MODEL, [inp]).as_numpy("OUTPUT0"), data)
     finally:
         client.close()
-    held = mapped(server.pid)
-    # the pool region: the supervisor's, or with --frontend-processes N > 1 a frontend process's (mapped here)
+    # the pool region: the supervisor's, or with --frontend-processes N > 1 a frontend process's (mapped by the
+    # supervisor, or on the direct path by the frontend alone, which also maps the worker's output region)
     frontends = {p.pid for p in psutil.Process(server.pid).children()
                  if "frontend_processes.frontend_main" in " ".join(p.cmdline())}
+    held = mapped(server.pid) + [name for pid in frontends for name in mapped(pid)]
     pools = {server.pid} | frontends
     pids |= frontends
     assert any(int(n.split("_")[1]) in pools for n in held), held  # its pool region
