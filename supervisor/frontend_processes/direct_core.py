@@ -11,7 +11,7 @@ straight to the models' workers, so those requests cost the core's event loop no
   queued for it.
 - `section(dp)`: what the snapshot tells the frontends about them (snapshot.build adds it): per version
   (by its `serial`, unique per load) its config, the server-wide queue bound and pipeline depth, and per
-  scheduled instance the identity of its worker while that worker is ready.
+  scheduled instance the identity of its worker while that worker is ready, else why its last one went.
 - `Attacher`: tells every ready worker of a direct version to connect to every frontend's listener
   (wire message Attach), once per (worker, frontend) pair.
 - `replay(dp, rows)`: the statistics a frontend recorded for its direct requests (stats_relay.py),
@@ -65,6 +65,12 @@ def _identity(inst: Any) -> str | None:
     return worker.identity if worker is not None else None
 
 
+def _why_not(inst: Any) -> str:
+    """Why a not-ready instance's worker went (a death's cause, as the core's own requests were told), or ""."""
+    err = getattr(inst, "last_error", None) if not inst.ready else None
+    return err.message if err is not None else ""
+
+
 def section(dp: ServerDataPlane) -> dict[str, Any]:
     """{serial: {...}} for every direct version (snapshot.build puts it under "direct")."""
     settings = dp.manager.settings
@@ -75,7 +81,7 @@ def section(dp: ServerDataPlane) -> dict[str, Any]:
         out[str(mv.serial)] = {
             "name": mv.name, "version": str(mv.version), "config": mv.config,
             "max_queue": settings.max_queue_size, "depth": settings.timings.pipeline_depth,
-            "instances": [[inst.name, _identity(inst)] for inst in mv.instances if not inst.passive]}
+            "instances": [[inst.name, _identity(inst), _why_not(inst)] for inst in mv.instances if not inst.passive]}
     return out
 
 

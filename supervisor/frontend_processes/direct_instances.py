@@ -13,6 +13,7 @@ core names a new worker and it connects.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -29,6 +30,8 @@ from ..instances.packing import InputPacker
 from ..instances.pipeline import BatchPipeline
 
 log = logging.getLogger("inferd.scaleout")
+
+LOST_GRACE_S = 2.0  # how long a dead worker's batches wait for the core to say why it went
 
 
 class DirectPeers:
@@ -83,11 +86,17 @@ class DirectInstance:
         self._pipes: dict[str, BatchPipeline] = {}  # per worker identity: this one's and retiring ones'
         self._pipe: BatchPipeline | None = None
         self._up = False  # the named worker is connected
+        self._gone: dict[str, asyncio.TimerHandle] = {}  # closed connections whose batches wait for the why
 
     # ---- the snapshot's view ----
-    def name_worker(self, identity: str | None) -> None:
+    def name_worker(self, identity: str | None, why: str = "") -> None:
+        """The worker the core names for this instance now (None: none ready; `why`: how the last one ended)."""
         if identity == self.identity:
             return
+        gone = self._gone.pop(self.identity, None) if self.identity is not None else None
+        if gone is not None:  # its connection closed first: its batches fail now, with the core's word for why
+            gone.cancel()
+            self._fail(self.identity, why or "closed its connection")  # type: ignore[arg-type]
         self.identity = identity
         self._pipe = None
         self._up = False
@@ -135,6 +144,9 @@ class DirectInstance:
         return sum(p.held for i, p in self._pipes.items() if i != self.identity)
 
     def close(self, err: InferdError) -> None:
+        for timer in self._gone.values():
+            timer.cancel()
+        self._gone.clear()
         for identity, pipe in self._pipes.items():
             pipe.fail_all(err)
             self._peers.unbind(identity)
@@ -150,12 +162,27 @@ class DirectInstance:
             self._on_change(self)
 
     def lost(self, identity: str, reason: str) -> None:
-        pipe = self._pipes.get(identity)
-        if pipe is not None:
-            pipe.fail_all(InferdError(ErrorCode.UNAVAILABLE, f"{self._who(identity)} {reason}"))
+        """The worker's connection closed (or it broke the protocol). While the core still names it, its
+        batches wait (at most LOST_GRACE_S) for the snapshot that says why it went (a memory cap, a crash), to
+        fail with the same words the core's own requests got."""
+        if identity == self.identity and identity in self._pipes and identity not in self._gone:
+            self._gone[identity] = asyncio.get_running_loop().call_later(
+                LOST_GRACE_S, self._fail_gone, identity, reason)
+        elif identity not in self._gone:
+            self._fail(identity, reason)
         if identity == self.identity and self._up:
             self._up = False
             self._on_change(self)
+
+    def _fail_gone(self, identity: str, reason: str) -> None:
+        if self._gone.pop(identity, None) is not None:
+            self._fail(identity, reason)
+
+    def _fail(self, identity: str, reason: str) -> None:
+        pipe = self._pipes.get(identity)
+        if pipe is not None:
+            text = reason if reason.startswith("model '") else f"{self._who(identity)} {reason}"
+            pipe.fail_all(InferdError(ErrorCode.UNAVAILABLE, text))
         if identity != self.identity:
             self._prune()
 

@@ -46,17 +46,17 @@ class DirectModel:
         depth = int(doc["depth"])
         self.instances = {str(name): DirectInstance(peers, self.name, str(name), self.version, depth, pool,
                                                     self._changed, on_settled)
-                          for name, _ in doc["instances"]}
+                          for name, *_ in doc["instances"]}
         self.scheduler = make_scheduler(self.name, config, list(self.instances.values()), self.stats,
                                         SchedulerSettings(max_queue_size=int(doc["max_queue"]), pipeline_depth=depth))
         self.scheduler.start()
         self.update(doc)
 
     def update(self, doc: dict[str, Any]) -> None:
-        for name, identity in doc["instances"]:
+        for name, identity, *why in doc["instances"]:
             inst = self.instances.get(str(name))
             if inst is not None:
-                inst.name_worker(identity if isinstance(identity, str) else None)
+                inst.name_worker(identity if isinstance(identity, str) else None, str(why[0]) if why else "")
 
     def _changed(self, inst: DirectInstance) -> None:
         self.scheduler.instance_changed(inst)

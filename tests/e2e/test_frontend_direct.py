@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -183,3 +184,31 @@ def test_frontend_direct_false_keeps_requests_on_the_core(server_factory):
                                                              connection_timeout=1.0) as client, \
             pytest.raises(Exception):  # noqa: B017,PT011 - a timeout of whichever kind the client raises
         client.infer("add_sub", add_sub_inputs(httpclient, a, a), timeout=1)
+
+
+def test_a_worker_dying_under_a_direct_request_fails_it_with_the_cores_cause(server):
+    wait_direct(server, "sleep", lambda mod: [_seconds(mod, 0.0)], "OUTPUT0")
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [20.0]}]}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v2/models/sleep/infer", body)
+
+    def call() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(request, timeout=WAIT_S) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(call)
+        busy = server.wait_until(lambda: [i for i in server.instances("sleep") if i.get("inflight")], WAIT_S,
+                                 "the direct request running in a worker")
+        os.kill(busy[0]["pid"], signal.SIGKILL)
+        status, text = running.result(timeout=WAIT_S)
+    assert status == 503, text
+    assert f"instance '{busy[0]['name']}'" in text and "died" in text and "killed by signal 9" in text, text
+
+
+def _seconds(mod, value: float):
+    inp = mod.InferInput("INPUT0", [1], "FP32")
+    inp.set_data_from_numpy(np.array([value], dtype=np.float32))
+    return inp
