@@ -44,6 +44,10 @@ class DirectModel:
         self.io = IOSpec.from_config(config)
         self.stats = Recorder(serial, relay)
         depth = int(doc["depth"])
+        if "dynamic_batching" in config:
+            # up to a full batch of this frontend's requests may wait at the worker, each in the small batch the
+            # rules sent it in: the worker merges what waits, so it must see all of it to form full batches
+            depth = max(depth, int(config.get("max_batch_size") or 0))
         self.instances = {str(name): DirectInstance(peers, self.name, str(name), self.version, depth, pool,
                                                     self._changed, on_settled)
                           for name, *_ in doc["instances"]}
