@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from inferd.supervisor.instances.channel import Channel
+from inferd.worker import direct_serving
 from inferd.worker.direct_peers import SEND_TIMEOUT_S
 from inferd.worker.wire import messages as m
 from inferd.worker.wire import zmtp
@@ -88,8 +89,9 @@ def config(name: str, decoupled: bool = False, batching: bool = False) -> dict:
     }
     if decoupled:
         doc["model_transaction_policy"] = {"decoupled": True}
-    if batching:
+    if batching:  # (a ragged input: any requests may share a batch, so the worker merges them)
         doc.update(max_batch_size=8, dynamic_batching={})
+        doc["input"][0]["allow_ragged_batch"] = True
     return doc
 
 
@@ -465,3 +467,15 @@ async def test_batches_queued_by_several_senders_run_as_one(run_dir, tmp_path):
         await round_trip(core, 4)
     finally:
         await stop(core, worker, fe)
+
+
+@pytest.mark.parametrize("inputs, merges", [
+    ([{"name": "A", "dims": ["4"]}, {"name": "B", "dims": [2, 2]}], True),  # fixed dims (Triton's JSON: strings)
+    ([{"name": "A", "dims": ["-1"], "allow_ragged_batch": True}], True),
+    ([{"name": "A", "dims": ["-1"]}], False),  # shapes must match: one batcher decides
+    ([{"name": "A", "dims": [2], "is_shape_tensor": True}], False),
+    ([{"name": "A", "dims": [2], "optional": True}], False),
+    ([{"name": "A", "dims": ["x"]}], False),
+])
+def test_only_models_whose_requests_may_all_share_a_batch_are_merged(inputs, merges):
+    assert direct_serving.any_requests_batch({"input": inputs}) is merges
