@@ -31,7 +31,7 @@ from ..instances.pipeline import BatchPipeline
 
 log = logging.getLogger("inferd.scaleout")
 
-LOST_GRACE_S = 2.0  # how long a dead worker's batches wait for the core to say why it went
+LOST_GRACE_S = 5.0  # how long a dead worker's batches wait for the core to say why it went (it says so in ms)
 
 
 class DirectPeers:
