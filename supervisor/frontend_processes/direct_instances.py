@@ -87,6 +87,7 @@ class DirectInstance:
         self._pipe: BatchPipeline | None = None
         self._up = False  # the named worker is connected
         self._gone: dict[str, asyncio.TimerHandle] = {}  # closed connections whose batches wait for the why
+        self._why: tuple[str, str] = ("", "")  # the last worker the core stopped naming, and why it went
 
     # ---- the snapshot's view ----
     def name_worker(self, identity: str | None, why: str = "") -> None:
@@ -97,6 +98,8 @@ class DirectInstance:
         if gone is not None:  # its connection closed first: its batches fail now, with the core's word for why
             gone.cancel()
             self._fail(self.identity, why or "closed its connection")  # type: ignore[arg-type]
+        elif self.identity is not None and why:  # the core saw it go first: its connection's end will say so
+            self._why = (self.identity, why)
         self.identity = identity
         self._pipe = None
         self._up = False
@@ -169,7 +172,7 @@ class DirectInstance:
             self._gone[identity] = asyncio.get_running_loop().call_later(
                 LOST_GRACE_S, self._fail_gone, identity, reason)
         elif identity not in self._gone:
-            self._fail(identity, reason)
+            self._fail(identity, self._why[1] if self._why[0] == identity else reason)
         if identity == self.identity and self._up:
             self._up = False
             self._on_change(self)
