@@ -195,6 +195,10 @@ class DirectPeers:
     def attached(self, peer: DirectPeer) -> bool:
         return self._peers.get(peer.endpoint) is peer
 
+    def wait(self, timeout_ms: int) -> None:
+        """Until a source is readable or `timeout_ms` passed (what arrived is then taken by `take_queued`)."""
+        (self._poller or self._build()).poll(timeout_ms)
+
     def take_queued(self, want: Callable[[Any], bool]) -> list[tuple[Optional[DirectPeer], Any, Sequence[Any]]]:
         """Messages already waiting (read, or readable now: one poll without a wait) at the head of each source
         while want(message) says yes, source after source from the next turn, each source's in order; the first

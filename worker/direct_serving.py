@@ -26,6 +26,11 @@ EXECUTES = frozenset((Execute, ExecuteColumns))
 _now_ns = time.perf_counter_ns
 
 
+GATHER_MIN_NS = 1_000_000  # an execute at least this long lets the next merged one wait for more batches (_executed)
+GATHER_SHARE = 4  # for at most this fraction of it
+GATHER_MAX_NS = 2_000_000  # and never longer than this
+
+
 def prune(cancelled: set[int], last_request_id: Optional[int]) -> None:
     """After a batch is answered: ids grow per sender (each has its own set), so later batches' Cancels (read
     ahead while this one ran) are kept; in place, the set is the sender's."""
@@ -99,6 +104,8 @@ class DirectServing:
     _outbox: Optional[Outbox]
     _spec: Optional[ModelSpec]
     _merge_max: int
+    _gather_ns: int
+    _last_senders: frozenset[int]
     _running: bool
     _single: bool
     _main_thread: threading.Thread
@@ -126,15 +133,30 @@ class DirectServing:
             if got is None:
                 continue
             peer, message, frames = got
-            if self._merge_max and type(message) in EXECUTES and self._run_merged(peers, peer, message, frames):
-                continue
+            timed = 0
+            if self._merge_max and type(message) in EXECUTES:
+                if self._run_merged(peers, peer, message, frames):
+                    continue
+                timed = _now_ns()
             if peer is not None:
                 self._on_peer_message(peers, peer, message, frames)
-                continue
-            handler = handlers.get(type(message))
-            if handler is None:
-                raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
-            handler(message, frames)
+            else:
+                handler = handlers.get(type(message))
+                if handler is None:
+                    raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
+                handler(message, frames)
+            if timed:
+                self._executed(_now_ns() - timed, (peer,))
+
+    def _executed(self, ns: int, senders: Sequence[Optional[DirectPeer]]) -> None:
+        """After an execute of a merging model: how long the next one may wait for more batches (`_gather_ns`).
+        Only while batches come from more than one sender (they alternate, or met in this one) and an execute
+        takes a while: then the senders just answered send their next batches within a fraction of it, and
+        waiting for them forms the batch one batcher would have formed. A lone sender never waits."""
+        ids = frozenset(id(s) for s in senders)
+        several = len(ids) > 1 or ids != self._last_senders
+        self._last_senders = ids
+        self._gather_ns = min(ns // GATHER_SHARE, GATHER_MAX_NS) if several and ns >= GATHER_MIN_NS else 0
 
     def _on_peer_message(self, peers: DirectPeers, peer: DirectPeer, message: Any, frames: Sequence[Any]) -> None:
         """A direct peer's message, handled with that peer as the origin; whatever goes wrong drops the peer."""
@@ -194,6 +216,14 @@ class DirectServing:
             return True
 
         more = peers.take_queued(fits)
+        if self._gather_ns and total[0] < limit:  # (see _executed) the senders just answered are on their way
+            deadline = _now_ns() + self._gather_ns
+            while total[0] < limit:
+                left = deadline - _now_ns()
+                if left <= 0:
+                    break
+                peers.wait(max(1, left // 1_000_000))
+                more += peers.take_queued(fits)
         if not more:
             return False
         parts: list[tuple[Optional[DirectPeer], tuple[Any, ...]]] = []
@@ -209,6 +239,7 @@ class DirectServing:
         t1 = _now_ns()
         results = self._run_backend(runnable)
         t2 = _now_ns()
+        self._executed(t2 - t1, [origin for origin, _ in parts])
         self._flush_metrics()
         start = 0
         writer = self._results

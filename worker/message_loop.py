@@ -127,6 +127,8 @@ class Runtime(DirectServing):
         self._open_readiness = readiness
         self._readiness: Any = None  # the model's is_ready() responder, while the model is loaded
         self._merge_max = 0  # > 0: with peers, batches queued from several senders run as one, up to this size
+        self._gather_ns = 0  # how long the next merged execute may wait for more batches (direct_serving._executed)
+        self._last_senders: frozenset[int] = frozenset()
         self._running = True
         self._single = True  # running, with no direct peer: the main socket's loop (run)
         self.bye_error: Optional[WireError] = None

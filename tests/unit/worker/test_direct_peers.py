@@ -479,3 +479,21 @@ async def test_batches_queued_by_several_senders_run_as_one(run_dir, tmp_path):
 ])
 def test_only_models_whose_requests_may_all_share_a_batch_are_merged(inputs, merges):
     assert direct_serving.any_requests_batch({"input": inputs}) is merges
+
+
+def test_a_merged_execute_waits_for_more_only_while_several_senders_alternate():
+    """The gather window (direct_serving._executed): after an execute of 4 ms with batches from two senders,
+    the next may wait 1 ms (a quarter) for more; a lone sender, or a short execute, never waits."""
+    loop = direct_serving.DirectServing()
+    loop._last_senders = frozenset()
+    a, b = object(), object()
+    loop._executed(4_000_000, [a, b])
+    assert loop._gather_ns == 1_000_000
+    loop._executed(4_000_000, [a])  # after a and b: the senders alternate
+    assert loop._gather_ns == 1_000_000
+    loop._executed(4_000_000, [a])  # a again and again: alone
+    assert loop._gather_ns == 0
+    loop._executed(40_000_000, [b])
+    assert loop._gather_ns == direct_serving.GATHER_MAX_NS
+    loop._executed(500_000, [a])  # short executes: keeping the worker busy is worth more
+    assert loop._gather_ns == 0
