@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -58,7 +59,7 @@ def wait_direct(server, model: str, inputs_of, output: str) -> None:
 
     def answered_directly() -> bool:
         with core_stopped(server):
-            for _ in range(4):  # new connections: the kernel spreads them over both frontends
+            for _ in range(8):  # new connections: the kernel spreads them over both frontends (2^-8: all on one)
                 with httpclient.InferenceServerClient(server.http_url, network_timeout=1.0,
                                                       connection_timeout=1.0) as client:
                     try:
@@ -212,3 +213,21 @@ def _seconds(mod, value: float):
     inp = mod.InferInput("INPUT0", [1], "FP32")
     inp.set_data_from_numpy(np.array([value], dtype=np.float32))
     return inp
+
+
+def test_a_restarted_frontend_gets_the_workers_connections_again(server):
+    a = np.ones(16, dtype=np.float32)
+    wait_direct(server, "add_sub", lambda mod: add_sub_inputs(mod, a, a), "OUTPUT0")
+    frontends = [p.pid for p in psutil.Process(server.pid).children()
+                 if "frontend_processes.frontend_main" in " ".join(p.cmdline())]
+    assert len(frontends) == 2
+    os.kill(frontends[0], signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = [p.pid for p in psutil.Process(server.pid).children()
+               if "frontend_processes.frontend_main" in " ".join(p.cmdline())]
+        return len(now) == 2 and frontends[0] not in now
+
+    server.wait_until(replaced, WAIT_S, "the killed frontend process replaced")
+    # answered with the core stopped through either frontend: the workers connected to the new one too
+    wait_direct(server, "add_sub", lambda mod: add_sub_inputs(mod, a, a), "OUTPUT0")
