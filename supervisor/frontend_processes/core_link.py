@@ -8,8 +8,7 @@ keep their handle as Tensor.shm_ref, which instances/packing.py passes to the wo
 outputs in a worker's region go by that region's handle; the response (and so the region) is held until
 the frontend's RELEASE. A lost link cancels everything its frontend had in flight and drops what it held.
 
-`Publisher` pushes the snapshot (snapshot.py) to every session after each change; `sync()` returns once
-every frontend has acknowledged the latest one (a load, unload or shm registration answers only then).
+publisher.py pushes the snapshot to every session after each change.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import itertools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -28,18 +26,16 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 from ..core.dataplane import ResponseError
 from ..core.dataplane_impl import ServerDataPlane
 from ..inference.types import InferResponse
-from ..tracing import live
-from . import direct_core, frames, snapshot
+from . import direct_core, frames
 from .frames import Kind, Op
 from .link import Link
+from .publisher import Publisher
 
 log = logging.getLogger("inferd.scaleout")
 
 MAX_INFLIGHT = 65536  # calls one frontend may have open at once; beyond: UNAVAILABLE
 MAX_HELD = 4096  # responses one frontend may hold by handle at once; beyond, outputs are copied inline
 MAX_REGIONS = 256  # mappings of one frontend's regions kept here (least recently used dropped)
-PULL_TIMEOUT_S = 2.0  # a frontend that does not send its statistics by then is left out of that answer (logged)
-SYNC_TIMEOUT_S = 10.0  # a frontend that does not acknowledge a snapshot by then is left behind (and logged)
 
 CUDA_SHM_UNSUPPORTED = "CUDA shared memory is not supported with --frontend-processes greater than 1"
 
@@ -281,129 +277,6 @@ class Session:
         self.held.clear()
         self.regions.close()
         self.publisher.remove(self)
-
-
-class Publisher:
-    """Builds the snapshot after each change and pushes it to every frontend."""
-
-    def __init__(self, dp: ServerDataPlane) -> None:
-        self.dp = dp
-        self.sessions: set[Session] = set()
-        self.version = 0
-        self._doc: bytes = b""
-        self._dirty = True
-        self._scheduled = False
-        self._acked: asyncio.Event = asyncio.Event()
-        self.attacher = direct_core.Attacher()
-        self._pulls: dict[int, tuple[set[Session], asyncio.Future[None]]] = {}
-        self._pull_ids = itertools.count(1)
-
-    def add(self, session: Session) -> None:
-        self.sessions.add(session)
-        self._flush()
-        session.link.send(Kind.SNAPSHOT, 0, self._doc)
-        self._attach()
-
-    def remove(self, session: Session) -> None:
-        self.sessions.discard(session)
-        self._acked.set()
-        for pull in list(self._pulls):
-            self.pulled(session, pull)
-        self._attach()
-
-    def _attach(self) -> None:
-        """Every ready worker of a direct version connects to every frontend's listener (once per pair)."""
-        self.attacher.sync(self.dp, [s.direct_endpoint for s in self.sessions])
-
-    async def pull_stats(self) -> None:
-        """Return once every frontend has sent the statistics of its direct requests (bounded: PULL_TIMEOUT_S)."""
-        sessions = {s for s in self.sessions if s.direct_endpoint}
-        if not sessions:
-            return
-        call = next(self._pull_ids)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pulls[call] = (sessions, done)
-        for session in sessions:
-            session.link.send(Kind.STATS_PULL, call, b"")
-        try:
-            await asyncio.wait_for(asyncio.shield(done), PULL_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            log.warning("a frontend process did not send its statistics in %.0fs", PULL_TIMEOUT_S)
-        finally:
-            self._pulls.pop(call, None)
-
-    def direct_inflight(self, serial: int, instance: str) -> int:
-        return sum(s.direct_inflight.get((serial, instance), 0) for s in self.sessions)
-
-    def direct_pending(self, serial: int) -> int:
-        return sum(s.direct_pending.get(serial, 0) for s in self.sessions)
-
-    def pulled(self, session: Session, call: int) -> None:
-        pull = self._pulls.get(call)
-        if pull is not None:
-            pull[0].discard(session)
-            if not pull[0] and not pull[1].done():
-                pull[1].set_result(None)
-
-    async def detach(self, identity: str) -> None:
-        """Before a worker stops: every frontend has a snapshot that no longer names it and has had its
-        batches there answered (direct_models.DirectModels.apply)."""
-        if any(s.direct_endpoint for s in self.sessions):
-            await self.sync()
-
-    def changed(self, *_: Any) -> None:
-        """Something the snapshot shows may have changed: push a new one soon (once per loop turn)."""
-        self._dirty = True
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._scheduled = False
-        if not self._dirty:
-            return
-        self._dirty = False
-        self.version += 1
-        self._doc = frames.dumps(snapshot.build(self.dp, self.version, live.armed))
-        for session in self.sessions:
-            session.link.send(Kind.SNAPSHOT, 0, self._doc)
-        self._attach()
-
-    def acked(self) -> None:
-        self._acked.set()
-
-    async def serving(self, count: int, timeout: float) -> bool:
-        """Whether `count` frontends listen within `timeout` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while sum(s.serving for s in self.sessions) < count:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            self._acked.clear()
-            try:
-                await asyncio.wait_for(self._acked.wait(), left)
-            except asyncio.TimeoutError:
-                continue
-        return True
-
-    async def sync(self) -> None:
-        """Push what changed now, and return once every frontend has applied it (or SYNC_TIMEOUT_S passed)."""
-        self._dirty = True
-        self._flush()
-        target = self.version
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SYNC_TIMEOUT_S
-        while any(s.acked < target for s in self.sessions):
-            left = deadline - loop.time()
-            if left <= 0:
-                log.warning("a frontend process did not acknowledge the server state in %.0fs", SYNC_TIMEOUT_S)
-                return
-            self._acked.clear()
-            try:
-                await asyncio.wait_for(self._acked.wait(), left)
-            except asyncio.TimeoutError:
-                continue
 
 
 def server(dp: ServerDataPlane, publisher: Publisher, max_frame: int) -> Callable[[], Link]:

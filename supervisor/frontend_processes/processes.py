@@ -23,6 +23,7 @@ from ..instances import worker as worker_process
 from ..metrics.endpoint import MetricsEndpoint
 from . import core_link, watchdog
 from .frontend_main import max_frame
+from .publisher import Publisher
 
 log = logging.getLogger("inferd.scaleout")
 
@@ -65,7 +66,7 @@ class FrontendProcesses:
         self.config = config
         self.count = count
         self.dp = dataplane
-        self.publisher = core_link.Publisher(dataplane)
+        self.publisher = Publisher(dataplane)
         self.link_path = os.path.join(config.run_dir, "frontends.sock")
         self._reserved: list[socket.socket] = []
         self._server: asyncio.base_events.Server | None = None

@@ -14,8 +14,8 @@ import logging
 import os
 import signal
 
-from .core_link import Publisher, Session
 from .frames import Kind
+from .publisher import Publisher, Session
 
 log = logging.getLogger("inferd.scaleout")
 

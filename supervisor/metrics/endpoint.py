@@ -101,7 +101,7 @@ class MetricsEndpoint:
         self.gpu = gpu
         self.custom = custom
         # with frontend processes on the direct path: their requests queued per version (by serial) and in flight
-        # per instance (serial, instance name), as last pulled (frontend_processes/core_link.Publisher)
+        # per instance (serial, instance name), as last pulled (frontend_processes/publisher.Publisher)
         self.direct_pending: Callable[[int], int] | None = None
         self.direct_inflight: Callable[[int, str], int] | None = None
 
