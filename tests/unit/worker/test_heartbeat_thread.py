@@ -57,8 +57,15 @@ def test_answers_each_ping_and_sleeps_in_between(router):
     try:
         assert ping(sock, b"w1/hb", 7) == m.Heartbeat(7)
         assert ping(sock, b"w1/hb", 8) == m.Heartbeat(8)
-        time.sleep(0.1)  # the answer's write is behind it
-        before = switches(thread.native_id)
+        # the answer's write and the way back into poll() are behind it: wait until the thread has settled (no
+        # switch for 0.1 s, bounded) rather than a fixed pause a loaded host may outlast
+        before, deadline = switches(thread.native_id), time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = switches(thread.native_id)
+            if now == before:
+                break
+            before = now
         time.sleep(1.0)  # a window of wall time: nobody pings
         woke = switches(thread.native_id) - before
         assert woke <= 1, f"the idle heartbeat thread woke {woke} times in 1 s"
