@@ -179,12 +179,7 @@ class Channel:
     def _peer_ready(self, peer: _Peer) -> None:
         # a reconnecting worker's new connection takes over its identity (ZeroMQ's ROUTER handover)
         self._peers[peer.identity] = peer
-        on_ready = self._on_ready.get(peer.identity)
-        if on_ready is not None:
-            try:
-                on_ready(peer.identity)
-            except Exception:
-                log.exception("worker connection-ready handler failed")
+        _tell(self._on_ready.get(peer.identity), peer.identity, "connection-ready")
 
     def is_connected(self, identity: str) -> bool:
         """A connection of `identity` has finished its handshake and is open."""
@@ -192,23 +187,14 @@ class Channel:
 
     def _peer_broken(self, peer: _Peer, reason: str) -> None:
         log.warning("dropping a worker connection (%s): %s", peer.identity or "before handshake", reason)
-        on_broken = self._on_broken.get(peer.identity.split("/", 1)[0]) if peer.identity else None
-        if on_broken is not None:
-            try:
-                on_broken(reason)
-            except Exception:
-                log.exception("worker protocol-violation handler failed")
+        _tell(self._on_broken.get(peer.identity.split("/", 1)[0]) if peer.identity else None, reason,
+              "protocol-violation")
 
     def _peer_lost(self, peer: _Peer) -> None:
         self._connections.discard(peer)
         if self._peers.get(peer.identity) is peer:
             del self._peers[peer.identity]
-            on_lost = self._on_lost.get(peer.identity)
-            if on_lost is not None:
-                try:
-                    on_lost(peer.identity)
-                except Exception:
-                    log.exception("worker connection-lost handler failed")
+            _tell(self._on_lost.get(peer.identity), peer.identity, "connection-lost")
 
     # ---- sending ----
     def send(self, identity: str, frames: Sequence[Any], hold: bool = False) -> None:
@@ -250,6 +236,15 @@ class Channel:
         I/O poll of the pass that resumes it."""
         for _ in range(2):
             await asyncio.sleep(0)
+
+
+def _tell(handler: Callable[[str], None] | None, arg: str, what: str) -> None:
+    """Call a registered handler, if any; its failure is logged, never raised into the channel."""
+    if handler is not None:
+        try:
+            handler(arg)
+        except Exception:
+            log.exception("worker %s handler failed", what)
 
 
 class _Peer(asyncio.Protocol):
