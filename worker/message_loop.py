@@ -10,7 +10,12 @@ thread keeps the socket: it reads Cancels at once (the model may be streaming fr
 and sends what other threads posted to the Outbox (StreamResponses, then each batch's ExecuteResult,
 in the order they were posted) when they could not send it themselves (channel.py: a posting thread
 writes its message while nothing is queued before it and the socket is free). A request stays open from
-its Execute until its final response.
+its Execute until its final response. A model whose execute() returns at once (it hands the requests to
+threads or an engine, as LLM models do) is run on the main thread instead, once its last INLINE_AFTER
+executes each took under INLINE_MAX_NS and none waits on the execute thread: the hand-off to that thread
+is a wake-up on every request's way in. One that then takes INLINE_MAX_NS or more goes back to the thread.
+While an execute runs on the main thread, `is_cancelled()` from any thread reads the Cancels waiting on the
+socket itself (one reader at a time), so a model that waits in execute for a cancellation still sees it.
 
 Direct peers (frontend processes, after an Attach: direct_peers.py): while none is attached the loop reads
 the main socket alone, exactly as before; with peers it serves every socket, and a peer's message is handled
@@ -67,6 +72,9 @@ def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Te
     return Tensor(tensor.name, tensor.datatype, tensors.reshape_input(tensor.array, tensor.name, *rule))
 
 _INT, _STR = frozenset((int,)), frozenset((str,))
+# a decoupled model runs on the main thread after this many executes in a row each under INLINE_MAX_NS
+INLINE_AFTER = 4
+INLINE_MAX_NS = 1_000_000
 _EXECUTES = frozenset((Execute, ExecuteColumns))  # (the messages whose poll_us asks the worker to poll next)
 _NO_IDS = itertools.repeat("")  # the client ids of a batch sent without any
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
@@ -123,7 +131,11 @@ class Runtime(DirectServing):
         self._execute_thread: Optional[ThreadPoolExecutor] = None
         self._poller: Optional[Any] = None  # select.poll of the socket and the Outbox's pipe
         self._open: set[int] = set()  # decoupled requests that have not ended
-        self._open_lock = threading.Lock()
+        self._open_lock = threading.Lock()  # guards _open, _fast_streak and _queued_batches too
+        self._fast_streak = 0  # decoupled: executes in a row that took under INLINE_MAX_NS
+        self._queued_batches = 0  # decoupled: batches handed to the execute thread, not yet run
+        self._inline_active = False  # decoupled: an execute runs on the main thread (it reads no socket)
+        self._inline_reader = threading.Lock()  # held while a thread reads Cancels for it, and to end it
         self._open_readiness = readiness
         self._readiness: Any = None  # the model's is_ready() responder, while the model is loaded
         self._merge_max = 0  # > 0: with peers, batches queued from several senders run as one, up to this size
@@ -194,12 +206,16 @@ class Runtime(DirectServing):
         """Cancellation probe for backends; on the main thread it first reads pending Cancels."""
         if threading.current_thread() is self._main_thread:
             self.poll_cancellations()
+        elif self._inline_active:
+            self._read_cancels_inline()
         return request_id in self._cancelled
 
     def poll_cancellations(self) -> None:
         """Main thread only: take Cancel messages already waiting on the socket (others stay queued).
-        Nothing to do for decoupled models: their main thread reads every message as it comes."""
+        Decoupled models: their main thread reads every message as it comes, unless it is running an execute."""
         if self._outbox is not None or threading.current_thread() is not self._main_thread:
+            if self._inline_active:
+                self._read_cancels_inline()
             return
         got = self._channel.read_ahead()
         if any(isinstance(message, Cancel) for message, _ in got):
@@ -209,6 +225,19 @@ class Runtime(DirectServing):
             self._channel.take_pending(lambda msg: not isinstance(msg, Cancel))
         if self._peers is not None and len(self._peers):
             self._peers.read_cancels()
+
+    def _read_cancels_inline(self) -> None:
+        """Any thread, while the main thread runs a decoupled execute: take the Cancels waiting on the main
+        socket (the rest stays queued for the main loop)."""
+        with self._inline_reader:
+            if not self._inline_active:
+                return
+            got = self._channel.read_ahead()
+            if any(isinstance(message, Cancel) for message, _ in got):
+                for message, frames in got:
+                    if isinstance(message, Cancel):
+                        self._on_cancel(message, frames)
+                self._channel.take_pending(lambda msg: not isinstance(msg, Cancel))
 
     # ---- handlers -------------------------------------------------------------------------------
 
@@ -434,7 +463,18 @@ class Runtime(DirectServing):
         if self._execute_thread is not None:
             with self._open_lock:
                 self._open.update(r.request_id for r in runnable)
-            self._execute_thread.submit(self._execute_streaming, batch_id, entries, runnable, t0, t1)
+                inline = self._fast_streak >= INLINE_AFTER and not self._queued_batches
+                if not inline:
+                    self._queued_batches += 1
+            if inline:  # (nothing waits on the thread: the order of batches is kept)
+                self._inline_active = True
+                try:
+                    self._execute_streaming(batch_id, entries, runnable, t0, t1, True)
+                finally:
+                    with self._inline_reader:  # no thread is reading the socket once the loop goes on
+                        self._inline_active = False
+            else:
+                self._execute_thread.submit(self._execute_streaming, batch_id, entries, runnable, t0, t1)
             return
         backend = self._backend  # _execute and _run_backend inline: the path of every batch
         if backend is not None and runnable:
@@ -463,11 +503,13 @@ class Runtime(DirectServing):
     # ---- decoupled models -------------------------------------------------------------------------
 
     def _execute_streaming(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int,
-                           t1: int) -> None:
-        """Execute thread: run the batch; an error in the result ends that request (no FINAL will come)."""
+                           t1: int, inline: bool = False) -> None:
+        """Execute thread (or the main thread, `inline`): run the batch; an error in the result ends that
+        request (no FINAL will come)."""
         outbox = self._outbox
         assert outbox is not None
         failed: list[int] = []
+        start = _now_ns()
         try:
             header, out_frames = self._execute(batch_id, entries, runnable, t0, t1, failed)
         except Exception as exc:  # a bug on our side: still answer, or the supervisor's slot stays taken
@@ -476,10 +518,17 @@ class Runtime(DirectServing):
             ids = [e.request_id if type(e) is Request else e[0] for e in entries]
             failed = ids
             header, out_frames = self._results.failed_batch(batch_id, ids, error), []
+        fast = _now_ns() - start < INLINE_MAX_NS
         for request_id in failed:
             self._end_stream(request_id)
         self._flush_metrics()
-        outbox.post_encoded(header, out_frames)
+        try:
+            outbox.post_encoded(header, out_frames)
+        finally:  # (after the post: a batch run inline next posts its result after this one)
+            with self._open_lock:
+                self._fast_streak = self._fast_streak + 1 if fast else 0
+                if not inline:
+                    self._queued_batches -= 1
 
     def _emit(self, request: Request, response: Optional[Response], final: bool) -> None:
         """One response of a decoupled request (None: a flag-only final); any thread."""

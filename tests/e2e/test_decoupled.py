@@ -283,3 +283,53 @@ def test_worker_death_mid_stream_fails_the_open_request(server_factory):
         assert s.collect(3) == [("after", [0], False, None), ("after", [1], False, None), ("after", None, True, None)]
     finally:
         s.close()
+
+
+def _until_inline(stream) -> list[int]:
+    """Quick requests one at a time until one runs on the worker's main thread; what each reported."""
+    from inferd.worker.message_loop import INLINE_AFTER
+
+    seen: list[int] = []
+    for _ in range(INLINE_AFTER + 1):
+        stream.send("q", 1, {"report_thread": True})
+        (rid, out, final, error), (_, _, last, _) = stream.collect(2)
+        assert error is None and not final and last, (rid, out, final, error)
+        seen += out
+        if out == [1]:
+            break
+    return seen
+
+
+@pytest.mark.inferd_only
+def test_a_quick_execute_moves_to_the_main_thread_and_a_slow_one_back(stream):
+    """A decoupled execute that returns at once runs on the worker's main thread after INLINE_AFTER such
+    executes in a row (no hand-off to the execute thread); one that takes INLINE_MAX_NS or more sends the
+    next back to the execute thread. Responses are the same either way."""
+    from inferd.worker.message_loop import INLINE_AFTER, INLINE_MAX_NS
+
+    assert _until_inline(stream)[-1] == 1
+    stream.send("slow", 1, {"report_thread": True, "delay_ms": 3 * INLINE_MAX_NS // 1_000_000})
+    assert [out for _, out, _, _ in stream.collect(2)] == [[1], None]  # it ran inline, and too long
+    seen = _until_inline(stream)
+    assert seen[0] == 0 and seen[-1] == 1 and len(seen) == INLINE_AFTER + 1, seen
+
+
+@pytest.mark.inferd_only
+@pytest.mark.parametrize("how", ["execute", "join"])
+def test_an_execute_on_the_main_thread_still_sees_its_cancellation(server, stream, tmp_path, how):
+    """An execute running on the main thread (which then reads no socket) that waits for its request's
+    cancellation, polling is_cancelled() itself or from a thread it joins, sees the Cancel; the worker then
+    serves the next request."""
+    assert _until_inline(stream)[-1] == 1
+    marker = tmp_path / "marker"
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: None)
+    client.async_stream_infer("decoupled_repeat", [repeat_input(1)], request_id="w",
+                              parameters={"wait_cancel": how, "marker": str(marker)})
+    server.wait_until(lambda: marker.exists() and marker.read_text() == "waiting", WAIT_S, "execute to start waiting")
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    server.wait_until(lambda: marker.read_text() != "waiting", WAIT_S, "the execute to see its cancellation")
+    assert marker.read_text() == "cancelled"
+    stream.send("after", 2)
+    assert [out for _, out, _, _ in stream.collect(3)] == [[0], [1], None]
