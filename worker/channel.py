@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import os
 import select
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -264,6 +265,12 @@ class Outbox:
                     self._queue = taken
 
 
+# every signal a thread may block but those the kernel raises in the thread that faults (blocked, they kill the
+# process without its handler: faulthandler's tracebacks)
+_BLOCKED_SIGNALS = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS,
+                                             signal.SIGFPE, signal.SIGILL, signal.SIGABRT}
+
+
 class HeartbeatThread(threading.Thread):
     """Answers the supervisor's heartbeats on a socket of its own (`identity + "/hb"`, a DealerSocket: no
     libzmq I/O thread in between), and sleeps in between: the supervisor sets the pace (every interval
@@ -315,6 +322,9 @@ class HeartbeatThread(threading.Thread):
             self._stop_read = self._stop_write = -1
 
     def run(self) -> None:
+        # the process's signals go to its other threads: a signal the kernel hands to a thread that sleeps in
+        # poll() wakes it for nothing (Python runs handlers on the main thread anyway)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED_SIGNALS)
         try:
             try:
                 sock = DealerSocket(self._endpoint, self._identity.encode("utf-8"))
