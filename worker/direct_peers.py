@@ -13,13 +13,15 @@ while a model polled for Cancels) first, else one blocking poll() over all socke
 
 from __future__ import annotations
 
+import os
 import select
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 from .channel import Channel
 from .wire.messages import Cancel, Execute, ExecuteColumns, ProtocolError, ReleaseOutputs
-from .zmtp_socket import LinkClosed
+from .zmtp_socket import MAX_POLL_US, LinkClosed
 
 MAX_PEERS = 64
 # the most an Attach may hold the worker (the main socket waits meanwhile): the peer listens before the
@@ -69,6 +71,7 @@ class DirectPeers:
         self._by_fd: dict[int, int] = {}  # fd -> index in _sources
         self._wake_fd = -1
         self._on_wake: Optional[Callable[[], None]] = None
+        self._poll_until = 0.0  # next_message polls (instead of sleeping in poll()) until then: poll_next
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -172,7 +175,9 @@ class DirectPeers:
         ready = [i for i in order if sources[i][1].buffered()]
         if not ready:
             poller = self._poller or self._build()
-            fds = [fd for fd, _ in poller.poll()]  # POLLHUP / POLLERR end the wait too: the read tells
+            polled = self._polled(poller) if self._poll_until else None
+            # POLLHUP / POLLERR end the wait too: the read tells
+            fds = [fd for fd, _ in (polled if polled is not None else poller.poll())]
             if self._wake_fd in fds and self._on_wake is not None:
                 self._on_wake()
             by_fd = self._by_fd
@@ -191,6 +196,23 @@ class DirectPeers:
                 self._turn = (i + 1) % count
                 return peer, got[0], got[1]
         return None
+
+    def poll_next(self, us: int) -> None:
+        """The next `next_message` checks every source for up to `us` µs, yielding the CPU between checks,
+        before it sleeps (an Execute asked: its sender polls too, and expects its next request soon)."""
+        self._poll_until = time.monotonic() + min(us, MAX_POLL_US) / 1e6
+
+    def _polled(self, poller: Any) -> Optional[list[tuple[int, int]]]:
+        """poll()'s events as soon as there are some, until `_poll_until` (then None: the poll is over)."""
+        until, self._poll_until = self._poll_until, 0.0
+        poll, now, give_way = poller.poll, time.monotonic, os.sched_yield
+        while True:
+            events = poll(0)
+            if events:
+                return events  # type: ignore[no-any-return]
+            if now() >= until:
+                return None
+            give_way()  # a runnable process on this CPU goes first
 
     def attached(self, peer: DirectPeer) -> bool:
         return self._peers.get(peer.endpoint) is peer

@@ -104,6 +104,7 @@ class DirectServing:
     _outbox: Optional[Outbox]
     _spec: Optional[ModelSpec]
     _merge_max: int
+    _polls: bool
     _gather_ns: int
     _last_senders: frozenset[int]
     _running: bool
@@ -126,7 +127,8 @@ class DirectServing:
         raise NotImplementedError
 
     def _run_direct(self, peers: DirectPeers) -> None:
-        """The main socket and every direct peer's (no busy polling): until Shutdown or no peer is left."""
+        """The main socket and every direct peer's: until Shutdown or no peer is left. An Execute's poll_us has the
+        wait for the next message poll every socket first, as the single socket's loop does."""
         handlers = self._handlers
         while self._running and len(peers):
             got = peers.next_message()
@@ -134,8 +136,12 @@ class DirectServing:
                 continue
             peer, message, frames = got
             timed = 0
+            # once answered, its sender expects the next one soon (it polls too): see _run_single
+            poll_us = message.poll_us if type(message) in EXECUTES and self._polls and self._outbox is None else 0
             if self._merge_max and type(message) in EXECUTES:
                 if self._run_merged(peers, peer, message, frames):
+                    if poll_us and type(poll_us) is int and poll_us > 0:
+                        peers.poll_next(poll_us)
                     continue
                 timed = _now_ns()
             if peer is not None:
@@ -147,6 +153,8 @@ class DirectServing:
                 handler(message, frames)
             if timed:
                 self._executed(_now_ns() - timed, (peer,))
+            if poll_us and type(poll_us) is int and poll_us > 0:
+                peers.poll_next(poll_us)
 
     def _executed(self, ns: int, senders: Sequence[Optional[DirectPeer]]) -> None:
         """After an execute of a merging model: how long the next one may wait for more batches (`_gather_ns`).

@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import logs
 from ..config import ServerConfig
+from ..core.busy_poll import BusyPoll
 from ..flags import parse_args
 from ..memory.shm_pool import ShmPool
 from .frames import Kind
@@ -65,6 +66,8 @@ async def serve(config: ServerConfig, link_path: str) -> int:
     try:
         if config.frontend_direct:
             dp.enable_direct(config.run_dir)
+            if config.busy_poll_us:  # this process sends the Executes of direct models: it polls as the core does
+                dp.busy_poll = BusyPoll(config.busy_poll_us)
         await dp.connect(link_path, max_frame(config))
         await asyncio.wait_for(dp.first_snapshot.wait(), FIRST_SNAPSHOT_TIMEOUT_S)
         if config.allow_http:
@@ -90,6 +93,8 @@ async def serve(config: ServerConfig, link_path: str) -> int:
                 log.exception("error while stopping a frontend")
         return 0 if stop.is_set() else 1
     finally:
+        if dp.busy_poll is not None:
+            dp.busy_poll.close()
         if dp.link is not None:
             dp.link.close()
         if dp.outputs is not None:

@@ -33,6 +33,7 @@ from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .. import logs
 from ..core import classification
+from ..core.busy_poll import BusyPoll
 from ..core.dataplane import DataPlane, ResponseError
 from ..core.model_handle import ModelHandle
 from ..inference.types import InferRequest, InferResponse
@@ -83,6 +84,9 @@ class RemoteDataPlane(DataPlane):
         # the direct path (direct_models.py), when enabled before connect: simple models' requests go to their
         # workers over this process's own connections, not through the core
         self.direct: DirectModels | None = None
+        # (set by frontend_main) polls this process's loop while requests come one at a time, as the core's does;
+        # its Executes then ask their workers to poll too (core/busy_poll.py)
+        self.busy_poll: BusyPoll | None = None
         self._acking: asyncio.Future[Any] | None = None  # a snapshot acknowledgement waiting for drains
 
     def enable_direct(self, run_dir: str) -> None:
@@ -305,6 +309,8 @@ class RemoteDataPlane(DataPlane):
             if serial is not None and not request.shm_hold and not _classifies(request):
                 model = direct.get(serial)
                 if model is not None and model.ready:  # (none connected yet, or all gone: the core answers)
+                    if self.busy_poll is not None:
+                        self.busy_poll.poke(model.scheduler.idle)
                     return model.submit(request)
         future: asyncio.Future[InferResponse] = (self._loop or asyncio.get_running_loop()).create_future()
         call = self._start(Kind.INFER, request, future)
