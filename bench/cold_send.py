@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import worker_hotpath  # noqa: E402  (bench/worker_hotpath.py: its stand-in channel)
 from inferd.supervisor.inference.types import InferRequest, Tensor  # noqa: E402
 from inferd.supervisor.instances.packing import InputPacker  # noqa: E402
 from inferd.worker.channel import header_loads  # noqa: E402
@@ -36,17 +37,8 @@ CONFIG = {"name": "stream_keep", "backend": "python", "max_batch_size": 0,
           "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}]}
 
 
-class Kept:
-    """The worker's channel: keeps what it would send."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, list[Any]]] = []
-
-    def send(self, message: Any, frames: Any = ()) -> None:
-        self.sent.append((m.encode_header(message), list(frames)))
-
-    def send_encoded(self, header: bytes, frames: Any = ()) -> None:
-        self.sent.append((header, list(frames)))
+class Kept(worker_hotpath.Kept):
+    """bench/worker_hotpath.py's stand-in channel, with a descriptor for a decoupled model's poller."""
 
     def fileno(self) -> int:
         return 0
