@@ -135,25 +135,23 @@ class DirectServing:
             if got is None:
                 continue
             peer, message, frames = got
-            timed = 0
             # once answered, its sender expects the next one soon (it polls too): see _run_single
             poll_us = message.poll_us if type(message) in EXECUTES and self._polls and self._outbox is None else 0
-            if self._merge_max and type(message) in EXECUTES:
-                if self._run_merged(peers, peer, message, frames):
-                    if poll_us and type(poll_us) is int and poll_us > 0:
-                        peers.poll_next(poll_us)
-                    continue
-                timed = _now_ns()
-            if peer is not None:
-                self._on_peer_message(peers, peer, message, frames)
-            else:
-                handler = handlers.get(type(message))
-                if handler is None:
-                    raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
-                handler(message, frames)
-            if timed:
-                self._executed(_now_ns() - timed, (peer,))
-            if poll_us and type(poll_us) is int and poll_us > 0:
+            if type(poll_us) is not int or poll_us < 0:
+                poll_us = 0  # (malformed: the message's handler refuses what else is wrong with it)
+            merging = self._merge_max and type(message) in EXECUTES
+            if not (merging and self._run_merged(peers, peer, message, frames)):
+                timed = _now_ns() if merging else 0
+                if peer is not None:
+                    self._on_peer_message(peers, peer, message, frames)
+                else:
+                    handler = handlers.get(type(message))
+                    if handler is None:
+                        raise ProtocolError("unexpected message type %s from the supervisor" % type(message).__name__)
+                    handler(message, frames)
+                if timed:
+                    self._executed(_now_ns() - timed, (peer,))
+            if poll_us:
                 peers.poll_next(poll_us)
 
     def _executed(self, ns: int, senders: Sequence[Optional[DirectPeer]]) -> None:
