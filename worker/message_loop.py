@@ -5,17 +5,7 @@ State: no model -> (AutoComplete answered any time) -> model loaded -> Shutdown 
 One Execute at a time; Cancel messages that arrive during an Execute are picked up when the model
 asks `request.is_cancelled()` (the main socket is read ahead; other messages stay queued).
 
-Decoupled models: execute runs on one execute thread (batches in arrival order) while the main
-thread keeps the socket: it reads Cancels at once (the model may be streaming from its own threads)
-and sends what other threads posted to the Outbox (StreamResponses, then each batch's ExecuteResult,
-in the order they were posted) when they could not send it themselves (channel.py: a posting thread
-writes its message while nothing is queued before it and the socket is free). A request stays open from
-its Execute until its final response. A model whose execute() returns at once (it hands the requests to
-threads or an engine, as LLM models do) is run on the main thread instead, once its last INLINE_AFTER
-executes each took under INLINE_MAX_NS and none waits on the execute thread: the hand-off to that thread
-is a wake-up on every request's way in. One that then takes INLINE_MAX_NS or more goes back to the thread.
-While an execute runs on the main thread, `is_cancelled()` from any thread reads the Cancels waiting on the
-socket itself (one reader at a time), so a model that waits in execute for a cancellation still sees it.
+Decoupled models: their execute runs beside the main thread's reading (decoupled_serving.py).
 
 Direct peers (frontend processes, after an Attach: direct_peers.py): while none is attached the loop reads
 the main socket alone, exactly as before; with peers it serves every socket, and a peer's message is handled
@@ -37,6 +27,7 @@ from typing import Any, Optional
 from . import backends, columns, direct_serving, log_levels, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext, requests_by_columns
 from .channel import Channel, Outbox
+from .decoupled_serving import DecoupledServing
 from .direct_peers import DirectPeers
 from .direct_serving import DirectServing, prune
 from .result_writer import ResultWriter, wire_error
@@ -72,9 +63,6 @@ def _reshaped(tensor: Tensor, reshapes: dict[str, tuple[bool, list[int]]]) -> Te
     return Tensor(tensor.name, tensor.datatype, tensors.reshape_input(tensor.array, tensor.name, *rule))
 
 _INT, _STR = frozenset((int,)), frozenset((str,))
-# a decoupled model runs on the main thread after this many executes in a row each under INLINE_MAX_NS
-INLINE_AFTER = 4
-INLINE_MAX_NS = 1_000_000
 _EXECUTES = frozenset((Execute, ExecuteColumns))  # (the messages whose poll_us asks the worker to poll next)
 _NO_IDS = itertools.repeat("")  # the client ids of a batch sent without any
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
@@ -91,7 +79,7 @@ def settle_heap() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
-class Runtime(DirectServing):
+class Runtime(DirectServing, DecoupledServing):
     def __init__(
         self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
         metrics: Optional[Callable[[], None]] = None,
@@ -187,21 +175,6 @@ class Runtime(DirectServing):
                     raise ProtocolError("malformed poll_us %r in an Execute" % (poll_us,))
                 self._channel.poll_next(poll_us)  # answered: the next request is expected soon
 
-    def _recv_streaming(self) -> tuple[Any, Sequence[Any]]:
-        """Next message, sending what the Outbox holds meanwhile (decoupled models). The Outbox is flushed
-        when its pipe says something was queued (a message queued while one waits has its wake-up byte
-        pending: channel.py), so a wake-up for a message from the supervisor goes straight to reading it."""
-        outbox, channel, poller = self._outbox, self._channel, self._poller
-        assert outbox is not None and poller is not None
-        pipe = outbox.fileno()
-        while True:
-            got = channel.recv_nowait()
-            if got is not None:
-                return got
-            for fd, _ in poller.poll():  # the socket, or a wake-up from a thread that posted
-                if fd == pipe:
-                    outbox.flush(channel)
-
     def is_cancelled(self, request_id: int) -> bool:
         """Cancellation probe for backends; on the main thread it first reads pending Cancels."""
         if threading.current_thread() is self._main_thread:
@@ -225,19 +198,6 @@ class Runtime(DirectServing):
             self._channel.take_pending(lambda msg: not isinstance(msg, Cancel))
         if self._peers is not None and len(self._peers):
             self._peers.read_cancels()
-
-    def _read_cancels_inline(self) -> None:
-        """Any thread, while the main thread runs a decoupled execute: take the Cancels waiting on the main
-        socket (the rest stays queued for the main loop)."""
-        with self._inline_reader:
-            if not self._inline_active:
-                return
-            got = self._channel.read_ahead()
-            if any(isinstance(message, Cancel) for message, _ in got):
-                for message, frames in got:
-                    if isinstance(message, Cancel):
-                        self._on_cancel(message, frames)
-                self._channel.take_pending(lambda msg: not isinstance(msg, Cancel))
 
     # ---- handlers -------------------------------------------------------------------------------
 
@@ -461,20 +421,7 @@ class Runtime(DirectServing):
         """Run a decoded batch and answer it (decoupled models: on the execute thread)."""
         t1 = _now_ns()
         if self._execute_thread is not None:
-            with self._open_lock:
-                self._open.update(r.request_id for r in runnable)
-                inline = self._fast_streak >= INLINE_AFTER and not self._queued_batches
-                if not inline:
-                    self._queued_batches += 1
-            if inline:  # (nothing waits on the thread: the order of batches is kept)
-                self._inline_active = True
-                try:
-                    self._execute_streaming(batch_id, entries, runnable, t0, t1, True)
-                finally:
-                    with self._inline_reader:  # no thread is reading the socket once the loop goes on
-                        self._inline_active = False
-            else:
-                self._execute_thread.submit(self._execute_streaming, batch_id, entries, runnable, t0, t1)
+            self._run_streaming(self._execute_thread, batch_id, entries, runnable, t0, t1)
             return
         backend = self._backend  # _execute and _run_backend inline: the path of every batch
         if backend is not None and runnable:
@@ -499,52 +446,6 @@ class Runtime(DirectServing):
         error are added to `failed` if given."""
         results = self._run_backend(runnable)
         return self._results.batch(batch_id, entries, runnable, results, (t0, t1, _now_ns()), failed)
-
-    # ---- decoupled models -------------------------------------------------------------------------
-
-    def _execute_streaming(self, batch_id: int, entries: list[Any], runnable: list[Request], t0: int,
-                           t1: int, inline: bool = False) -> None:
-        """Execute thread (or the main thread, `inline`): run the batch; an error in the result ends that
-        request (no FINAL will come)."""
-        outbox = self._outbox
-        assert outbox is not None
-        failed: list[int] = []
-        start = _now_ns()
-        try:
-            header, out_frames = self._execute(batch_id, entries, runnable, t0, t1, failed)
-        except Exception as exc:  # a bug on our side: still answer, or the supervisor's slot stays taken
-            self._log("execute failed: %r" % exc)
-            error = wire_error(exc)
-            ids = [e.request_id if type(e) is Request else e[0] for e in entries]
-            failed = ids
-            header, out_frames = self._results.failed_batch(batch_id, ids, error), []
-        fast = _now_ns() - start < INLINE_MAX_NS
-        for request_id in failed:
-            self._end_stream(request_id)
-        self._flush_metrics()
-        try:
-            outbox.post_encoded(header, out_frames)
-        finally:  # (after the post: a batch run inline next posts its result after this one)
-            with self._open_lock:
-                self._fast_streak = self._fast_streak + 1 if fast else 0
-                if not inline:
-                    self._queued_batches -= 1
-
-    def _emit(self, request: Request, response: Optional[Response], final: bool) -> None:
-        """One response of a decoupled request (None: a flag-only final); any thread."""
-        outbox = self._outbox
-        if outbox is None:
-            raise InferdError(ErrorCode.INTERNAL, "responses can only be streamed by decoupled models")
-        header, frames = self._results.stream_response(request, response, final)
-        if final:
-            self._end_stream(request.request_id)
-        self._flush_metrics()
-        outbox.post_encoded(header, frames)
-
-    def _end_stream(self, request_id: int) -> None:
-        with self._open_lock:
-            self._open.discard(request_id)
-            self._cancelled.discard(request_id)
 
     # ---- helpers --------------------------------------------------------------------------------
 

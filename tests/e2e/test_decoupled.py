@@ -287,7 +287,7 @@ def test_worker_death_mid_stream_fails_the_open_request(server_factory):
 
 def _until_inline(stream) -> list[int]:
     """Quick requests one at a time until one runs on the worker's main thread; what each reported."""
-    from inferd.worker.message_loop import INLINE_AFTER
+    from inferd.worker.decoupled_serving import INLINE_AFTER
 
     seen: list[int] = []
     for _ in range(INLINE_AFTER + 1):
@@ -305,7 +305,7 @@ def test_a_quick_execute_moves_to_the_main_thread_and_a_slow_one_back(stream):
     """A decoupled execute that returns at once runs on the worker's main thread after INLINE_AFTER such
     executes in a row (no hand-off to the execute thread); one that takes INLINE_MAX_NS or more sends the
     next back to the execute thread. Responses are the same either way."""
-    from inferd.worker.message_loop import INLINE_AFTER, INLINE_MAX_NS
+    from inferd.worker.decoupled_serving import INLINE_AFTER, INLINE_MAX_NS
 
     assert _until_inline(stream)[-1] == 1
     stream.send("slow", 1, {"report_thread": True, "delay_ms": 3 * INLINE_MAX_NS // 1_000_000})
