@@ -286,11 +286,12 @@ def test_worker_death_mid_stream_fails_the_open_request(server_factory):
 
 
 def _until_inline(stream) -> list[int]:
-    """Quick requests one at a time until one runs on the worker's main thread; what each reported."""
+    """Quick requests one at a time until one runs on the worker's main thread; what each reported. (A loaded
+    host may slow a quick execute past INLINE_MAX_NS, which starts the count again: up to 20 counts' worth.)"""
     from inferd.worker.decoupled_serving import INLINE_AFTER
 
     seen: list[int] = []
-    for _ in range(INLINE_AFTER + 1):
+    for _ in range(20 * (INLINE_AFTER + 1)):
         stream.send("q", 1, {"report_thread": True})
         (rid, out, final, error), (_, _, last, _) = stream.collect(2)
         assert error is None and not final and last, (rid, out, final, error)
@@ -307,11 +308,17 @@ def test_a_quick_execute_moves_to_the_main_thread_and_a_slow_one_back(stream):
     next back to the execute thread. Responses are the same either way."""
     from inferd.worker.decoupled_serving import INLINE_AFTER, INLINE_MAX_NS
 
-    assert _until_inline(stream)[-1] == 1
-    stream.send("slow", 1, {"report_thread": True, "delay_ms": 3 * INLINE_MAX_NS // 1_000_000})
-    assert [out for _, out, _, _ in stream.collect(2)] == [[1], None]  # it ran inline, and too long
-    seen = _until_inline(stream)
-    assert seen[0] == 0 and seen[-1] == 1 and len(seen) == INLINE_AFTER + 1, seen
+    attempts = []
+    for _ in range(5):  # a loaded host may slow a quick execute past INLINE_MAX_NS: that attempt is tried again
+        assert _until_inline(stream)[-1] == 1
+        stream.send("slow", 1, {"report_thread": True, "delay_ms": 3 * INLINE_MAX_NS // 1_000_000})
+        slow = [out for _, out, _, _ in stream.collect(2)]
+        seen = _until_inline(stream)
+        attempts.append((slow, seen))
+        if slow == [[1], None] and len(seen) == INLINE_AFTER + 1:
+            break
+    assert slow == [[1], None], attempts  # it ran inline, and too long
+    assert seen[0] == 0 and seen[-1] == 1 and len(seen) == INLINE_AFTER + 1, attempts
 
 
 @pytest.mark.inferd_only
