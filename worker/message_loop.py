@@ -30,6 +30,7 @@ from .channel import Channel, Outbox
 from .decoupled_serving import DecoupledServing
 from .direct_peers import DirectPeers
 from .direct_serving import DirectServing, prune
+from .merged_serving import MergedServing
 from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
@@ -79,7 +80,7 @@ def settle_heap() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
-class Runtime(DirectServing, DecoupledServing):
+class Runtime(DirectServing, MergedServing, DecoupledServing):
     def __init__(
         self, channel: Channel, log_verbose: int = 0, log: Optional[Callable[[str], None]] = None,
         metrics: Optional[Callable[[], None]] = None,
@@ -126,9 +127,7 @@ class Runtime(DirectServing, DecoupledServing):
         self._inline_reader = threading.Lock()  # held while a thread reads Cancels for it, and to end it
         self._open_readiness = readiness
         self._readiness: Any = None  # the model's is_ready() responder, while the model is loaded
-        self._merge_max = 0  # > 0: with peers, batches queued from several senders run as one, up to this size
-        self._gather_ns = 0  # how long the next merged execute may wait for more batches (direct_serving._executed)
-        self._last_senders: frozenset[int] = frozenset()
+        self._init_merged()  # merged_serving.py: with peers, batches from several senders run as one
         self._running = True
         self._single = True  # running, with no direct peer: the main socket's loop (run)
         self.bye_error: Optional[WireError] = None
@@ -310,6 +309,7 @@ class Runtime(DirectServing, DecoupledServing):
         backend, self._backend = self._backend, None
         if self._execute_thread is not None:
             self._execute_thread.shutdown(wait=True)  # batches already received finish first
+        self._stop_merging()  # (the direct loop waited for its batch before this message)
         if backend is not None:
             try:
                 failed = backend.unload()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 from inferd.supervisor.instances.channel import Channel
-from inferd.worker import direct_serving
+from inferd.worker import direct_serving, merged_serving
 from inferd.worker.direct_peers import SEND_TIMEOUT_S
 from inferd.worker.wire import messages as m
 from inferd.worker.wire import zmtp
@@ -482,9 +482,9 @@ def test_only_models_whose_requests_may_all_share_a_batch_are_merged(inputs, mer
 
 
 def test_a_merged_execute_waits_for_more_only_while_several_senders_alternate():
-    """The gather window (direct_serving._executed): after an execute of 4 ms with batches from two senders,
+    """The gather window (merged_serving._executed): after an execute of 4 ms with batches from two senders,
     the next may wait 1 ms (a quarter) for more; a lone sender, or a short execute, never waits."""
-    loop = direct_serving.DirectServing()
+    loop = merged_serving.MergedServing()
     loop._last_senders = frozenset()
     a, b = object(), object()
     loop._executed(4_000_000, [a, b])
@@ -494,6 +494,6 @@ def test_a_merged_execute_waits_for_more_only_while_several_senders_alternate():
     loop._executed(4_000_000, [a])  # a again and again: alone
     assert loop._gather_ns == 0
     loop._executed(40_000_000, [b])
-    assert loop._gather_ns == direct_serving.GATHER_MAX_NS
+    assert loop._gather_ns == merged_serving.GATHER_MAX_NS
     loop._executed(500_000, [a])  # short executes: keeping the worker busy is worth more
     assert loop._gather_ns == 0
