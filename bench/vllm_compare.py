@@ -9,6 +9,8 @@ the same vLLM environment (--env, default tests/tools/vllm_env.sh's): vLLM's `py
 vllm.entrypoints.openai.api_server`, and inferd serving a Triton vLLM repository (`backend: "vllm"`,
 model.json) through its worker, with --openai-port. Both are up for the whole run; each point loads one
 of them only, and the targets take turns (the order alternates by round), so a busy host hurts both alike.
+--model-runner picks vLLM's executor for both servers alike (see its help; recorded in the JSON's args):
+vLLM's default (a model-runner process) unless told.
 
 Targets: `vllm` (vLLM's /v1/completions), `inferd-openai` (inferd's /v1/completions), `inferd-generate`
 (POST /v2/models/llm/generate_stream) and `inferd-grpc` (ModelStreamInfer, one stream per request). Every
@@ -350,7 +352,17 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the points and summary here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (model, logs)")
     ap.add_argument("--commit", help="the commit to record (run from a copy of the tree without .git)")
+    ap.add_argument("--model-runner", choices=["in-engine", "process"], default="process",
+                    help="where vLLM's CPU model runner runs, for both servers alike: inside the engine core "
+                    "process (VLLM_ENABLE_V1_MULTIPROCESSING=0, vLLM's uniprocess executor) or in a process of "
+                    "its own (vLLM's default multiprocess executor, whose shared-memory reads busy-poll for a "
+                    "second after each read: on a 2-vCPU host that poll and the model's OpenMP threads hold both "
+                    "cores and streams arrive in bursts at their end, for either server)")
     args = ap.parse_args()
+    if args.model_runner == "in-engine":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # both servers inherit it
+    else:
+        os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     try:
         import uvloop
 
