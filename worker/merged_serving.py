@@ -119,7 +119,7 @@ class MergedServing:
     _merge_draining: bool
     _merge_wake: tuple[int, int]  # (read, write) ends of the pipe the merge thread signals an end through
     _deferred: collections.deque[tuple[Optional[DirectPeer], Any, Sequence[Any]]]
-    _next: list[Part]
+    _next: list[tuple[Part, int]]
     _next_total: int
 
     def is_cancelled(self, request_id: int) -> bool:
@@ -148,7 +148,8 @@ class MergedServing:
         self._merge_draining = False  # everything runs on the main thread (_drain_merged)
         self._merge_wake = (-1, -1)
         self._deferred = collections.deque()
-        self._next: list[Part] = []  # decoded for the batch after the merge thread's (see _defer)
+        # decoded for the batch after the merge thread's (see _defer), each with how long its decoding took
+        self._next: list[tuple[Part, int]] = []
         self._next_total = 0  # its batch size
         self._main_probe: Optional[Callable[[int], bool]] = None  # is_cancelled of the core's requests, off main
 
@@ -175,9 +176,10 @@ class MergedServing:
             if size is None or self._next_total + size > limit:
                 return  # (the rest keep their order behind it)
             deferred.popleft()
+            began = _now_ns()
             part = self._part(peers, peer, message, frames)
             if part is not None:
-                self._next.append(part)
+                self._next.append((part, _now_ns() - began))
                 self._next_total += size
 
     def _merged_ended(self, peers: DirectPeers) -> None:
@@ -194,8 +196,10 @@ class MergedServing:
         self._merge_job = None
         results, t1, t2, cpu = job.future.result()
         self._merge_threaded = mostly_waits(t2 - t1, cpu)
-        ready, self._next, self._next_total = self._next, [], 0
-        ready = [self._without_cancelled(part) for part in ready]  # (Cancels read since they were decoded)
+        decoded, self._next, self._next_total = self._next, [], 0
+        now = _now_ns()
+        # the Cancels read since they were decoded; compute_input as if decoded now (not the wait for a turn)
+        ready = [self._without_cancelled(self._decoded_at(part, now - ns)) for part, ns in decoded]
         if self._merge_threaded and not self._merge_draining:
             if ready:
                 self._launch(peers, ready)
@@ -303,6 +307,11 @@ class MergedServing:
         except Exception as exc:  # a malformed message: that peer goes (its other batches here are answered)
             peers.drop(origin, "%s: %s" % (type(exc).__name__, exc), True)
             return None
+
+    @staticmethod
+    def _decoded_at(part: Part, t0: int) -> Part:
+        origin, (batch_id, entries, mine, _, last) = part
+        return origin, (batch_id, entries, mine, t0, last)
 
     def _without_cancelled(self, part: Part) -> Part:
         """A decoded part with the requests its sender cancelled since then answered as cancelled, not run."""

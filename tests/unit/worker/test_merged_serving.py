@@ -104,6 +104,8 @@ async def test_batches_that_come_while_a_waiting_execute_runs_are_merged_and_run
         # one execute() of the three requests left, answered to each sender; request 4 answered as cancelled
         result, frames = await fe.recv(m.ExecuteResult)
         assert result.batch_id == 3 and value(result, frames, 0)[0] == 3.0
+        # decoded while batch 2 ran for 0.5 s: its compute_input is the decoding's, not that wait
+        assert result.compute_input_ns < 200_000_000
         cancelled = result.responses[1]
         assert cancelled.request_id == 4 and cancelled.error is not None
         assert cancelled.error.code == ErrorCode.CANCELLED
