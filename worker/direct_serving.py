@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from .backends.base import ModelSpec
 from .channel import Channel, Outbox
 from .direct_peers import PEER_MESSAGES, DirectPeer, DirectPeers, valid_ids
-from .merged_serving import EXECUTES, mostly_waits, prune
+from .merged_serving import EXECUTES, busy_ns, mostly_waits, prune
 from .result_writer import ResultWriter
 from .wire.errors import ErrorCode
 from .wire.messages import Attach, Cancel, Execute, ProtocolError, ReleaseOutputs, WireError
 
 __all__ = ["DirectServing", "any_requests_batch", "prune"]
 _now_ns = time.perf_counter_ns
-_cpu_ns = time.thread_time_ns
 # what the core may send while the merge thread runs a batch without waiting for it (the rest waits: a Shutdown)
 _ALONGSIDE = frozenset((Cancel, ReleaseOutputs))
 
@@ -129,7 +128,7 @@ class DirectServing:
         """A message handled alone, on this thread (an Execute of a merging model is timed for merged_serving)."""
         timed = self._merge_max and type(message) in EXECUTES
         if timed:
-            t0, c0 = _now_ns(), _cpu_ns()
+            t0, b0 = _now_ns(), busy_ns()
         if peer is not None:
             self._on_peer_message(peers, peer, message, frames)
         else:
@@ -140,7 +139,7 @@ class DirectServing:
         if timed:
             wall = _now_ns() - t0
             self._executed(wall, (peer,))
-            self._merge_threaded = mostly_waits(wall, _cpu_ns() - c0)
+            self._merge_threaded = mostly_waits(wall, busy_ns() - b0)
 
     def _on_peer_message(self, peers: DirectPeers, peer: DirectPeer, message: Any, frames: Sequence[Any]) -> None:
         """A direct peer's message, handled with that peer as the origin; whatever goes wrong drops the peer."""

@@ -5,13 +5,14 @@ Each frontend forms batches from its own requests and sends them straight to the
 Executes waiting on its sockets, up to max_batch_size, into one execute() and answers each sender on its own
 socket (`_run_merged`).
 
-An execute that mostly waits (a sleep, I/O, a device, a remote call: its thread's CPU time under half its wall
-time, and at least PIPELINE_MIN_NS long) runs on the merge thread instead of the main thread. The main thread
-meanwhile keeps the sockets (Cancels, releases), holds back the Executes that arrive (`_deferred`), and when the
-execute ends starts the next merged batch from them before it writes the answers of the one just done. The
-answers (one per sender, each encoded and sent) then overlap the next execute instead of standing between two.
-An execute that keeps its thread busy stays on the main thread: the two threads would only share the
-interpreter. Control messages from the core (a Shutdown, a load) first wait for what runs and what was held.
+An execute that mostly waits (a sleep, I/O, a device, a remote call: its thread on a CPU or waiting for one for
+under half its wall time, and at least PIPELINE_MIN_NS long) runs on the merge thread instead of the main
+thread. The main thread meanwhile keeps the sockets (Cancels, releases), holds back the Executes that arrive
+(`_deferred`), and when the execute ends starts the next merged batch from them before it writes the answers of
+the one just done. The answers (one per sender, each encoded and sent) then overlap the next execute instead of
+standing between two. An execute that keeps its thread busy stays on the main thread: the two threads would
+only share the interpreter. Control messages from the core (a Shutdown, a load) first wait for what runs and
+what was held.
 """
 
 from __future__ import annotations
@@ -34,12 +35,12 @@ from .wire.messages import Execute, ExecuteColumns, WireError
 EXECUTES = frozenset((Execute, ExecuteColumns))
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
 _now_ns = time.perf_counter_ns
-_cpu_ns = time.thread_time_ns
+_local = threading.local()
 
 GATHER_MIN_NS = 1_000_000  # an execute at least this long lets the next merged one wait for more batches (_executed)
 GATHER_SHARE = 4  # for at most this fraction of it
 GATHER_MAX_NS = 2_000_000  # and never longer than this
-# an execute this long, whose thread spent under half of it on a CPU, sends the next ones to the merge thread
+# an execute this long, whose thread was busy (busy_ns) for under half of it, sends the next ones to the merge thread
 PIPELINE_MIN_NS = 1_000_000
 
 
@@ -75,9 +76,31 @@ def _nothing() -> None:
     return None
 
 
-def mostly_waits(wall_ns: int, cpu_ns: int) -> bool:
-    """Whether an execute of this wall and CPU time runs on the merge thread next time (see the docstring)."""
-    return wall_ns >= PIPELINE_MIN_NS and 2 * cpu_ns <= wall_ns
+def busy_ns() -> int:
+    """The calling thread's time on a CPU plus its time waiting for one, so far (ns): what is not blocked.
+    Read from /proc/thread-self/schedstat (one pread of a descriptor each thread keeps), so that a thread
+    that computes on a host whose CPUs are all taken still counts as busy; its CPU time alone where that file
+    is missing."""
+    fd = getattr(_local, "schedstat", None)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        _local.schedstat = fd
+    if fd >= 0:
+        try:
+            running, waiting = os.pread(fd, 128, 0).split()[:2]
+            return int(running) + int(waiting)
+        except (OSError, ValueError):
+            pass
+    return time.thread_time_ns()
+
+
+def mostly_waits(wall_ns: int, busy: int) -> bool:
+    """Whether an execute of this wall time, its thread busy (busy_ns) for `busy` of it, runs on the merge
+    thread next time (see the module docstring)."""
+    return wall_ns >= PIPELINE_MIN_NS and 2 * busy <= wall_ns
 
 
 Part = tuple[Optional[DirectPeer], tuple[Any, ...]]  # a sender (None: the core) and its decoded batch
@@ -87,7 +110,7 @@ class Job(NamedTuple):
     """A merged batch running on the merge thread."""
     parts: list[Part]
     runnable: list[Request]
-    future: Future  # -> (results, t1, t2, cpu_ns)
+    future: Future  # -> (results, t1, t2, busy ns)
 
 
 def prune(cancelled: set[int], last_request_id: Optional[int]) -> None:
@@ -194,8 +217,8 @@ class MergedServing:
         if job is None:
             return
         self._merge_job = None
-        results, t1, t2, cpu = job.future.result()
-        self._merge_threaded = mostly_waits(t2 - t1, cpu)
+        results, t1, t2, busy = job.future.result()
+        self._merge_threaded = mostly_waits(t2 - t1, busy)
         decoded, self._next, self._next_total = self._next, [], 0
         now = _now_ns()
         # the Cancels read since they were decoded; compute_input as if decoded now (not the wait for a turn)
@@ -332,10 +355,10 @@ class MergedServing:
         if self._merge_threaded and not self._merge_draining:
             self._submit(peers, parts, runnable)
             return
-        t1, c1 = _now_ns(), _cpu_ns()
+        t1, b1 = _now_ns(), busy_ns()
         results = self._run_backend(runnable)
         t2 = _now_ns()
-        self._merge_threaded = mostly_waits(t2 - t1, _cpu_ns() - c1)
+        self._merge_threaded = mostly_waits(t2 - t1, busy_ns() - b1)
         self._answer(peers, parts, runnable, results, t1, t2)
 
     def _submit(self, peers: DirectPeers, parts: list[Part], runnable: list[Request]) -> None:
@@ -358,9 +381,9 @@ class MergedServing:
 
     def _run_off_main(self, runnable: list[Request]) -> tuple[Sequence[Response], int, int, int]:
         """The merge thread: run the batch (a failure is answered as the batch's error: it never raises)."""
-        t1, c1 = _now_ns(), _cpu_ns()
+        t1, b1 = _now_ns(), busy_ns()
         results = self._run_backend(runnable)
-        return results, t1, _now_ns(), _cpu_ns() - c1
+        return results, t1, _now_ns(), busy_ns() - b1
 
     def _answer(self, peers: DirectPeers, parts: list[Part], runnable: list[Request], results: Sequence[Response],
                 t1: int, t2: int) -> None:

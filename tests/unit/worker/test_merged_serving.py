@@ -10,6 +10,7 @@ import re
 import shutil
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from inferd.worker import merged_serving
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode
 
-from .test_direct_peers import Side, Worker, attach, config, stop, value
+from .test_direct_peers import WAIT_S, Side, Worker, attach, config, stop, value
 
 MODEL = """
 import json
@@ -164,6 +165,32 @@ async def test_shutdown_while_the_merge_thread_runs_answers_everything_first(run
             side.channel.close()
 
 
+async def test_peers_that_break_or_go_while_the_merge_thread_runs_cost_only_themselves(run_dir, tmp_path):
+    """A peer's malformed Execute held back meanwhile drops that peer when it is decoded; a peer that goes away
+    while its batch runs gets no answer; the last peer gone, the loop waits for the batch, answers what the core
+    sent meanwhile, and serves on."""
+    core, worker = await start(run_dir, tmp_path)
+    fe = await attach(core, run_dir)
+    fe2 = await attach(core, run_dir, "fe-2.sock")
+    try:
+        mark = len(worker.lines)
+        fe.execute(1, [1], wait=0.01)
+        await answer(fe, 1)
+        fe.execute(2, [2], wait=0.5)
+        await worker.logged("on inferd-merge", mark)
+        fe2.send(m.ExecuteColumns(3, ["x"], []))  # malformed: request ids must be ints
+        await asyncio.wait_for(fe2.lost.wait(), WAIT_S)
+        core.execute(1, [1], wait=0.01)
+        fe.channel.close()
+        await worker.logged("fe-1.sock dropped", mark)
+        assert await answer(core, 1) == [1.0]
+        core.execute(2, [2], wait=0.01)
+        assert await answer(core, 2) == [1.0]
+        assert worker.proc.poll() is None
+    finally:
+        await stop(core, worker, fe, fe2)
+
+
 async def test_an_execute_that_computes_stays_on_the_main_thread(run_dir, tmp_path):
     core, worker = await start(run_dir, tmp_path)
     fe = await attach(core, run_dir)
@@ -177,11 +204,24 @@ async def test_an_execute_that_computes_stays_on_the_main_thread(run_dir, tmp_pa
         await stop(core, worker, fe)
 
 
-@pytest.mark.parametrize("wall_ms, cpu_ms, threaded", [
+@pytest.mark.parametrize("wall_ms, busy_ms, threaded", [
     (5.0, 0.1, True),  # a sleep, a device, a remote call
     (5.0, 2.4, True),
-    (5.0, 3.0, False),  # mostly computing: the threads would share the interpreter
+    (5.0, 3.0, False),  # mostly computing (or waiting for a CPU to compute on): the threads would share the interpreter
     (0.5, 0.0, False),  # short: the hand-off to the thread would cost more than it saves
 ])
-def test_which_executes_go_to_the_merge_thread(wall_ms, cpu_ms, threaded):
-    assert merged_serving.mostly_waits(int(wall_ms * 1e6), int(cpu_ms * 1e6)) is threaded
+def test_which_executes_go_to_the_merge_thread(wall_ms, busy_ms, threaded):
+    assert merged_serving.mostly_waits(int(wall_ms * 1e6), int(busy_ms * 1e6)) is threaded
+
+
+def test_a_thread_is_busy_while_it_computes_not_while_it_sleeps():
+    before = merged_serving.busy_ns()
+    time.sleep(0.2)
+    slept = merged_serving.busy_ns() - before
+    before = merged_serving.busy_ns()
+    end = time.thread_time() + 0.02
+    while time.thread_time() < end:
+        pass
+    spun = merged_serving.busy_ns() - before
+    assert slept < 100_000_000, f"asleep for 0.2 s, busy for {slept / 1e6:.1f} ms"
+    assert spun >= 20_000_000, f"20 ms on a CPU, busy for {spun / 1e6:.1f} ms"
