@@ -76,21 +76,31 @@ def _nothing() -> None:
     return None
 
 
+class _Schedstat:
+    """This thread's /proc/thread-self/schedstat, open while the thread lives (closed with its thread-local)."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.fd = -1
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
 def busy_ns() -> int:
     """The calling thread's time on a CPU plus its time waiting for one, so far (ns): what is not blocked.
     Read from /proc/thread-self/schedstat (one pread of a descriptor each thread keeps), so that a thread
     that computes on a host whose CPUs are all taken still counts as busy; its CPU time alone where that file
     is missing."""
-    fd = getattr(_local, "schedstat", None)
-    if fd is None:
+    stat = getattr(_local, "schedstat", None)
+    if stat is None:
+        stat = _local.schedstat = _Schedstat()
+    if stat.fd >= 0:
         try:
-            fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        _local.schedstat = fd
-    if fd >= 0:
-        try:
-            running, waiting = os.pread(fd, 128, 0).split()[:2]
+            running, waiting = os.pread(stat.fd, 128, 0).split()[:2]
             return int(running) + int(waiting)
         except (OSError, ValueError):
             pass

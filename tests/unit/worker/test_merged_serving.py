@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -225,3 +227,12 @@ def test_a_thread_is_busy_while_it_computes_not_while_it_sleeps():
     spun = merged_serving.busy_ns() - before
     assert slept < 100_000_000, f"asleep for 0.2 s, busy for {slept / 1e6:.1f} ms"
     assert spun >= 20_000_000, f"20 ms on a CPU, busy for {spun / 1e6:.1f} ms"
+
+
+def test_the_busy_time_descriptor_goes_with_its_thread():
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        thread = threading.Thread(target=merged_serving.busy_ns)
+        thread.start()
+        thread.join()
+    assert len(os.listdir("/proc/self/fd")) == before
