@@ -101,28 +101,29 @@ class DirectServing:
         thread runs a batch (merged_serving.py) the Executes that come are held back for the next one."""
         while self._running and len(peers):
             got = peers.next_message()
-            if got is not None and self._merge_busy():
+            if got is not None:
                 peer, message, frames = got
-                if type(message) in EXECUTES:
+                if self._merge_busy() and type(message) in EXECUTES:
                     self._defer(peers, peer, message, frames)
-                    got = None
-                elif peer is None and type(message) not in _ALONGSIDE:
-                    self._drain_merged(peers)  # a control message: after everything sent before it
-            if self._merge_busy() and self._merge_done():
+                else:
+                    if self._merge_busy() and peer is None and type(message) not in _ALONGSIDE:
+                        self._drain_merged(peers)  # a control message: after everything sent before it
+                    self._handle(peers, peer, message, frames)
+            if self._merge_busy() and self._merge_done():  # (after a Cancel just read: it applies to the next)
                 self._merged_ended(peers)
-            if got is None:
-                continue
-            peer, message, frames = got
-            # once answered, its sender expects the next one soon (it polls too): see _run_single
-            poll_us = message.poll_us if type(message) in EXECUTES and self._polls and self._outbox is None else 0
-            if type(poll_us) is not int or poll_us < 0:
-                poll_us = 0  # (malformed: the message's handler refuses what else is wrong with it)
-            if not (self._merge_max and type(message) in EXECUTES and self._run_merged(peers, peer, message, frames)):
-                self._handle_one(peers, peer, message, frames)
-            if poll_us and not self._merge_busy():
-                peers.poll_next(poll_us)
         if self._running:
             self._drain_merged(peers)  # no peer is left: the main socket's loop serves on
+
+    def _handle(self, peers: DirectPeers, peer: Optional[DirectPeer], message: Any, frames: Sequence[Any]) -> None:
+        """A message taken now: an Execute of a merging model with what waits behind it, anything else alone."""
+        # once answered, its sender expects the next one soon (it polls too): see _run_single
+        poll_us = message.poll_us if type(message) in EXECUTES and self._polls and self._outbox is None else 0
+        if type(poll_us) is not int or poll_us < 0:
+            poll_us = 0  # (malformed: the message's handler refuses what else is wrong with it)
+        if not (self._merge_max and type(message) in EXECUTES and self._run_merged(peers, peer, message, frames)):
+            self._handle_one(peers, peer, message, frames)
+        if poll_us and not self._merge_busy():
+            peers.poll_next(poll_us)
 
     def _handle_one(self, peers: DirectPeers, peer: Optional[DirectPeer], message: Any, frames: Sequence[Any]) -> None:
         """A message handled alone, on this thread (an Execute of a merging model is timed for merged_serving)."""
