@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Optional
 from .backends.base import ModelSpec
 from .channel import Channel, Outbox
 from .direct_peers import PEER_MESSAGES, DirectPeer, DirectPeers, valid_ids
-from .merged_serving import EXECUTES, busy_ns, mostly_waits, prune
+from .merged_serving import EXECUTES, mostly_waits, prune
 from .result_writer import ResultWriter
+from .thread_busy import busy_ns
 from .wire.errors import ErrorCode
 from .wire.messages import Attach, Cancel, Execute, ProtocolError, ReleaseOutputs, WireError
 

@@ -29,13 +29,13 @@ from .backends.base import Request, Response
 from .channel import Channel
 from .direct_peers import DirectPeer, DirectPeers
 from .result_writer import ResultWriter
+from .thread_busy import busy_ns
 from .wire.errors import ErrorCode
 from .wire.messages import Execute, ExecuteColumns, WireError
 
 EXECUTES = frozenset((Execute, ExecuteColumns))
 _CANCELLED = WireError(code=int(ErrorCode.CANCELLED), message="request cancelled")
 _now_ns = time.perf_counter_ns
-_local = threading.local()
 
 GATHER_MIN_NS = 1_000_000  # an execute at least this long lets the next merged one wait for more batches (_executed)
 GATHER_SHARE = 4  # for at most this fraction of it
@@ -76,40 +76,9 @@ def _nothing() -> None:
     return None
 
 
-class _Schedstat:
-    """This thread's /proc/thread-self/schedstat, open while the thread lives (closed with its thread-local)."""
-
-    def __init__(self) -> None:
-        try:
-            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self.fd = -1
-
-    def __del__(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-
-
-def busy_ns() -> int:
-    """The calling thread's time on a CPU plus its time waiting for one, so far (ns): what is not blocked.
-    Read from /proc/thread-self/schedstat (one pread of a descriptor each thread keeps), so that a thread
-    that computes on a host whose CPUs are all taken still counts as busy; its CPU time alone where that file
-    is missing."""
-    stat = getattr(_local, "schedstat", None)
-    if stat is None:
-        stat = _local.schedstat = _Schedstat()
-    if stat.fd >= 0:
-        try:
-            running, waiting = os.pread(stat.fd, 128, 0).split()[:2]
-            return int(running) + int(waiting)
-        except (OSError, ValueError):
-            pass
-    return time.thread_time_ns()
-
-
 def mostly_waits(wall_ns: int, busy: int) -> bool:
-    """Whether an execute of this wall time, its thread busy (busy_ns) for `busy` of it, runs on the merge
-    thread next time (see the module docstring)."""
+    """Whether an execute of this wall time, its thread busy (thread_busy.busy_ns) for `busy` of it, runs on
+    the merge thread next time (see the module docstring)."""
     return wall_ns >= PIPELINE_MIN_NS and 2 * busy <= wall_ns
 
 

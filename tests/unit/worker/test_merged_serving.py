@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from inferd.worker import merged_serving
+from inferd.worker import merged_serving, thread_busy
 from inferd.worker.wire import messages as m
 from inferd.worker.wire.errors import ErrorCode
 
@@ -89,15 +89,22 @@ async def answer(side: Side, batch_id: int) -> list[float]:
     return [float(value(result, frames, i)[0]) for i in range(len(result.responses))]
 
 
+async def merge_thread_busy(fe: Side, worker: Worker, seconds: float) -> int:
+    """A first execute that waits (on the main thread: it sends the next ones to the merge thread), then one that
+    keeps the merge thread busy for `seconds`; returns the log line it started from (for `executes`)."""
+    mark = len(worker.lines)
+    fe.execute(1, [1], wait=0.01)
+    assert await answer(fe, 1) == [1.0]
+    fe.execute(2, [2], wait=seconds)
+    await worker.logged("on inferd-merge", mark)
+    return mark
+
+
 async def test_batches_that_come_while_a_waiting_execute_runs_are_merged_and_run_on_the_merge_thread(run_dir, tmp_path):
     core, worker = await start(run_dir, tmp_path)
     fe = await attach(core, run_dir)
     try:
-        mark = len(worker.lines)
-        fe.execute(1, [1], wait=0.01)  # runs on the main thread: it waited, so the next go to the merge thread
-        assert await answer(fe, 1) == [1.0]
-        fe.execute(2, [2], wait=0.5)
-        await worker.logged("on inferd-merge", mark)
+        mark = await merge_thread_busy(fe, worker, 0.5)
         # while it runs: batches of both senders, and a Cancel for one of them (read before that batch runs)
         fe.execute(3, [3, 4], wait=0.01)
         core.execute(1, [1], wait=0.01)
@@ -126,11 +133,7 @@ async def test_a_cancel_that_comes_before_the_batch_is_decoded_skips_the_request
     core, worker = await start(run_dir, tmp_path)
     fe = await attach(core, run_dir)
     try:
-        mark = len(worker.lines)
-        fe.execute(1, [1], wait=0.01)
-        await answer(fe, 1)
-        fe.execute(2, [2], wait=0.5)
-        await worker.logged("on inferd-merge", mark)
+        await merge_thread_busy(fe, worker, 0.5)
         fe.execute(3, list(range(10, 18)), wait=0.01)  # 8: a full batch, decoded for the next execute
         fe.execute(4, [20, 21], wait=0.01)  # no room: held as it came
         fe.send(m.Cancel([21]))
@@ -150,11 +153,7 @@ async def test_shutdown_while_the_merge_thread_runs_answers_everything_first(run
     core, worker = await start(run_dir, tmp_path)
     fe = await attach(core, run_dir)
     try:
-        mark = len(worker.lines)
-        fe.execute(1, [1], wait=0.01)
-        await answer(fe, 1)
-        fe.execute(2, [2], wait=0.3)
-        await worker.logged("on inferd-merge", mark)
+        await merge_thread_busy(fe, worker, 0.3)
         core.execute(3, [3], wait=0.01)  # (from the core, as the Shutdown: read before it)
         core.send(m.Shutdown())
         assert await answer(core, 3) == [1.0]
@@ -175,11 +174,7 @@ async def test_peers_that_break_or_go_while_the_merge_thread_runs_cost_only_them
     fe = await attach(core, run_dir)
     fe2 = await attach(core, run_dir, "fe-2.sock")
     try:
-        mark = len(worker.lines)
-        fe.execute(1, [1], wait=0.01)
-        await answer(fe, 1)
-        fe.execute(2, [2], wait=0.5)
-        await worker.logged("on inferd-merge", mark)
+        mark = await merge_thread_busy(fe, worker, 0.5)
         fe2.send(m.ExecuteColumns(3, ["x"], []))  # malformed: request ids must be ints
         await asyncio.wait_for(fe2.lost.wait(), WAIT_S)
         core.execute(1, [1], wait=0.01)
@@ -217,14 +212,14 @@ def test_which_executes_go_to_the_merge_thread(wall_ms, busy_ms, threaded):
 
 
 def test_a_thread_is_busy_while_it_computes_not_while_it_sleeps():
-    before = merged_serving.busy_ns()
+    before = thread_busy.busy_ns()
     time.sleep(0.2)
-    slept = merged_serving.busy_ns() - before
-    before = merged_serving.busy_ns()
+    slept = thread_busy.busy_ns() - before
+    before = thread_busy.busy_ns()
     end = time.thread_time() + 0.02
     while time.thread_time() < end:
         pass
-    spun = merged_serving.busy_ns() - before
+    spun = thread_busy.busy_ns() - before
     assert slept < 100_000_000, f"asleep for 0.2 s, busy for {slept / 1e6:.1f} ms"
     assert spun >= 20_000_000, f"20 ms on a CPU, busy for {spun / 1e6:.1f} ms"
 
@@ -232,7 +227,7 @@ def test_a_thread_is_busy_while_it_computes_not_while_it_sleeps():
 def test_the_busy_time_descriptor_goes_with_its_thread():
     before = len(os.listdir("/proc/self/fd"))
     for _ in range(20):
-        thread = threading.Thread(target=merged_serving.busy_ns)
+        thread = threading.Thread(target=thread_busy.busy_ns)
         thread.start()
         thread.join()
     assert len(os.listdir("/proc/self/fd")) == before
