@@ -164,6 +164,12 @@ def test_disconnect_cancels_the_request_in_the_model_within_100ms(srv, harness):
     assert seen - left < 0.1, f"the model saw the cancellation {1000 * (seen - left):.0f} ms after the client left"
 
 
+# small, so the client's socket fills soon; but not under loopback's MSS (64 KiB): a receive window that can never
+# open to a full segment leaves the sender to zero-window probes, whose backoff outlasted the test's 60 s read
+# timeout (seen: 2.7 MB in the server's send queue, the client's empty)
+RCVBUF = 65536
+
+
 def test_a_reader_that_stops_does_not_make_the_server_hold_the_stream(srv, harness):
     """A client that stops reading a long stream: the server's memory stays flat while it sits still (the
     connection stops taking the model's responses once the socket is full; at most 4096 then wait in the
@@ -172,7 +178,7 @@ def test_a_reader_that_stops_does_not_make_the_server_hold_the_stream(srv, harne
     before = server.memory_info().rss
     marker = "stall-%d" % time.monotonic_ns()
     sock = _open_stream(srv, {"model": "llm_trtllm", "stream": True, "max_tokens": 20000,
-                              "messages": [{"role": "user", "content": marker + " COUNT:20000"}]}, rcvbuf=4096)
+                              "messages": [{"role": "user", "content": marker + " COUNT:20000"}]}, rcvbuf=RCVBUF)
     deadline = time.monotonic() + 5.0
     peak = 0
     while time.monotonic() < deadline:  # the client sits still for 5 s while the model could stream on
