@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING, Any, Optional
 from .backends.base import ModelSpec
 from .channel import Channel, Outbox
 from .direct_peers import PEER_MESSAGES, DirectPeer, DirectPeers, valid_ids
-from .merged_serving import EXECUTES, mostly_waits, prune
+from .merged_serving import EXECUTES, mostly_waits
 from .result_writer import ResultWriter
 from .thread_busy import busy_ns
 from .wire.errors import ErrorCode
 from .wire.messages import Attach, Cancel, Execute, ProtocolError, ReleaseOutputs, WireError
 
-__all__ = ["DirectServing", "any_requests_batch", "prune"]
 _now_ns = time.perf_counter_ns
 # what the core may send while the merge thread runs a batch without waiting for it (the rest waits: a Shutdown)
 _ALONGSIDE = frozenset((Cancel, ReleaseOutputs))

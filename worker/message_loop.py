@@ -29,8 +29,8 @@ from .backends.base import Backend, ModelSpec, Request, Response, Tensor, Worker
 from .channel import Channel, Outbox
 from .decoupled_serving import DecoupledServing
 from .direct_peers import DirectPeers
-from .direct_serving import DirectServing, prune
-from .merged_serving import MergedServing
+from .direct_serving import DirectServing
+from .merged_serving import MergedServing, prune
 from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (
