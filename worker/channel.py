@@ -75,11 +75,21 @@ class Channel:
         """Header then data frames, as one ZeroMQ multipart message."""
         self.send_encoded(encode_header(message), frames)
 
-    def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
+    def send_encoded(self, header: bytes, frames: Sequence[Any] = (), hold: bool = False) -> None:
         """`send` for a header already encoded (by `encode_header`). A message of small frames is joined
-        into one write; one holding a frame of 64 KiB or more is written from where its frames lie."""
+        into one write; one holding a frame of 64 KiB or more is written from where its frames lie.
+        `hold`: a small message may wait for `flush` (DealerSocket.send_multipart)."""
         with self.send_lock:
-            self._sock.send_multipart([header, *frames] if frames else (header,))
+            self._sock.send_multipart([header, *frames] if frames else (header,), hold)
+
+    def flush(self) -> None:
+        """Write what `send_encoded(hold=True)` held. Raises LinkClosed."""
+        with self.send_lock:
+            self._sock.flush()
+
+    @property
+    def holding(self) -> bool:
+        return self._sock.holding
 
     def try_send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> bool:
         """`send_encoded` from any thread when it can go at once; False (nothing sent) when another thread is

@@ -43,6 +43,7 @@ class DirectPeer:
         self.regions: set[str] = set()  # output regions handed to this peer and not given back
         self.lost: Optional[str] = None  # why a reply could not go: the peer is dropped after its message
         self.probe: Optional[Callable[[int], bool]] = None  # is_cancelled for its requests in a merged batch
+        self.hold = False  # replies wait for `flush` (set by the message loop while more messages wait)
 
     def send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """A reply to this peer (the message loop's reply target while it handles the peer's message): a
@@ -50,7 +51,16 @@ class DirectPeer:
         if self.lost is not None:
             return
         try:
-            self.channel.send_encoded(header, frames)
+            self.channel.send_encoded(header, frames, self.hold)
+        except ProtocolError as exc:
+            self.lost = str(exc)
+
+    def flush(self) -> None:
+        """Write the replies held for this peer (a peer that went away is noted in `lost`)."""
+        if self.lost is not None:
+            return
+        try:
+            self.channel.flush()
         except ProtocolError as exc:
             self.lost = str(exc)
 
@@ -164,6 +174,21 @@ class DirectPeers:
                     peer.cancelled.update(request_ids)
                 peer.channel.take_pending(lambda m: not (type(m) is Cancel and valid_ids(m.request_ids)))
 
+    def waiting(self) -> bool:
+        """A message is already read and waiting on some source (the next `next_message` takes it at once)."""
+        return any(channel.buffered() for _, channel in self._sources)
+
+    def flush(self) -> bool:
+        """Write every peer's held replies; a peer whose write failed is dropped (then True)."""
+        dropped = False
+        for peer in list(self._peers.values()):
+            if peer.channel.holding:
+                peer.flush()
+                if peer.lost is not None:
+                    self.drop(peer, "its reply could not be sent: %s" % peer.lost, False)
+                    dropped = True
+        return dropped
+
     def next_message(self) -> Optional[tuple[Optional[DirectPeer], Any, Sequence[Any]]]:
         """(peer or None for the main socket, message, data frames), blocking until one comes; None when
         the set of sources changed (a peer dropped) or the wake-up fd fired: ask again. The main socket's
@@ -174,6 +199,8 @@ class DirectPeers:
         order = [(turn + k) % count for k in range(count)] if turn else range(count)
         ready = [i for i in order if sources[i][1].buffered()]
         if not ready:
+            if self.flush():  # (the loop flushes once nothing waits: nothing held may wait on a sleep)
+                return None  # a peer dropped: the sources changed
             poller = self._poller or self._build()
             polled = self._polled(poller) if self._poll_until else None
             # POLLHUP / POLLERR end the wait too: the read tells

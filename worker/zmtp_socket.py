@@ -27,6 +27,7 @@ from .wire.messages import ProtocolError
 MAX_FRAME = 1 << 30  # as the supervisor's bound: tensors larger than this travel in shared memory
 _READ_SIZE = 64 * 1024  # below malloc's mmap threshold: a read allocates no fresh pages
 _COPY_MAX = 16 * 1024  # a read this short is copied out of the read buffer, which is then reused
+_HOLD_MAX = 64 * 1024  # the most bytes of messages held for one write
 _MAX_IOV = 512  # pieces per sendmsg call (Linux allows 1024)
 _PEERS = frozenset((b"ROUTER", b"DEALER"))  # socket types a DEALER talks to
 _MORE, _LONG, _COMMAND = zmtp.MORE, zmtp.LONG, zmtp.COMMAND
@@ -57,6 +58,8 @@ class DealerSocket:
         self._poller = select.poll()  # POLLIN (POLLHUP and POLLERR end a wait too): poll() and recv_one
         self._poller.register(self._sock.fileno(), select.POLLIN)
         self._wait_readable = self._poller.poll
+        self._held: list[bytes] = []  # small messages held for one write (send_multipart's `hold`)
+        self._held_bytes = 0
         self._sock.sendall(zmtp.GREETING + zmtp.ready(b"DEALER", identity))
         self._sock.settimeout(connect_timeout_s)  # the handshake has a deadline, then reads block
         try:
@@ -193,9 +196,20 @@ class DealerSocket:
                     return -1
                 give_way()  # a runnable process on this CPU goes first
 
-    def send_multipart(self, frames: Sequence[Any]) -> None:
-        """Blocks until the whole message is in the kernel's buffer. Raises LinkClosed."""
+    def send_multipart(self, frames: Sequence[Any], hold: bool = False) -> None:
+        """Blocks until the whole message is in the kernel's buffer. Raises LinkClosed. `hold`: a small
+        message may wait in this object for `flush` (or the next send without `hold`)."""
         whole, pieces = zmtp.encode(frames)
+        if self._held:
+            if hold and not pieces and self._held_bytes + len(whole) <= _HOLD_MAX:
+                self._held.append(whole)
+                self._held_bytes += len(whole)
+                return
+            self.flush()
+        elif hold and not pieces and len(whole) <= _HOLD_MAX:
+            self._held.append(whole)
+            self._held_bytes = len(whole)
+            return
         try:
             if not pieces:
                 self._sock.sendall(whole)
@@ -204,12 +218,29 @@ class DealerSocket:
         except OSError as exc:
             raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
 
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def flush(self) -> None:
+        """Write the messages held by `send_multipart(hold=True)`, in one write. Raises LinkClosed."""
+        held = self._held
+        if not held:
+            return
+        data = held[0] if len(held) == 1 else b"".join(held)
+        held.clear()
+        self._held_bytes = 0
+        try:
+            self._sock.sendall(data)
+        except OSError as exc:
+            raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
+
     def try_send_multipart(self, frames: Sequence[Any]) -> bool:
         """`send_multipart` when it can start at once: False (nothing sent) when the kernel's buffer is full
         or the message holds a large frame (those go by `send_multipart`). A write cut short by a buffer that
         filled meanwhile is finished blocking (the rest of a message must follow it). Raises LinkClosed."""
         whole, pieces = zmtp.encode(frames)
-        if pieces:
+        if pieces or self._held:  # (held messages go first: the owning thread's next send or flush)
             return False
         sock = self._sock
         try:

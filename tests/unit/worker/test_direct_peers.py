@@ -129,14 +129,15 @@ class Side:
         assert isinstance(message, cls), "expected %s, got %r" % (cls.__name__, message)
         return message, data
 
-    def send(self, message: Any, frames: list[bytes] | tuple = ()) -> None:
-        self.channel.send(IDENT, m.encode(message, frames))
+    def send(self, message: Any, frames: list[bytes] | tuple = (), hold: bool = False) -> None:
+        """`hold`: written with the other held messages of this loop pass, in one write."""
+        self.channel.send(IDENT, m.encode(message, frames), hold)
 
-    def execute(self, batch_id: int, rids: list[int], x: float = 1.0, **params: Any) -> None:
+    def execute(self, batch_id: int, rids: list[int], x: float = 1.0, hold: bool = False, **params: Any) -> None:
         data = np.array([x], np.float32).tobytes()
         items = [m.RequestItem(rid, "r%d" % rid, [m.TensorRef("IN", "FP32", [1], "frame", 0, "", 0, 4)], ["OUT"],
                                json.dumps(params)) for rid in rids]
-        self.send(m.Execute(batch_id, items), [data])
+        self.send(m.Execute(batch_id, items), [data], hold)
 
 
 class Worker:
@@ -273,6 +274,54 @@ async def test_cancel_applies_to_the_sender_only(run_dir, tmp_path):
         core.execute(3, [6], block=0.5)
         result, frames = await core.recv(m.ExecuteResult)
         assert value(result, frames)[0] == 0.0
+    finally:
+        await stop(core, worker, fe)
+
+
+async def test_replies_to_a_run_of_waiting_executes_all_arrive_in_order(run_dir, tmp_path):
+    """Executes that arrive together from two peers are answered in order, each on its socket, and the replies
+    held for one write (the worker holds a fast model's replies while more messages wait: direct_serving.py) all
+    leave once nothing waits. Each run ends with a Cancel, which is answered by nothing: only the flush once
+    nothing waits sends the replies held before it (without it this test hangs)."""
+    core, worker = await start(run_dir, tmp_path)
+    fe = await attach(core, run_dir)
+    fe2 = await attach(core, run_dir, "fe-2.sock")
+    try:
+        for burst in range(5):
+            base = 100 * (burst + 1)
+            for k in range(40):  # one write per peer: the worker reads each peer's together
+                fe.execute(base + k, [base + k], float(k), hold=True)
+                fe2.execute(base + k, [base + k], float(-k), hold=True)
+            for side in (fe, fe2):
+                side.send(m.Cancel([99_999]), hold=True)  # (no such request: nothing is answered)
+            for k in range(40):
+                result, frames = await fe.recv(m.ExecuteResult)
+                assert result.batch_id == base + k and value(result, frames)[0] == k + 1
+                result, frames = await fe2.recv(m.ExecuteResult)
+                assert result.batch_id == base + k and value(result, frames)[0] == 1 - k
+        assert fe.queue.empty() and fe2.queue.empty()
+        await round_trip(core, 1)
+    finally:
+        await stop(core, worker, fe, fe2)
+
+
+async def test_a_fast_reply_does_not_wait_for_a_long_execute_after_a_slow_one(run_dir, tmp_path):
+    """A model that was just slow has its next replies written at once: a fast request's answer is not held
+    while the request after it runs (here until cancelled)."""
+    core, worker = await start(run_dir, tmp_path)
+    fe = await attach(core, run_dir)
+    try:
+        for k in range(8):  # fast executes in a row: replies may be held from here on
+            await round_trip(fe, 1 + k)
+        fe.execute(20, [20], block=0.2, hold=True)  # slow: runs its 0.2 s
+        fe.execute(21, [21], 5.0, hold=True)  # fast
+        fe.execute(22, [22], block=WAIT_S * 4, hold=True)  # runs until cancelled
+        first, _ = await fe.recv(m.ExecuteResult)
+        fast, frames = await fe.recv(m.ExecuteResult)  # while 22 still runs
+        assert first.batch_id == 20 and fast.batch_id == 21 and value(fast, frames)[0] == 6.0
+        fe.send(m.Cancel([22]))
+        last, frames = await fe.recv(m.ExecuteResult)
+        assert last.batch_id == 22 and value(last, frames)[0] == 1.0
     finally:
         await stop(core, worker, fe)
 

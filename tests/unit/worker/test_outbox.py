@@ -184,6 +184,7 @@ def test_try_send_sends_nothing_into_a_full_buffer() -> None:
     a, b = socket.socketpair()
     sock = DealerSocket.__new__(DealerSocket)  # (no handshake: only the sending half is used)
     sock._sock = a
+    sock._held, sock._held_bytes = [], 0
     try:
         sent = 0
         while sock.try_send_multipart([b"x" * 1000]):

@@ -415,3 +415,34 @@ def test_the_supervisor_closing_during_a_poll_is_a_closed_link(router):
         dealer.recv_one()
     timer.join()
     dealer.close()
+
+
+def test_held_messages_leave_in_order_in_one_write_on_flush_or_the_next_plain_send(router):
+    sock, endpoint = router
+    dealer = DealerSocket(endpoint, b"w", 64 << 20)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    for k in range(3):
+        dealer.send_multipart([b"held", b"%d" % k], hold=True)
+    assert dealer.holding
+    assert not poller.poll(100)  # nothing written yet
+    assert not dealer.try_send_multipart([b"other thread"])  # (held messages go first: it must wait)
+    dealer.flush()
+    assert not dealer.holding
+    assert [sock.recv_multipart() for _ in range(3)] == [[b"w", b"held", b"%d" % k] for k in range(3)]
+    # a message sent without hold (here one with a large frame, written from where it lies) follows the held ones
+    dealer.send_multipart([b"held", b"a"], hold=True)
+    big = b"x" * (1 << 20)
+    dealer.send_multipart([b"big", memoryview(big)], hold=True)  # (a large frame is never held)
+    assert not dealer.holding
+    assert sock.recv_multipart() == [b"w", b"held", b"a"]
+    assert sock.recv_multipart() == [b"w", b"big", big]
+    # what is held is bounded: past it, everything held is written
+    frame = b"y" * 10_000
+    for _ in range(10):
+        dealer.send_multipart([frame], hold=True)
+    assert dealer.holding  # the last ones are held again after the write
+    dealer.flush()
+    assert [sock.recv_multipart() for _ in range(10)] == [[b"w", frame]] * 10
+    assert not poller.poll(100)
+    dealer.close()
