@@ -127,7 +127,10 @@ def test_chunked_body_is_refused_when_it_crosses_the_cap_and_its_memory_comes_ba
             cpu0 = server.cpu_s()
             sent, status, took = _upload(server.port, 8 * cap)
             assert status == 413
-            assert sent <= cap + 8 * 1024 * 1024, f"answered only after {sent} bytes"
+            # (the client's count when its reader thread saw the answer: it also holds what the kernel's buffers
+            # took meanwhile, up to ~10 MiB on loopback, and what was sent while that thread waited for a CPU; the
+            # defect answered only after the whole 8 x cap body)
+            assert sent <= 2 * cap, f"answered only after {sent} bytes"
             print(f"\nchunked 413 after {sent >> 20} MiB sent, in {took * 1000:.0f} ms, "
                   f"server CPU {server.cpu_s() - cpu0:.2f} s, RSS {server.rss_mib():.0f} MiB (start {rss0:.0f})")
         deadline = time.monotonic() + 30
