@@ -102,6 +102,16 @@ class Channel:
         finally:
             lock.release()
 
+    def try_send_many(self, messages: Sequence[tuple[bytes, Sequence[Any]]]) -> bool:
+        """`try_send_encoded` of several (header, frames) in one write (DealerSocket.try_send_many)."""
+        lock = self.send_lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return self._sock.try_send_many([[header, *frames] for header, frames in messages])
+        finally:
+            lock.release()
+
     def _recv(self, block: bool = True) -> Optional[tuple[Any, list[Any]]]:
         """One message: the header parsed, data frames as views of what was read (no copy)."""
         parts = self._sock.recv_multipart(block) if block else self._sock.recv_ready()
@@ -198,6 +208,7 @@ class Outbox:
         self._direct = direct
         self._direct_gap_ns = direct_gap_ns
         self._last_post_ns = 0
+        self._local = threading.local()  # .held: this thread's posts held by `hold` (None: not held)
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
@@ -213,8 +224,40 @@ class Outbox:
         with self._lock:
             self._direct = None
 
+    def hold(self) -> None:
+        """This thread's posts wait for `release`, which sends them in one write (a model's event loop holds what
+        one pass emits: every stream's token of an engine step)."""
+        if getattr(self._local, "held", None) is None:
+            self._local.held = []
+
+    def release(self) -> None:
+        """Send what this thread posted since `hold`: in one write from this thread when nothing is queued and
+        the socket is free, else queued for the main thread's flush (one wake-up)."""
+        held = getattr(self._local, "held", None)
+        self._local.held = None
+        if not held:
+            return
+        with self._lock:
+            queue = self._queue
+            direct = self._direct
+            self._last_post_ns = _monotonic_ns()
+            if not queue and direct is not None:
+                try:
+                    if direct.try_send_many(held):
+                        return
+                except ProtocolError:
+                    pass  # the link is gone: queued, the main thread meets the same error and ends the worker
+            wake = not queue
+            queue.extend(held)
+        if wake:
+            self._wake()
+
     def post_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
         """`post` for a header already encoded."""
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.append((header, frames))
+            return
         now = _monotonic_ns()
         with self._lock:
             queue = self._queue
@@ -233,6 +276,9 @@ class Outbox:
             # the main thread has not taken what is queued yet: the byte written for the first of it wakes it
             # for this one too (a model sending tokens faster than they are sent saves a syscall per token)
             return
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._write_fd, b"\0")
         except BlockingIOError:

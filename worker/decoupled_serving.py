@@ -143,6 +143,14 @@ class DecoupledServing:
         self._flush_metrics()
         outbox.post_encoded(header, frames)
 
+    def _hold_emits(self) -> None:
+        if self._outbox is not None:
+            self._outbox.hold()
+
+    def _release_emits(self) -> None:
+        if self._outbox is not None:
+            self._outbox.release()
+
     def _end_stream(self, request_id: int) -> None:
         with self._open_lock:
             self._open.discard(request_id)

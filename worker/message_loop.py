@@ -114,7 +114,8 @@ class Runtime(DirectServing, MergedServing, DecoupledServing):
         self._main_thread = threading.current_thread()
         self._is_cancelled: Callable[[int], bool] = self.is_cancelled  # one bound method, handed to every Request
         self._context = WorkerContext(log_verbose=log_verbose, cancelled=self.is_cancelled,
-                                      poll=self.poll_cancellations, emit=self._emit)
+                                      poll=self.poll_cancellations, emit=self._emit,
+                                      hold_emits=self._hold_emits, release_emits=self._release_emits)
         # decoupled models only (set at load): see the module docstring
         self._outbox: Optional[Outbox] = None
         self._execute_thread: Optional[ThreadPoolExecutor] = None

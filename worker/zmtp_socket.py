@@ -254,6 +254,30 @@ class DealerSocket:
             raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
         return True
 
+    def try_send_many(self, messages: Sequence[Sequence[Any]]) -> bool:
+        """`try_send_multipart` of several messages in one write: False (nothing sent) when the kernel's buffer is
+        full, one holds a large frame or messages are held. Raises LinkClosed."""
+        if self._held:
+            return False
+        wholes = []
+        for frames in messages:
+            whole, pieces = zmtp.encode(frames)
+            if pieces:
+                return False
+            wholes.append(whole)
+        data = b"".join(wholes)
+        sock = self._sock
+        try:
+            try:
+                sent = sock.send(data, _DONTWAIT)
+            except BlockingIOError:
+                return False
+            if sent < len(data):
+                sock.sendall(memoryview(data)[sent:])
+        except OSError as exc:
+            raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
+        return True
+
     def close(self) -> None:
         self._sock.close()
 

@@ -225,7 +225,8 @@ class WorkerContext:
     """What the runtime lends a backend: logging verbosity, the cancellation probe, `poll`, to be
     called from the main thread while it waits on model code running elsewhere (e.g. an async
     execute on an event-loop thread) so that Cancel messages are still picked up, and `emit`, which
-    sends one response of a decoupled request to the supervisor at once (callable from any thread)."""
+    sends one response of a decoupled request to the supervisor at once (callable from any thread); a thread
+    that emits many at once may hold them for one write (`hold_emits`, `release_emits`)."""
 
     def __init__(
         self,
@@ -233,11 +234,16 @@ class WorkerContext:
         cancelled: Optional[Callable[[int], bool]] = None,
         poll: Optional[Callable[[], None]] = None,
         emit: Optional[Emit] = None,
+        hold_emits: Optional[Callable[[], None]] = None,
+        release_emits: Optional[Callable[[], None]] = None,
     ) -> None:
         self.log_verbose = log_verbose
         self.cancelled = cancelled
         self.poll = poll
         self.emit = emit
+        # the calling thread's emits wait for release_emits(), then leave in one write (Outbox.hold)
+        self.hold_emits = hold_emits
+        self.release_emits = release_emits
 
 
 class Backend(Protocol):

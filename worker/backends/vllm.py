@@ -134,6 +134,9 @@ class VllmBackend:
         self._loop = ModelLoop(_new_event_loop)
         self._engine: Any = None
         self._emit: Any = None
+        self._hold: Any = None  # WorkerContext.hold_emits / release_emits: one write per loop pass
+        self._release: Any = None
+        self._holding = False  # this loop pass's emits are held (released by a callback at its end)
         self._spec: Optional[ModelSpec] = None
         self._loras: Optional[dict[str, str]] = None
         self._lora_ids: dict[str, int] = {}
@@ -200,6 +203,7 @@ class VllmBackend:
             raise InferdError(ErrorCode.INTERNAL, "failed to start the vLLM engine: %s: %s"
                               % (type(exc).__name__, exc)) from None
         self._spec, self._emit = model, context.emit
+        self._hold, self._release = context.hold_emits, context.release_emits
         self._health_check = _bool_parameter(model.config, "ENABLE_VLLM_HEALTH_CHECK")
         _cache_vllm_envs()
 
@@ -257,8 +261,22 @@ class VllmBackend:
                               % (name, list(self._loras)))
         return self._lora_request(name, self._lora_ids[name], self._loras[name])
 
+    def _emit_in_pass(self, request: Request, response: Any, final: bool) -> None:
+        """Emit, held until the end of this loop pass: an engine step wakes every stream's task in one pass, so
+        their tokens leave in one write from this thread (no wake-up of the worker's main thread, no GIL handed
+        back and forth between the two; bench/RESULTS.md 2026-12-08)."""
+        if not self._holding and self._hold is not None:
+            self._holding = True
+            self._hold()
+            asyncio.get_running_loop().call_soon(self._end_pass)
+        self._emit(request, response, final)
+
+    def _end_pass(self) -> None:
+        self._holding = False
+        self._release()
+
     async def _generate(self, request: Request, asked: vllm_request.Asked, params: Any, lora: Any) -> None:
-        emit = self._emit
+        emit = self._emit_in_pass
         rid = "inferd-%d" % next(self._ids)
         builder = vllm_request.ResponseBuilder(asked, request.requested_outputs,
                                                delta=params.output_kind is self._delta)

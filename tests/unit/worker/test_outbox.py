@@ -221,3 +221,51 @@ def test_a_post_soon_after_the_previous_one_is_queued(linked) -> None:
     outbox._last_post_ns -= 10**9  # a pause
     outbox.post_encoded(b"after a pause")
     assert router.recv_multipart()[1] == b"after a pause" and _pipe_bytes(outbox) == 0
+
+
+# ---- posts held by a thread until it releases them (Outbox.hold / release) -----------------------------------
+
+
+def test_held_posts_leave_together_on_release_and_other_threads_are_not_held(linked) -> None:
+    channel, router = linked
+    outbox = Outbox(direct=channel, direct_gap_ns=0)
+    outbox.hold()
+    for i in range(20):
+        outbox.post_encoded(b"held %d" % i)
+    other = threading.Thread(target=outbox.post_encoded, args=(b"other thread",))
+    other.start()
+    other.join()
+    assert router.poll(10_000)
+    assert router.recv_multipart() == [b"w", b"other thread"]  # (its posts were never held)
+    assert not router.poll(100)  # the held ones wait for release
+    outbox.release()
+    assert _pipe_bytes(outbox) == 0  # sent by this thread: the main thread is not woken
+    for i in range(20):
+        assert router.poll(10_000)
+        assert router.recv_multipart() == [b"w", b"held %d" % i]
+    outbox.post_encoded(b"after")  # released: posts go as before
+    assert router.poll(10_000) and router.recv_multipart() == [b"w", b"after"]
+    outbox.release()  # (nothing held: nothing happens)
+    assert not router.poll(100)
+
+
+def test_held_posts_go_through_the_main_thread_when_the_socket_is_busy(linked) -> None:
+    """Released while another thread writes: queued in order behind what was queued, with one wake-up byte."""
+    channel, router = linked
+    outbox = Outbox(direct=channel, direct_gap_ns=0)
+
+    def post_and_release() -> None:
+        outbox.hold()
+        for i in range(5):
+            outbox.post_encoded(b"held %d" % i)
+        outbox.release()
+
+    with channel.send_lock:  # (taken by this thread: the posting thread cannot send itself)
+        poster = threading.Thread(target=post_and_release)
+        poster.start()
+        poster.join(10)
+        assert not poster.is_alive()
+    assert _pipe_bytes(outbox) == 1
+    assert not router.poll(100)
+    outbox.flush(channel)
+    assert [router.recv_multipart() for _ in range(5)] == [[b"w", b"held %d" % i] for i in range(5)]
