@@ -239,24 +239,12 @@ class DealerSocket:
         """`send_multipart` when it can start at once: False (nothing sent) when the kernel's buffer is full
         or the message holds a large frame (those go by `send_multipart`). A write cut short by a buffer that
         filled meanwhile is finished blocking (the rest of a message must follow it). Raises LinkClosed."""
-        whole, pieces = zmtp.encode(frames)
-        if pieces or self._held:  # (held messages go first: the owning thread's next send or flush)
-            return False
-        sock = self._sock
-        try:
-            try:
-                sent = sock.send(whole, _DONTWAIT)
-            except BlockingIOError:
-                return False
-            if sent < len(whole):
-                sock.sendall(memoryview(whole)[sent:])
-        except OSError as exc:
-            raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
-        return True
+        return self.try_send_many((frames,))
 
     def try_send_many(self, messages: Sequence[Sequence[Any]]) -> bool:
         """`try_send_multipart` of several messages in one write: False (nothing sent) when the kernel's buffer is
-        full, one holds a large frame or messages are held. Raises LinkClosed."""
+        full, one holds a large frame or messages are held (they go first: the owning thread's next send or
+        flush). Raises LinkClosed."""
         if self._held:
             return False
         wholes = []
@@ -265,7 +253,7 @@ class DealerSocket:
             if pieces:
                 return False
             wholes.append(whole)
-        data = b"".join(wholes)
+        data = wholes[0] if len(wholes) == 1 else b"".join(wholes)
         sock = self._sock
         try:
             try:
