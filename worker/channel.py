@@ -3,11 +3,7 @@
 - `Channel` (main thread): Hello, then request/reply messages, on a DealerSocket (zmtp_socket.py: ZMTP
   spoken by the main thread itself, no libzmq I/O thread in between). Messages read ahead of time
   (while a model polls for cancellation) are queued and handed out first by `recv()`.
-- `Outbox`: messages produced on other threads (responses of decoupled requests). The posting thread
-  sends one itself when nothing waits before it, the socket is free and the previous post was a while
-  ago (a response that would wait for the main thread's wake-up: one hop less); otherwise (a burst of
-  tokens) it is queued and the main thread, woken through a pipe it polls beside the socket, sends the
-  queue in order.
+- `Outbox` (outbox.py): messages produced on other threads, sent through a Channel.
 - `HeartbeatThread`: its own DealerSocket (`identity + "/hb"`); answers each Heartbeat(seq) of the
   supervisor with the same seq, sleeps in between (the supervisor sets the pace), and calls `on_lost` when
   the supervisor has been silent for `timeout_s` (0 disables that check). With a `metrics` sender
@@ -91,19 +87,10 @@ class Channel:
     def holding(self) -> bool:
         return self._sock.holding
 
-    def try_send_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> bool:
-        """`send_encoded` from any thread when it can go at once; False (nothing sent) when another thread is
-        writing, the socket's buffer is full or the message holds a large frame. Raises LinkClosed."""
-        lock = self.send_lock
-        if not lock.acquire(blocking=False):
-            return False
-        try:
-            return self._sock.try_send_multipart([header, *frames] if frames else (header,))
-        finally:
-            lock.release()
-
     def try_send_many(self, messages: Sequence[tuple[bytes, Sequence[Any]]]) -> bool:
-        """`try_send_encoded` of several (header, frames) in one write (DealerSocket.try_send_many)."""
+        """Several (header, frames) in one write from any thread when they can go at once: False (nothing sent)
+        when another thread is writing, the socket's buffer is full or one holds a large frame
+        (DealerSocket.try_send_many). Raises LinkClosed."""
         lock = self.send_lock
         if not lock.acquire(blocking=False):
             return False
@@ -183,142 +170,6 @@ class Channel:
 
     def close(self) -> None:
         self._sock.close()  # sends block until written: nothing is left to linger for
-
-
-# A post this soon after the previous one is queued even when it could go at once: in a burst (a model
-# streaming tokens at no cost, many streams at once) the main thread's flush sends the queue with one wake-up,
-# which costs less CPU per response than a send from each posting thread; a lone response goes at once.
-DIRECT_GAP_NS = 200_000
-_monotonic_ns = time.monotonic_ns
-
-
-class Outbox:
-    """Messages for the main socket from any thread. `post` encodes the message and, with a `direct`
-    channel, sends it from the posting thread when the queue is empty, no other thread is writing and the
-    previous post is `direct_gap_ns` old or more; otherwise it queues it and writes a wake-up byte to a
-    pipe; the main thread polls `fileno()` beside its socket and calls `flush(channel)`. Order is kept per
-    posting thread (one FIFO: a message is sent directly only when nothing is queued before it, and the
-    flush holds the channel's send lock from taking the queue to its last send). The pipe lives as long as
-    the process (a thread may still post while the worker exits); `stop_direct()` sends everything through
-    the main thread from then on."""
-
-    def __init__(self, direct: Optional[Channel] = None, direct_gap_ns: int = DIRECT_GAP_NS) -> None:
-        self._queue: collections.deque[tuple[bytes, Sequence[Any]]] = collections.deque()
-        self._lock = threading.Lock()  # keeps encode+append atomic so the FIFO order is the post order
-        self._direct = direct
-        self._direct_gap_ns = direct_gap_ns
-        self._last_post_ns = 0
-        self._local = threading.local()  # .held: this thread's posts held by `hold` (None: not held)
-        self._read_fd, self._write_fd = os.pipe()
-        os.set_blocking(self._read_fd, False)
-        os.set_blocking(self._write_fd, False)
-
-    def fileno(self) -> int:
-        return self._read_fd
-
-    def post(self, message: Any, frames: Sequence[Any] = ()) -> None:
-        self.post_encoded(encode_header(message), frames)
-
-    def stop_direct(self) -> None:
-        """Posting threads queue from now on (the main thread's last flush and goodbye come after)."""
-        with self._lock:
-            self._direct = None
-
-    def hold(self) -> None:
-        """This thread's posts wait for `release`, which sends them in one write (a model's event loop holds what
-        one pass emits: every stream's token of an engine step)."""
-        if getattr(self._local, "held", None) is None:
-            self._local.held = []
-
-    def release(self) -> None:
-        """Send what this thread posted since `hold`: in one write from this thread when nothing is queued and
-        the socket is free, else queued for the main thread's flush (one wake-up)."""
-        held = getattr(self._local, "held", None)
-        self._local.held = None
-        if not held:
-            return
-        with self._lock:
-            queue = self._queue
-            direct = self._direct
-            self._last_post_ns = _monotonic_ns()
-            if not queue and direct is not None:
-                try:
-                    if direct.try_send_many(held):
-                        return
-                except ProtocolError:
-                    pass  # the link is gone: queued, the main thread meets the same error and ends the worker
-            wake = not queue
-            queue.extend(held)
-        if wake:
-            self._wake()
-
-    def post_encoded(self, header: bytes, frames: Sequence[Any] = ()) -> None:
-        """`post` for a header already encoded."""
-        held = getattr(self._local, "held", None)
-        if held is not None:
-            held.append((header, frames))
-            return
-        now = _monotonic_ns()
-        with self._lock:
-            queue = self._queue
-            direct = self._direct
-            spaced = now - self._last_post_ns >= self._direct_gap_ns
-            self._last_post_ns = now
-            if not queue and direct is not None and spaced:
-                try:
-                    if direct.try_send_encoded(header, frames):
-                        return
-                except ProtocolError:
-                    pass  # the link is gone: queued, the main thread meets the same error and ends the worker
-            wake = not queue
-            queue.append((header, frames))
-        if not wake:
-            # the main thread has not taken what is queued yet: the byte written for the first of it wakes it
-            # for this one too (a model sending tokens faster than they are sent saves a syscall per token)
-            return
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._write_fd, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: a wake-up is pending anyway
-        except OSError:
-            pass
-
-    def flush(self, channel: Channel) -> None:
-        """Main thread: send everything queued, oldest first."""
-        try:
-            while os.read(self._read_fd, 4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-        # the send lock first: no posting thread sends directly (ahead of what is taken) until the last of
-        # it is sent
-        lock = getattr(channel, "send_lock", None)
-        if lock is None:
-            self._flush(channel)
-            return
-        with lock:
-            self._flush(channel)
-
-    def _flush(self, channel: Channel) -> None:
-        # taken under the lock, after the pipe is drained: a message posted from now on finds the queue
-        # empty and writes a wake-up byte of its own (post_encoded's check and append are one step)
-        with self._lock:
-            if not self._queue:
-                return
-            taken, self._queue = self._queue, collections.deque()
-        try:
-            while taken:
-                header, frames = taken[0]
-                channel.send_encoded(header, frames)
-                taken.popleft()
-        finally:
-            if taken:  # a send failed: what was not sent goes back in front, in order
-                with self._lock:
-                    taken.extend(self._queue)
-                    self._queue = taken
 
 
 # every signal a thread may block but those the kernel raises in the thread that faults (blocked, they kill the

@@ -24,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
 from .backends.base import Request, Response
-from .channel import Channel, Outbox
+from .channel import Channel
+from .outbox import Outbox
 from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import Cancel

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from .backends.base import ModelSpec
-from .channel import Channel, Outbox
+from .channel import Channel
 from .direct_peers import PEER_MESSAGES, DirectPeer, DirectPeers, valid_ids
 from .merged_serving import EXECUTES, mostly_waits
+from .outbox import Outbox
 from .result_writer import ResultWriter
 from .thread_busy import busy_ns
 from .wire.errors import ErrorCode

@@ -26,11 +26,12 @@ from typing import Any, Optional
 
 from . import backends, columns, direct_serving, log_levels, tensors
 from .backends.base import Backend, ModelSpec, Request, Response, Tensor, WorkerContext, requests_by_columns
-from .channel import Channel, Outbox
+from .channel import Channel
 from .decoupled_serving import DecoupledServing
 from .direct_peers import DirectPeers
 from .direct_serving import DirectServing
 from .merged_serving import MergedServing, prune
+from .outbox import Outbox
 from .result_writer import ResultWriter, wire_error
 from .wire.errors import ErrorCode, InferdError
 from .wire.messages import (

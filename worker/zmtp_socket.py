@@ -200,16 +200,12 @@ class DealerSocket:
         """Blocks until the whole message is in the kernel's buffer. Raises LinkClosed. `hold`: a small
         message may wait in this object for `flush` (or the next send without `hold`)."""
         whole, pieces = zmtp.encode(frames)
-        if self._held:
-            if hold and not pieces and self._held_bytes + len(whole) <= _HOLD_MAX:
-                self._held.append(whole)
-                self._held_bytes += len(whole)
-                return
-            self.flush()
-        elif hold and not pieces and len(whole) <= _HOLD_MAX:
+        if hold and not pieces and self._held_bytes + len(whole) <= _HOLD_MAX:
             self._held.append(whole)
-            self._held_bytes = len(whole)
+            self._held_bytes += len(whole)
             return
+        if self._held:
+            self.flush()
         try:
             if not pieces:
                 self._sock.sendall(whole)
@@ -235,16 +231,11 @@ class DealerSocket:
         except OSError as exc:
             raise LinkClosed("sending to the supervisor failed: %s" % exc) from None
 
-    def try_send_multipart(self, frames: Sequence[Any]) -> bool:
-        """`send_multipart` when it can start at once: False (nothing sent) when the kernel's buffer is full
-        or the message holds a large frame (those go by `send_multipart`). A write cut short by a buffer that
-        filled meanwhile is finished blocking (the rest of a message must follow it). Raises LinkClosed."""
-        return self.try_send_many((frames,))
-
     def try_send_many(self, messages: Sequence[Sequence[Any]]) -> bool:
-        """`try_send_multipart` of several messages in one write: False (nothing sent) when the kernel's buffer is
-        full, one holds a large frame or messages are held (they go first: the owning thread's next send or
-        flush). Raises LinkClosed."""
+        """`send_multipart` of these messages, in one write, when it can start at once: False (nothing sent) when
+        the kernel's buffer is full, one holds a large frame (those go by `send_multipart`) or messages are held
+        (they go first: the owning thread's next send or flush). A write cut short by a buffer that filled
+        meanwhile is finished blocking (the rest of a message must follow it). Raises LinkClosed."""
         if self._held:
             return False
         wholes = []

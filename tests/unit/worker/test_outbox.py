@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 import zmq
-from inferd.worker.channel import Channel, Outbox
+from inferd.worker.channel import Channel
+from inferd.worker.outbox import Outbox
 from inferd.worker.wire import zmtp
 from inferd.worker.zmtp_socket import DealerSocket
 
@@ -179,7 +180,7 @@ def test_a_post_waits_behind_the_queue_and_after_stop_direct(linked) -> None:
 
 
 def test_try_send_sends_nothing_into_a_full_buffer() -> None:
-    """DealerSocket.try_send_multipart: False, nothing written, while the peer reads nothing; True again once
+    """DealerSocket.try_send_many: False, nothing written, while the peer reads nothing; True again once
     it has read (the stream stays whole: the peer then reads whole frames)."""
     a, b = socket.socketpair()
     sock = DealerSocket.__new__(DealerSocket)  # (no handshake: only the sending half is used)
@@ -187,7 +188,7 @@ def test_try_send_sends_nothing_into_a_full_buffer() -> None:
     sock._held, sock._held_bytes = [], 0
     try:
         sent = 0
-        while sock.try_send_multipart([b"x" * 1000]):
+        while sock.try_send_many([[b"x" * 1000]]):
             sent += 1
             assert sent < 100_000, "the buffer never filled"
         b.setblocking(False)
@@ -198,8 +199,8 @@ def test_try_send_sends_nothing_into_a_full_buffer() -> None:
         except BlockingIOError:
             pass
         assert got == zmtp.encode([b"x" * 1000])[0] * sent
-        assert sock.try_send_multipart([b"y"])
-        assert sock.try_send_multipart([b"z" * (1 << 17)]) is False  # a large frame: sent by send_multipart
+        assert sock.try_send_many([[b"y"]])
+        assert sock.try_send_many([[b"z" * (1 << 17)]]) is False  # a large frame: sent by send_multipart
     finally:
         a.close()
         b.close()

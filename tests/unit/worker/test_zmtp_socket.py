@@ -426,7 +426,7 @@ def test_held_messages_leave_in_order_in_one_write_on_flush_or_the_next_plain_se
         dealer.send_multipart([b"held", b"%d" % k], hold=True)
     assert dealer.holding
     assert not poller.poll(100)  # nothing written yet
-    assert not dealer.try_send_multipart([b"other thread"])  # (held messages go first: it must wait)
+    assert not dealer.try_send_many([[b"other thread"]])  # (held messages go first: it must wait)
     dealer.flush()
     assert not dealer.holding
     assert [sock.recv_multipart() for _ in range(3)] == [[b"w", b"held", b"%d" % k] for k in range(3)]
