@@ -156,12 +156,13 @@ class BatchPipeline:
             self.streams.add(streams)
         try:
             self._send([packed.header(batch_id, poll_hint.poll_us()), *packed.frames], hold)
-        except InferdError:
+        except InferdError as exc:
             self._batches.pop(batch_id, None)
             release_leases(leases)
             self.streams.end_all(streams)
             self._release_slot()
-            raise
+            # (the link names only the worker's socket: a worker that died a moment ago, before its instance knew)
+            raise InferdError(exc.code, f"{self._who()}: {exc.message}") from None
         if streams:
             self.streams.attach(streams)
         # for a future settled elsewhere (the caller's cancel, fail_all); on_result settles its own and

@@ -8,12 +8,14 @@ import asyncio
 import struct
 from typing import Any
 
+import pytest
 from inferd.supervisor.inference.types import InferRequest, Tensor
 from inferd.supervisor.instances import results
 from inferd.supervisor.instances.packing import InputPacker
 from inferd.supervisor.instances.pipeline import BatchPipeline
 from inferd.supervisor.scheduler.default import DefaultScheduler
 from inferd.worker.wire import writers
+from inferd.worker.wire.errors import ErrorCode, InferdError
 
 from .fakes import Stats
 
@@ -109,3 +111,19 @@ async def test_a_cancelled_request_still_frees_its_instance_once():
     assert scheduler._held == {id(scheduler.executors[0]): 0} and pipeline._slots == 0
     assert stats.failures == ["CANCELED"]
     await scheduler.close()
+
+
+async def test_a_batch_the_link_cannot_send_fails_naming_the_instance():
+    """A worker whose socket closed a moment before its instance learnt of it: the request's error names the
+    model's instance (the link's own words name only the socket)."""
+    def unreachable(frames: Any, hold: bool) -> None:
+        raise InferdError(ErrorCode.UNAVAILABLE, "worker 'w2' is not connected")
+
+    pipeline = BatchPipeline(depth=2, packer=InputPacker(None), outputs=None, model_version="1",  # type: ignore[arg-type]
+                             send=unreachable, send_quiet=lambda msg: None, kill=lambda reason: None,
+                             refusal=lambda: None, who=lambda: "model 'm' instance 'm_0'")
+    for k in range(3):  # (more than the depth: each failed send gave its slot back)
+        with pytest.raises(InferdError) as caught:
+            pipeline.launch([request(str(k))])
+        assert caught.value.code == ErrorCode.UNAVAILABLE
+        assert caught.value.message == "model 'm' instance 'm_0': worker 'w2' is not connected"
